@@ -1,0 +1,58 @@
+"""Test session setup: 8 simulated CPU devices and float64, before JAX initialises."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+import tree_attention_edu as tae
+
+tae.simulate_devices(8)
+jax.config.update("jax_enable_x64", True)
+
+# Derandomised in CI so that a failure reproduces; random locally to explore more.
+settings.register_profile(
+    "ci", derandomize=True, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "dev", deadline=None, suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# Tolerances by dtype, for outputs of size O(1) compared with a float64 reference computed
+# from the *same rounded inputs*:
+# - float64: only summation-order rounding, ~ Tk·eps64 ≈ 1e-14;
+# - float32: accumulation in float32, ~ Tk·eps32 ≈ 1e-5 for Tk up to ~100;
+# - bfloat16: inputs are exact in the reference, the result is rounded to bf16 once
+#   (relative 2^-8 ≈ 4e-3 on values up to ~3), plus float32 accumulation.
+TOL = {
+    np.dtype("float64"): dict(rtol=1e-12, atol=1e-12),
+    np.dtype("float32"): dict(rtol=2e-5, atol=2e-5),
+    np.dtype(jax.numpy.bfloat16): dict(rtol=1e-2, atol=1.6e-2),
+}
+
+
+def tol(dtype) -> dict:
+    return TOL[np.dtype(dtype)]
+
+
+def rand_qkv(seed, B=2, Tq=3, Hq=4, Hkv=2, D=8, Dv=6, Tk=17, dtype=jax.numpy.float64):
+    """Explicit-key random inputs."""
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(kq, (B, Tq, Hq, D), jax.numpy.float64).astype(dtype)
+    k = jax.random.normal(kk, (B, Tk, Hkv, D), jax.numpy.float64).astype(dtype)
+    v = jax.random.normal(kv, (B, Tk, Hkv, Dv), jax.numpy.float64).astype(dtype)
+    return q, k, v
+
+
+@pytest.fixture(scope="session")
+def mesh8():
+    return tae.make_mesh(8, "x")
+
+
+@pytest.fixture(scope="session")
+def mesh2x4():
+    return tae.make_mesh((2, 4), ("node", "gpu"))

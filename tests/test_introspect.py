@@ -1,0 +1,102 @@
+"""What crosses the wire, read from the compiled program."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import tree_attention_edu as tae
+from tree_attention_edu.introspect import parse_hlo, shape_bytes
+
+
+def structs(mesh, B=1, Tq=1, Hq=16, Hkv=16, D=128, Dv=128, Tk=8192, dtype=jnp.float32):
+    kv = NamedSharding(mesh, P(None, tuple(mesh.axis_names)))
+    rep = NamedSharding(mesh, P())
+    return (jax.ShapeDtypeStruct((B, Tq, Hq, D), dtype, sharding=rep),
+            jax.ShapeDtypeStruct((B, Tk, Hkv, D), dtype, sharding=kv),
+            jax.ShapeDtypeStruct((B, Tk, Hkv, Dv), dtype, sharding=kv))
+
+
+def stats(method, mesh, **shape):
+    return tae.collective_stats(lambda q, k, v: method(q, k, v, mesh=mesh), *structs(mesh, **shape))
+
+
+@pytest.mark.parametrize("Tk", [4096, 32768])
+@pytest.mark.parametrize(("B", "Tq", "Hq", "Hkv", "Dv"), [(1, 1, 16, 16, 128), (2, 3, 8, 2, 64)])
+def test_tree_bytes_are_independent_of_tk(mesh8, Tk, B, Tq, Hq, Hkv, Dv):
+    s = stats(tae.tree_decode, mesh8, B=B, Tq=Tq, Hq=Hq, Hkv=Hkv, Dv=Dv, Tk=Tk)
+    # Allreduce(max) of lse [B,Tq,Hq] + Allreduce(sum) of num [B,Tq,Hq,Dv] and den [B,Tq,Hq].
+    assert s.total_bytes == B * Tq * Hq * (Dv + 2) * 4
+    assert set(s.by_kind()) == {"all-reduce"}
+
+
+def test_hierarchical_schedule_replica_groups(mesh2x4):
+    s = stats(tae.tree_decode, mesh2x4)
+    groups = [c.groups for c in s.collectives]
+    inner = ((0, 1, 2, 3), (4, 5, 6, 7))  # inside each node ("gpu" axis)
+    outer = ((0, 4), (1, 5), (2, 6), (3, 7))  # across nodes ("node" axis)
+    assert groups == [inner, outer, inner, outer]  # max: gpu then node; sum: gpu then node
+    assert s.total_bytes == 2 * 16 * (128 + 2) * 4  # one payload per level
+
+
+@pytest.mark.parametrize("Tk", [4096, 16384])
+@pytest.mark.parametrize("mesh_name", ["mesh8", "mesh2x4"])
+def test_ring_bytes_match_formula(Tk, mesh_name, request):
+    mesh = request.getfixturevalue(mesh_name)
+    p, Hkv, D, Dv, itemsize = 8, 4, 64, 32, 4
+    s = stats(tae.ring_decode, mesh, Hq=8, Hkv=Hkv, D=D, Dv=Dv, Tk=Tk)
+    # Each of p-1 steps forwards one K block and one V block of Tk/p keys.
+    assert s.total_bytes == (p - 1) * (Tk // p) * Hkv * (D + Dv) * itemsize
+    assert set(s.by_kind()) == {"collective-permute"}
+    assert len(s.collectives) == 2 * (p - 1)
+
+
+def test_ring_to_tree_ratios(mesh8):
+    ring = stats(tae.ring_decode, mesh8, Tk=65536).total_bytes
+    tree = stats(tae.tree_decode, mesh8, Tk=65536).total_bytes
+    assert ring == 939_524_096 and tree == 8_320
+    assert ring / tree >= 1e4
+    mem = {m.__name__: tae.memory_stats(lambda q, k, v, m=m: m(q, k, v, mesh=mesh8),
+                                        *structs(mesh8, Tk=65536)).temp_bytes
+           for m in (tae.ring_decode, tae.tree_decode)}
+    assert mem["ring_decode"] >= 2 * mem["tree_decode"]
+
+
+def test_loop_collectives_count_trip_count(mesh8):
+    """A fori_loop ring: 2 permutes in a while body of 7 trips count 14 times."""
+    perm = [(i, (i + 1) % 8) for i in range(8)]
+
+    def ring(k, v):
+        def body(_, kv):
+            return lax.ppermute(kv[0], "x", perm), lax.ppermute(kv[1], "x", perm)
+        return lax.fori_loop(0, 7, body, (k, v))
+
+    f = jax.shard_map(ring, mesh=mesh8, in_specs=(P("x"), P("x")), out_specs=(P("x"), P("x")))
+    x = jax.ShapeDtypeStruct((8 * 16, 4), jnp.float32, sharding=NamedSharding(mesh8, P("x")))
+    s = tae.collective_stats(f, x, x)
+    assert [c.count for c in s.collectives] == [7, 7]
+    assert s.total_bytes == 14 * 16 * 4 * 4
+
+
+def test_unsharded_shape_structs(mesh8):
+    q = jax.ShapeDtypeStruct((1, 1, 4, 8), jnp.float32)
+    k = jax.ShapeDtypeStruct((1, 64, 4, 8), jnp.float32)
+    s = tae.collective_stats(lambda q, k, v: tae.tree_decode(q, k, v, mesh=mesh8), q, k, k)
+    assert s.by_kind()["all-reduce"] == 4 * (8 + 2) * 4
+
+
+def test_parse_iota_replica_groups_and_tuples():
+    hlo = """HloModule m
+ENTRY %main (p: f32[4]) -> f32[4] {
+  %ar = (f32[4]{0}, bf16[2,3]{1,0}) all-reduce(%p, %p), replica_groups=[2,4]<=[4,2]T(1,0), \
+to_apply=%add
+  %cp = f32[4]{0} collective-permute(%p), source_target_pairs={{0,1},{1,0}}
+}
+"""
+    s = parse_hlo(hlo)
+    ar, cp = s.collectives
+    assert ar.groups == ((0, 2, 4, 6), (1, 3, 5, 7)) and ar.bytes == 16 + 12
+    assert cp.groups == ((0, 1), (1, 0)) and cp.bytes == 16
+    assert shape_bytes("(f32[2,2], s32[], token[])") == 20

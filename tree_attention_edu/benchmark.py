@@ -1,0 +1,168 @@
+"""Side-by-side measurements of the decode methods: latency, bytes on the wire, temp memory, error.
+
+Every figure comes from one run on the same data: latency is the median of `repeats`
+timed calls after a compile-and-warm-up call (`block_until_ready`), bytes and temp memory
+come from the compiled program (`introspect`), and the error is against single-device
+attention in float64 on the same inputs.
+
+Methods:
+
+* `single`: `jax.nn.dot_product_attention` on one device (what you would run without sharding);
+* `tree`, `tree_energy`, `ring`: this package's sequence-parallel decoders;
+* `xla_auto`: plain `jax.nn.dot_product_attention` under `jax.jit` with K/V carrying a
+  sequence `NamedSharding` and no `shard_map`: what XLA's partitioner does on its own.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from .attention import attention
+from .decode import ring_decode, tree_decode, tree_decode_from_energy
+from .introspect import CollectiveStats, collective_stats, memory_stats
+
+METHODS = ("single", "tree", "tree_energy", "ring", "xla_auto")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Decode problem sizes.
+
+    q is `[batch, q_len, q_heads, head_dim]`; k and v are `[batch, seq_len, kv_heads, head_dim]`.
+    """
+
+    seq_len: int = 65536
+    batch: int = 1
+    q_len: int = 1
+    q_heads: int = 16
+    kv_heads: int = 16
+    head_dim: int = 128
+    dtype: str = "float32"
+
+    @property
+    def kv_bytes(self) -> int:
+        item = jnp.dtype(self.dtype).itemsize
+        return 2 * self.batch * self.seq_len * self.kv_heads * self.head_dim * item
+
+
+@dataclass
+class Record:
+    """One method at one size. Field names are the bench JSON's."""
+
+    method: str
+    devices: int
+    seq_len: int
+    median_s: float
+    collective_bytes: int
+    temp_bytes: int
+    max_abs_err: float
+    collectives: str = ""  # e.g. "all-reduce x2" (what XLA chose, for xla_auto)
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def make_inputs(problem: Problem, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random `(q, k, v)` as host numpy arrays, from an explicit seed."""
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    dt = jnp.dtype(problem.dtype)
+    b, t, hkv, d = problem.batch, problem.seq_len, problem.kv_heads, problem.head_dim
+    q = jax.random.normal(kq, (b, problem.q_len, problem.q_heads, d), jnp.float32)
+    k = jax.random.normal(kk, (b, t, hkv, d), jnp.float32)
+    v = jax.random.normal(kv, (b, t, hkv, d), jnp.float32)
+    return tuple(np.asarray(x.astype(dt)) for x in (q, k, v))
+
+
+def median_time(fn: Callable, *args, repeats: int = 5) -> float:
+    """Median wall time of `fn(*args)` over `repeats` calls, after one warm-up call."""
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def describe(stats: CollectiveStats) -> str:
+    counts: dict[str, int] = {}
+    for c in stats.collectives:
+        counts[c.kind] = counts.get(c.kind, 0) + c.count
+    return ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) or "none"
+
+
+def method_fns(mesh: Mesh) -> dict[str, tuple[Callable, tuple]]:
+    """Each method as a jitted function and the shardings of its `(q, k, v)`."""
+    axes = tuple(mesh.axis_names)
+    rep = NamedSharding(mesh, P())
+    kv = NamedSharding(mesh, P(None, axes))
+    one = NamedSharding(Mesh(np.array(mesh.devices).ravel()[:1], ("one",)), P())
+    dpa = jax.nn.dot_product_attention
+    return {
+        "single": (jax.jit(dpa), (one, one, one)),
+        "tree": (jax.jit(lambda q, k, v: tree_decode(q, k, v, mesh=mesh)), (rep, kv, kv)),
+        "tree_energy": (jax.jit(lambda q, k, v: tree_decode_from_energy(q, k, v, mesh=mesh)),
+                        (rep, kv, kv)),
+        "ring": (jax.jit(lambda q, k, v: ring_decode(q, k, v, mesh=mesh)), (rep, kv, kv)),
+        "xla_auto": (jax.jit(dpa, in_shardings=(rep, kv, kv), out_shardings=rep), (rep, kv, kv)),
+    }
+
+
+def run(
+    mesh: Mesh,
+    problem: Problem,
+    *,
+    methods: Iterable[str] = METHODS,
+    repeats: int = 5,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[Record]:
+    """Measure each method on the same inputs; see the module docstring for what is measured."""
+    q, k, v = make_inputs(problem, seed)
+    want = np.asarray(attention(*(jnp.asarray(x, jnp.float64) for x in (q, k, v))))
+    fns = method_fns(mesh)
+    records = []
+    for name in methods:
+        if progress:
+            progress(name)
+        fn, shardings = fns[name]
+        args = [jax.device_put(x, s) for x, s in zip((q, k, v), shardings, strict=True)]
+        structs = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+                   for x, s in zip((q, k, v), shardings, strict=True)]
+        stats = collective_stats(fn, *structs)
+        got = np.asarray(fn(*args), np.float64)
+        records.append(Record(
+            method=name,
+            devices=1 if name == "single" else mesh.size,
+            seq_len=problem.seq_len,
+            median_s=median_time(fn, *args, repeats=repeats),
+            collective_bytes=stats.total_bytes,
+            temp_bytes=memory_stats(fn, *structs).temp_bytes,
+            max_abs_err=float(np.abs(got - want).max()),
+            collectives=describe(stats),
+        ))
+        del args
+    return records
+
+
+def table(records: list[Record]) -> str:
+    """A fixed-width table of records, with ratios to `tree` where it is present."""
+    tree = next((r for r in records if r.method == "tree"), None)
+    head = (f"{'method':<12}{'devices':>8}{'seq_len':>9}{'median ms':>11}{'vs tree':>9}"
+            f"{'bytes/dev':>14}{'temp MB/dev':>13}{'max |err|':>11}  collectives")
+    rows = [head, "-" * len(head)]
+    for r in records:
+        ratio = f"{r.median_s / tree.median_s:.2f}x" if tree else ""
+        rows.append(f"{r.method:<12}{r.devices:>8}{r.seq_len:>9}{r.median_s * 1e3:>11.1f}"
+                    f"{ratio:>9}{r.collective_bytes:>14,}{r.temp_bytes / 1e6:>13.1f}"
+                    f"{r.max_abs_err:>11.1e}  {r.collectives}")
+    return "\n".join(rows)

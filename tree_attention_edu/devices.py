@@ -1,0 +1,77 @@
+"""Devices and meshes: simulated CPU devices for laptops, 1-D and 2-level meshes for clusters.
+
+On a laptop, `simulate_devices(8)` splits the CPU into 8 XLA devices; it must run before
+JAX initialises its backends (the first computation or `jax.devices()` call). On a GPU
+cluster the devices are real and come from `jax.distributed.initialize()` (see
+`tree_attention_edu.launch`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax._src import xla_bridge
+from jax.sharding import AxisType, Mesh
+
+from . import _checks
+
+
+def backends_initialised() -> bool:
+    """True once JAX has created its backends (after which the device count is fixed)."""
+    return bool(xla_bridge.backends_are_initialized())
+
+
+def simulate_devices(n: int) -> None:
+    """Arrange for JAX to see `n` CPU devices. Call before any JAX computation.
+
+    If JAX has already started with at least `n` devices, this does nothing. If it started
+    with fewer, it raises a `RuntimeError` that says how to restart with `n`.
+    """
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"`n` must be a positive integer number of devices, got {n!r}.")
+    if backends_initialised():
+        have = jax.device_count()
+        if have < n:
+            raise _checks.simulate_too_late(n, have, jax.default_backend())
+        return
+    jax.config.update("jax_num_cpu_devices", n)
+
+
+def mesh_devices(n: int, devices: Sequence[jax.Device] | None = None) -> list[jax.Device]:
+    """The first `n` devices, ordered by (process, id): process i's devices are contiguous,
+    so in a ("node", "gpu") mesh each node is one process (one machine)."""
+    devs = sorted(jax.devices() if devices is None else devices,
+                  key=lambda d: (d.process_index, d.id))
+    return devs[:n]
+
+
+def make_mesh(
+    shape: Sequence[int] | int,
+    axis_names: Sequence[str] | str,
+    *,
+    devices: Sequence[jax.Device] | None = None,
+) -> Mesh:
+    """A mesh for `shard_map`, with Auto axis types (what `shard_map` code expects).
+
+    `jax.make_mesh` defaults to Explicit axes in current JAX; this helper does not.
+
+    Args:
+      shape: devices along each axis, e.g. `8` or `(2, 4)`.
+      axis_names: one name per axis, outermost first, e.g. `("node", "gpu")`: "gpu" varies
+        fastest, so the devices of one node are neighbours.
+      devices: devices to use (default: all of them, in process order).
+    """
+    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+    available = len(jax.devices() if devices is None else devices)
+    _checks.check_mesh_shape(shape, names, available)
+    devs = np.array(mesh_devices(math.prod(shape), devices), dtype=object).reshape(shape)
+    return Mesh(devs, names, axis_types=(AxisType.Auto,) * len(shape))
+
+
+def axis_size(mesh: Mesh, axes: Sequence[str]) -> int:
+    """Number of devices spanned by `axes` of `mesh`."""
+    return math.prod(mesh.shape[a] for a in axes)

@@ -1,0 +1,136 @@
+"""Attention as the gradient of an energy (paper, section 4).
+
+    F(ζ) = Σ_b Σ_i Σ_h log Σ_{a visible} exp(scale · q_{bih} · k_a + ζ_{bih} · v_a)
+
+F is a cumulant-generating function of the values under the attention weights:
+
+* ∂F/∂ζ at ζ = 0 is the weights' mean of v: softmax attention (`attention_from_energy`);
+* ∂²F/∂ζ² at ζ = 0 is their covariance (`value_covariance`).
+
+A query that sees no key contributes 0 to F (its log of an empty sum is left out), so
+its gradient, like `attention`'s output there, is zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from . import _checks
+from .attention import (
+    accum_dtype,
+    grouped_scores,
+    lse_from_parts,
+    masked_softmax_parts,
+    scaled_scores,
+)
+
+
+def energy(
+    q: Array,
+    k: Array,
+    v: Array,
+    zeta: Array,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    kv_lengths: Array | None = None,
+) -> Array:
+    """The scalar energy F_tot(ζ), summed over batch, queries and heads.
+
+    Args:
+      q: `[B, Tq, Hq, D]`; k: `[B, Tk, Hkv, D]`; v: `[B, Tk, Hkv, Dv]`.
+      zeta: the source, shaped like the output `[B, Tq, Hq, Dv]`.
+      scale, causal, kv_lengths: as for `attention`.
+
+    Stable for huge logits: every log-sum-exp is shifted by its row max.
+    """
+    dims = _checks.check_qkv(q, k, v, kv_lengths)
+    _checks.check_zeta(zeta, dims)
+    return energy_terms(q, k, v, zeta, scale=_checks.resolve_scale(scale, dims.head_dim),
+                        causal=causal, kv_lengths=kv_lengths)
+
+
+def energy_terms(
+    q: Array,
+    k: Array,
+    v: Array,
+    zeta: Array,
+    *,
+    scale: float,
+    causal: bool,
+    kv_lengths: Array | None,
+    kv_offset: int | Array = 0,
+    axes: Sequence[str] = (),
+) -> Array:
+    """F_tot for a chunk of keys starting at `kv_offset`, unchecked (shapes as in `energy`).
+
+    With `axes` (inside `shard_map`), the row max and the row sum-exp are Allreduced over
+    those mesh axes before the log, so every device returns the energy of the whole cache:
+    paper, Algorithm 1.
+    """
+    s, mask = scaled_scores(q, k, scale=scale, causal=causal, kv_lengths=kv_lengths,
+                            kv_offset=kv_offset)
+    acc = s.dtype
+    s = s + grouped_scores(zeta.astype(acc), v.astype(acc))  # + ζ·v_a, [B, Hq, Tq, Tk]
+    _, l, m = masked_softmax_parts(s, mask, axes)
+    lse = lse_from_parts(l, m)
+    return jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0))
+
+
+def _zero_source(q: Array, v: Array) -> Array:
+    B, Tq, Hq, _ = q.shape
+    return jnp.zeros((B, Tq, Hq, v.shape[3]), accum_dtype(q.dtype))
+
+
+def attention_from_energy(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    kv_lengths: Array | None = None,
+) -> Array:
+    """Attention `[B, Tq, Hq, Dv]` as `jax.grad` of `energy` in ζ at ζ = 0 (q's dtype)."""
+    _checks.check_qkv(q, k, v, kv_lengths)
+    grad = jax.grad(energy, argnums=3)(
+        q, k, v, _zero_source(q, v), scale=scale, causal=causal, kv_lengths=kv_lengths
+    )
+    return grad.astype(q.dtype)
+
+
+def value_covariance(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    kv_lengths: Array | None = None,
+) -> Array:
+    """Hessian of `energy` in ζ at 0, per query and head: `[B, Tq, Hq, Dv, Dv]`.
+
+    F_tot is a sum of one term per (b, i, h) row, each depending only on its own ζ row, so
+    the full Hessian is block diagonal. One Hessian-vector product with the j-th unit
+    vector placed in *every* row returns column j of every block at once, so `Dv`
+    forward-over-reverse products give all blocks. The result equals the covariance
+    `E[v vᵀ] - E[v] E[v]ᵀ` under the attention weights (tested against that formula).
+    """
+    _checks.check_qkv(q, k, v, kv_lengths)
+    zeta0 = _zero_source(q, v)
+    dv = zeta0.shape[-1]
+
+    def grad_f(zeta):
+        return jax.grad(energy, argnums=3)(
+            q, k, v, zeta, scale=scale, causal=causal, kv_lengths=kv_lengths
+        )
+
+    basis = jnp.broadcast_to(jnp.eye(dv, dtype=zeta0.dtype)[:, None, None, None, :],
+                             (dv, *zeta0.shape))
+    # cols[j] = column j of every block: [Dv(j), B, Tq, Hq, Dv(i)]
+    cols = jax.vmap(lambda t: jax.jvp(grad_f, (zeta0,), (t,))[1])(basis)
+    return jnp.moveaxis(cols, 0, -1)  # [B, Tq, Hq, Dv(i), Dv(j)]

@@ -1,0 +1,213 @@
+"""Read the compiled program: which collectives run, over which groups, moving how many bytes.
+
+This is the honest measurement of communication volume: it reads what XLA will execute
+(after SPMD partitioning and fusion), not what the Python code seems to ask for.
+
+Bytes are per device, for one execution, and count each collective's payload: the
+buffer a device contributes (all-reduce, collective-permute, all-to-all, reduce-scatter)
+or receives (all-gather). A collective inside a `while` loop counts once per iteration,
+using the trip count XLA records in the loop's backend config.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+
+_DTYPE_BYTES = {
+    "pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+    "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+    "f8e4m3fn": 1, "f8e5m2": 1,
+}
+_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+_INSTRUCTION = re.compile(
+    r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.+?)\s+(" + "|".join(COLLECTIVES)
+    + r")(-start)?\((.*)$"
+)
+_CALLEE = re.compile(
+    r"\b(body|condition|to_apply|calls|branch_computations)=\{?([^,}\s]+(?:,\s*%[\w.\-]+)*)\}?"
+)
+_TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective op of the compiled program.
+
+    Attributes:
+      kind: "all-reduce", "collective-permute", ...
+      groups: replica groups (device ids that communicate), or source→target pairs for
+        collective-permute.
+      bytes: payload bytes per device for one execution of the op.
+      count: how many times it executes (loop trip counts multiplied in).
+    """
+
+    kind: str
+    groups: tuple[tuple[int, ...], ...]
+    bytes: int
+    count: int = 1
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes * self.count
+
+
+@dataclass(frozen=True)
+class CollectiveStats:
+    collectives: tuple[Collective, ...] = field(default_factory=tuple)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes per device over all collectives, loops counted with their trip counts."""
+        return sum(c.total_bytes for c in self.collectives)
+
+    def by_kind(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in self.collectives:
+            out[c.kind] = out.get(c.kind, 0) + c.total_bytes
+        return out
+
+    def __str__(self) -> str:
+        lines = [f"{'kind':<20} {'count':>5} {'bytes/device':>14}  groups"]
+        for c in self.collectives:
+            g = str([list(x) for x in c.groups])
+            lines.append(f"{c.kind:<20} {c.count:>5} {c.total_bytes:>14,}  "
+                         f"{g if len(g) < 60 else g[:57] + '...'}")
+        lines.append(f"{'total':<20} {'':>5} {self.total_bytes:>14,}")
+        return "\n".join(lines)
+
+
+def shape_bytes(shape_text: str) -> int:
+    """Bytes of an HLO shape such as `f32[1,16]{1,0}` or a tuple `(f32[4], bf16[2,3])`."""
+    total = 0
+    for dtype, dims in _ARRAY.findall(shape_text):
+        if dtype not in _DTYPE_BYTES:
+            continue  # token[] and other non-data types
+        n = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
+        total += n * _DTYPE_BYTES[dtype]
+    return total
+
+
+def _parse_groups(attrs: str) -> tuple[tuple[int, ...], ...]:
+    m = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", attrs)
+    if m:
+        return tuple(tuple(int(x) for x in pair.split(","))
+                     for pair in re.findall(r"\{(\d+,\d+)\}", m.group(1)))
+    m = re.search(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}", attrs)
+    if m:
+        return tuple(tuple(int(x) for x in g.split(",") if x)
+                     for g in re.findall(r"\{([\d,]*)\}", m.group(1)))
+    # Iota form: replica_groups=[G,S]<=[d0,d1,...] optionally followed by T(perm).
+    m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", attrs)
+    if m:
+        group_shape = [int(x) for x in m.group(1).split(",")]
+        dims = [int(x) for x in m.group(2).split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        if m.group(3):
+            ids = ids.transpose([int(x) for x in m.group(3).split(",")])
+        return tuple(tuple(int(x) for x in row) for row in ids.reshape(group_shape))
+    return ()
+
+
+def parse_hlo(text: str) -> CollectiveStats:
+    """Collectives of an HLO module's text (`compiled.as_text()`), with loop trip counts."""
+    comps: dict[str, list[str]] = {}
+    entry, current = None, None
+    for line in text.splitlines():
+        m = _COMPUTATION.match(line)
+        if m:
+            current = m.group(1)
+            comps[current] = []
+            if line.startswith("ENTRY"):
+                entry = current
+        elif current is not None:
+            comps[current].append(line)
+    if entry is None:
+        raise ValueError("no ENTRY computation found in the HLO text")
+
+    # How many times each computation runs: propagate from ENTRY through while bodies.
+    multiplier: dict[str, int] = {entry: 1}
+    stack = [entry]
+    while stack:
+        name = stack.pop()
+        for line in comps.get(name, []):
+            trip = _TRIP.search(line)
+            for role, callees in _CALLEE.findall(line):
+                for callee in re.findall(r"%?([\w.\-]+)", callees):
+                    factor = int(trip.group(1)) if role == "body" and trip else 1
+                    if role == "body" and " while(" in line and not trip:
+                        raise ValueError(
+                            f"a while loop without a known trip count calls {callee}; its "
+                            f"collectives cannot be counted statically"
+                        )
+                    new = multiplier[name] * factor
+                    if callee in comps and multiplier.get(callee, 0) < new:
+                        multiplier[callee] = new
+                        stack.append(callee)
+
+    found = []
+    for name, lines in comps.items():
+        if name not in multiplier:
+            continue
+        for line in lines:
+            m = _INSTRUCTION.match(line)
+            if not m:
+                continue
+            shape_text, kind, is_start, rest = m.groups()
+            nbytes = shape_bytes(shape_text)
+            if is_start and kind in ("collective-permute", "all-gather"):
+                # Async starts return (operand, output, contexts...): count one buffer.
+                arrays = _ARRAY.findall(shape_text)
+                dtype, dims = arrays[0] if kind == "collective-permute" else arrays[1]
+                nbytes = shape_bytes(f"{dtype}[{dims}]")
+            found.append(Collective(kind, _parse_groups(rest), nbytes, multiplier[name]))
+    return CollectiveStats(tuple(found))
+
+
+def _compile(fn: Callable, *args: Any):
+    return jax.jit(fn).lower(*args).compile()
+
+
+def collective_stats(fn: Callable, *args: Any) -> CollectiveStats:
+    """Collectives in the compiled program of `fn(*args)`.
+
+    `args` may be arrays or `jax.ShapeDtypeStruct`s (with or without a `sharding`), so
+    nothing is allocated or run. Example::
+
+        collective_stats(lambda q, k, v: tree_decode(q, k, v, mesh=m), q_s, k_s, v_s)
+    """
+    return parse_hlo(_compile(fn, *args).as_text())
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """Per-device memory of a compiled program (bytes)."""
+
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        """Arguments + outputs + temporaries: an upper bound on live memory."""
+        return self.argument_bytes + self.output_bytes + self.temp_bytes
+
+
+def memory_stats(fn: Callable, *args: Any) -> MemoryStats:
+    """Argument, output and temp bytes per device from `compiled.memory_analysis()`.
+
+    On CPU, XLA's own `peak_memory_in_bytes` is only arguments + outputs; the temp size is
+    where copies of the cache and ring buffers show up.
+    """
+    ma = _compile(fn, *args).memory_analysis()
+    return MemoryStats(int(ma.argument_size_in_bytes), int(ma.output_size_in_bytes),
+                       int(ma.temp_size_in_bytes))

@@ -1,0 +1,51 @@
+"""Which keys a query may see, from global positions.
+
+Conventions (shared by every function in the package):
+
+* Key `a` of a chunk whose first key sits at global position `kv_offset` has global
+  position `kv_offset + a`.
+* Keys at positions `>= kv_lengths[b]` are padding and are never seen.
+* With `causal=True`, query `i` of the `Tq` queries sits at absolute position
+  `L_b - Tq + i`, where `L_b` is the sequence's KV length: the queries are the newest
+  tokens (the decode convention). It sees keys at positions `<=` its own.
+
+Because masks are built from global positions, a chunk of the cache computes exactly
+the part of the mask that the full cache would have there; that is what makes chunked
+and sharded attention exact.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import Array
+
+
+def visible(
+    q_len: int,
+    chunk_len: int,
+    kv_lengths: Array,
+    *,
+    kv_offset: int | Array = 0,
+    causal: bool = False,
+) -> Array:
+    """Boolean visibility `[B, Tq, Tk_chunk]`: may query `i` see key `a` of the chunk?
+
+    Args:
+      q_len: Tq, the number of queries.
+      chunk_len: number of keys in the chunk.
+      kv_lengths: `[B]` valid KV length of each sequence (global).
+      kv_offset: global position of the chunk's first key (may be traced).
+      causal: apply the decode-convention causal mask.
+    """
+    pos = kv_offset + jnp.arange(chunk_len)  # [Tk_chunk]
+    lengths = kv_lengths[:, None, None]  # [B, 1, 1]
+    mask = pos[None, None, :] < lengths  # [B, 1, Tk_chunk]
+    if causal:
+        q_pos = lengths - q_len + jnp.arange(q_len)[None, :, None]  # [B, Tq, 1]
+        mask = mask & (pos[None, None, :] <= q_pos)
+    return jnp.broadcast_to(mask, (kv_lengths.shape[0], q_len, chunk_len))
+
+
+def full_lengths(batch: int, kv_len: int) -> Array:
+    """`[B]` lengths meaning "every key is valid"."""
+    return jnp.full((batch,), kv_len, dtype=jnp.int32)

@@ -1,0 +1,98 @@
+"""Figures shared by the CLI, the notebooks and the docs. They take plain data, not JAX arrays."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+
+RING_COLOR, TREE_COLOR = "#d62728", "#1f77b4"
+
+
+def _ring(ax, p: int) -> None:
+    angles = [math.pi / 2 - 2 * math.pi * i / p for i in range(p)]
+    xy = [(math.cos(a), math.sin(a)) for a in angles]
+    for i, (x, y) in enumerate(xy):
+        nx, ny = xy[(i + 1) % p]
+        ax.annotate("", (nx * 0.85, ny * 0.85), (x * 0.85, y * 0.85),
+                    arrowprops=dict(arrowstyle="-|>", lw=3, color=RING_COLOR))
+        ax.add_patch(plt.Circle((x, y), 0.17, color="0.85", zorder=3))
+        ax.text(x, y, str(i), ha="center", va="center", zorder=4)
+    ax.text(0, 0, f"p−1 = {p - 1} steps\neach sends a\nwhole K/V shard", ha="center",
+            va="center", fontsize=9)
+    ax.set_title("Ring Attention: K/V blocks travel")
+    ax.set_xlim(-1.4, 1.4)
+    ax.set_ylim(-1.4, 1.4)
+    ax.set_aspect("equal")
+    ax.axis("off")
+
+
+def reduction_tree(ax, p: int, branching: int = 2, title: str | None = None) -> None:
+    """Draw a `branching`-ary reduction tree over `p` leaves (devices or chunks)."""
+    level = [(float(i), 0.0) for i in range(p)]
+    for i, (x, y) in enumerate(level):
+        ax.add_patch(plt.Circle((x, y), 0.25, color="0.85", zorder=3))
+        ax.text(x, y, str(i), ha="center", va="center", zorder=4)
+    depth = 0
+    while len(level) > 1:
+        depth += 1
+        nxt = []
+        for j in range(0, len(level), branching):
+            group = level[j : j + branching]
+            parent = (sum(x for x, _ in group) / len(group), float(depth))
+            for x, y in group:
+                ax.annotate("", parent, (x, y), arrowprops=dict(arrowstyle="-|>", lw=1.2,
+                                                                  color=TREE_COLOR))
+            ax.add_patch(plt.Circle(parent, 0.18, color=TREE_COLOR, zorder=3))
+            nxt.append(parent)
+        level = nxt
+    ax.set_title(title or f"Tree reduction: {depth} levels for p = {p}")
+    ax.set_xlim(-0.8, p - 0.2)
+    ax.set_ylim(-0.8, depth + 0.8)
+    ax.set_ylabel("combine level")
+    ax.set_xticks([])
+    ax.set_aspect("equal")
+
+
+def message_patterns(bytes_per_method: Mapping[str, int], p: int = 8, path: str | None = None):
+    """Ring versus tree message flow, and the measured bytes per device (log scale)."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), gridspec_kw=dict(width_ratios=[1, 1.3, 1.2]))
+    _ring(axes[0], p)
+    reduction_tree(axes[1], p, title="Tree Attention: only (out, lse) meet\n"
+                   "Allreduce(max), Allreduce(sum)")
+    names = list(bytes_per_method)
+    vals = [max(bytes_per_method[n], 1) for n in names]
+    colors = [RING_COLOR if "ring" in n else TREE_COLOR if "tree" in n else "0.5" for n in names]
+    bars = axes[2].bar(names, vals, color=colors)
+    axes[2].set_yscale("log")
+    axes[2].set_ylim(top=max(vals) * 20)
+    axes[2].set_ylabel("bytes sent per device (compiled program)")
+    axes[2].set_title("Measured communication volume")
+    for b, v in zip(bars, vals, strict=True):
+        axes[2].text(b.get_x() + b.get_width() / 2, v * 1.3, f"{v:,}", ha="center", fontsize=8)
+    axes[2].tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def scaling(xs: Sequence[float], series: Mapping[str, Sequence[float]], *, xlabel: str,
+            ylabel: str, title: str, logx: bool = True, logy: bool = True, ax=None,
+            styles: Mapping[str, str] | None = None):
+    """Line plot of several named series against `xs`."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4))
+    for name, ys in series.items():
+        ax.plot(xs, ys, (styles or {}).get(name, "o-"), label=name)
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return ax

@@ -1,0 +1,189 @@
+"""Symbolic derivations (sympy) shared by the notebooks and the tests.
+
+Each function returns a list of `Identity(name, lhs, rhs)`. An identity holds when
+`sympy.simplify(lhs - rhs) == 0`; `Identity.holds()` checks exactly that, and the tests and
+notebooks assert it. Sizes are kept small (a few keys, a couple of value dimensions)
+because the identities are structural: nothing in them depends on the size.
+
+Notation: scores `s_a = scale·q·k_a`, values `v_{a,j}`, source `ζ_j`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy as sp
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A claimed equality `lhs == rhs` between sympy expressions."""
+
+    name: str
+    lhs: sp.Expr
+    rhs: sp.Expr
+
+    def difference(self) -> sp.Expr:
+        """`simplify(lhs - rhs)`: zero exactly when the identity holds."""
+        return sp.simplify(self.lhs - self.rhs)
+
+    def holds(self) -> bool:
+        return self.difference() == 0
+
+
+def symbols(n: int, d: int):
+    """Scores `s_0..s_{n-1}`, values `v[a][j]` (n × d) and sources `ζ_0..ζ_{d-1}`, all real."""
+    s = sp.symbols(f"s0:{n}", real=True)
+    v = [[sp.Symbol(f"v{a}_{j}", real=True) for j in range(d)] for a in range(n)]
+    zeta = sp.symbols(f"zeta0:{d}", real=True)
+    return s, v, zeta
+
+
+def energy_expr(s, v, zeta) -> sp.Expr:
+    """F(ζ) = log Σ_a exp(s_a + Σ_j ζ_j v_{a,j})."""
+    return sp.log(sum(sp.exp(s[a] + sum(z * v[a][j] for j, z in enumerate(zeta)))
+                      for a in range(len(s))))
+
+
+def softmax_mean(s, v, j: int) -> sp.Expr:
+    """E[v_j] under the weights softmax(s)."""
+    den = sum(sp.exp(x) for x in s)
+    return sum(sp.exp(s[a]) * v[a][j] for a in range(len(s))) / den
+
+
+def _at_zero(expr: sp.Expr, zeta) -> sp.Expr:
+    return expr.subs({z: 0 for z in zeta})
+
+
+def gradient_is_attention(n: int = 3, d: int = 2) -> list[Identity]:
+    """∂F/∂ζ_j at ζ = 0 equals the softmax-weighted value Σ_a softmax(s)_a v_{a,j}."""
+    s, v, zeta = symbols(n, d)
+    F = energy_expr(s, v, zeta)
+    return [
+        Identity(f"dF/dzeta_{j}", _at_zero(sp.diff(F, zeta[j]), zeta), softmax_mean(s, v, j))
+        for j in range(d)
+    ]
+
+
+def hessian_is_covariance(n: int = 3, d: int = 2) -> list[Identity]:
+    """∂²F/∂ζ_i∂ζ_j at ζ = 0 equals Cov(v_i, v_j) = E[v_i v_j] − E[v_i] E[v_j]."""
+    s, v, zeta = symbols(n, d)
+    F = energy_expr(s, v, zeta)
+    den = sum(sp.exp(x) for x in s)
+    out = []
+    for i in range(d):
+        for j in range(i, d):
+            second = sum(sp.exp(s[a]) * v[a][i] * v[a][j] for a in range(n)) / den
+            cov = second - softmax_mean(s, v, i) * softmax_mean(s, v, j)
+            lhs = _at_zero(sp.diff(F, zeta[i], zeta[j]), zeta)
+            out.append(Identity(f"d2F/dzeta_{i}dzeta_{j}", lhs, cov))
+    return out
+
+
+def shift_invariance(n: int = 3) -> list[Identity]:
+    """log Σ exp(s_a) = c + log Σ exp(s_a − c) for any c: the safe-max trick (c = max s)."""
+    s = sp.symbols(f"s0:{n}", real=True)
+    c = sp.Symbol("c", real=True)
+    lhs = sp.log(sum(sp.exp(x) for x in s))
+    rhs = c + sp.log(sum(sp.exp(x - c) for x in s))
+    # simplify alone does not merge the logs; expanding exp(x - c) = exp(x)/exp(c) does.
+    return [Identity("lse shift by c", lhs, sp.expand_log(sp.expand(rhs), force=True))]
+
+
+def lse(xs) -> sp.Expr:
+    return sp.log(sum(sp.exp(x) for x in xs))
+
+
+def lse_of_union(sizes: tuple[int, ...] = (2, 3)) -> list[Identity]:
+    """logsumexp over a union of chunks = logsumexp of the chunks' logsumexps."""
+    n = sum(sizes)
+    s = sp.symbols(f"s0:{n}", real=True)
+    chunks, start = [], 0
+    for size in sizes:
+        chunks.append(s[start : start + size])
+        start += size
+    return [Identity(f"lse over chunks {sizes}", lse(s), lse([lse(c) for c in chunks]))]
+
+
+def combine_expr(a, b):
+    """`states.combine` on symbols: a state is `(out, lse)`."""
+    (oa, la), (ob, lb) = a, b
+    den = sp.exp(la) + sp.exp(lb)
+    return ((sp.exp(la) * oa + sp.exp(lb) * ob) / den, sp.log(den))
+
+
+def combine_associative() -> list[Identity]:
+    """combine(combine(a, b), c) == combine(a, combine(b, c)), componentwise."""
+    o = sp.symbols("o_a o_b o_c", real=True)
+    l = sp.symbols("l_a l_b l_c", real=True)
+    a, b, c = zip(o, l, strict=True)
+    left = combine_expr(combine_expr(a, b), c)
+    right = combine_expr(a, combine_expr(b, c))
+    return [
+        Identity("combine associative: out", left[0], right[0]),
+        Identity("combine associative: lse", left[1], right[1]),
+    ]
+
+
+def combine_commutative() -> list[Identity]:
+    """combine(a, b) == combine(b, a)."""
+    a = sp.symbols("o_a l_a", real=True)
+    b = sp.symbols("o_b l_b", real=True)
+    left, right = combine_expr(a, b), combine_expr(b, a)
+    return [Identity("combine commutative: out", left[0], right[0]),
+            Identity("combine commutative: lse", left[1], right[1])]
+
+
+def combine_matches_chunks(sizes: tuple[int, int] = (2, 2)) -> list[Identity]:
+    """Combining the two chunks' (out, lse) gives full softmax attention over their union."""
+    n = sum(sizes)
+    s, v, _ = symbols(n, 1)
+    vals = [row[0] for row in v]
+
+    def state(idx):
+        w = [sp.exp(s[a]) for a in idx]
+        num = sum(wi * vals[a] for wi, a in zip(w, idx, strict=True))
+        return num / sum(w), lse([s[a] for a in idx])
+
+    first, second = range(sizes[0]), range(sizes[0], n)
+    out, l = combine_expr(state(first), state(second))
+    full = [[x] for x in vals]
+    return [
+        Identity("combined out = attention", out, softmax_mean(s, full, 0)),
+        Identity("combined lse = lse", l, lse(s)),
+    ]
+
+
+def stationary_point(n: int = 3, d: int = 2) -> list[Identity]:
+    """Γ(ζ, z) = z·ζ − F(ζ) is stationary at ζ* = 0, z* = ∂F/∂ζ(0) = attention.
+
+    Solves ∂Γ/∂z = 0 for ζ with sympy, substitutes, and solves ∂Γ/∂ζ = 0 for z.
+    """
+    s, v, zeta = symbols(n, d)
+    z = sp.symbols(f"z0:{d}", real=True)
+    gamma = sum(zi * zj for zi, zj in zip(z, zeta, strict=True)) - energy_expr(s, v, zeta)
+    zeta_sol = sp.solve([sp.diff(gamma, zj) for zj in z], zeta, dict=True)
+    assert len(zeta_sol) == 1, zeta_sol
+    at_zeta = {zj: zeta_sol[0][zj] for zj in zeta}
+    z_sol = sp.solve([sp.diff(gamma, zj).subs(at_zeta) for zj in zeta], z, dict=True)
+    assert len(z_sol) == 1, z_sol
+    out = [Identity(f"zeta*_{j}", at_zeta[zeta[j]], sp.Integer(0)) for j in range(d)]
+    out += [Identity(f"z*_{j}", z_sol[0][z[j]], softmax_mean(s, v, j)) for j in range(d)]
+    return out
+
+
+ALL = {
+    "gradient_is_attention": gradient_is_attention,
+    "hessian_is_covariance": hessian_is_covariance,
+    "shift_invariance": shift_invariance,
+    "lse_of_union": lse_of_union,
+    "combine_associative": combine_associative,
+    "combine_commutative": combine_commutative,
+    "combine_matches_chunks": combine_matches_chunks,
+    "stationary_point": stationary_point,
+}
+
+
+def verify_all() -> dict[str, bool]:
+    """Run every derivation; `{identity name: holds}`."""
+    return {ident.name: ident.holds() for make in ALL.values() for ident in make()}
