@@ -6,6 +6,7 @@ from conftest import rand_qkv, tol
 from reference import np_attention_state
 
 import tree_attention_edu as tae
+from tree_attention_edu.energy import value_covariance_formula
 
 CASES = [dict(), dict(causal=True), dict(causal=True, kv_lengths=np.array([0, 11]))]
 
@@ -22,6 +23,7 @@ def test_hessian_is_covariance(kw):
     q, k, v = rand_qkv(1)
     _, _, cov = np_attention_state(q, k, v, **kw)
     np.testing.assert_allclose(tae.value_covariance(q, k, v, **kw), cov, **tol(q.dtype))
+    np.testing.assert_allclose(value_covariance_formula(q, k, v, **kw), cov, **tol(q.dtype))
 
 
 def test_hessian_matches_full_jax_hessian():

@@ -12,7 +12,7 @@ from .attention import attention
 from .bayes import log_likelihood, map_estimate, posterior
 from .decode import ring_decode, tree_decode, tree_decode_from_energy
 from .devices import make_mesh, simulate_devices
-from .energy import attention_from_energy, energy, value_covariance
+from .energy import attention_from_energy, energy, value_covariance, value_covariance_formula
 from .introspect import collective_stats, memory_stats
 from .states import (
     AttentionState,
@@ -50,4 +50,5 @@ __all__ = [
     "tree_decode_from_energy",
     "tree_reduce",
     "value_covariance",
+    "value_covariance_formula",
 ]

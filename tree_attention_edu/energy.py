@@ -26,6 +26,7 @@ from .attention import (
     lse_from_parts,
     masked_softmax_parts,
     scaled_scores,
+    weights,
 )
 
 
@@ -134,3 +135,26 @@ def value_covariance(
     # cols[j] = column j of every block: [Dv(j), B, Tq, Hq, Dv(i)]
     cols = jax.vmap(lambda t: jax.jvp(grad_f, (zeta0,), (t,))[1])(basis)
     return jnp.moveaxis(cols, 0, -1)  # [B, Tq, Hq, Dv(i), Dv(j)]
+
+
+def value_covariance_formula(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    kv_lengths: Array | None = None,
+) -> Array:
+    """The hand-derived covariance `Σ_a p_a v_a v_aᵀ − (Σ_a p_a v_a)(Σ_a p_a v_a)ᵀ`.
+
+    `[B, Tq, Hq, Dv, Dv]`, with `p` the attention weights. This is the closed form that
+    `value_covariance` (autodiff) must reproduce.
+    """
+    _checks.check_qkv(q, k, v, kv_lengths)
+    p = weights(q, k, scale=scale, causal=causal, kv_lengths=kv_lengths)  # [B, Hq, Tq, Tk]
+    _B, Hq = p.shape[:2]
+    vh = jnp.repeat(v.astype(p.dtype), Hq // v.shape[2], axis=2)  # [B, Tk, Hq, Dv]
+    mean = jnp.einsum("bhqk,bkhv->bqhv", p, vh)
+    second = jnp.einsum("bhqk,bkhv,bkhu->bqhvu", p, vh, vh)
+    return second - mean[..., :, None] * mean[..., None, :]

@@ -18,8 +18,8 @@ Allreduce(max) of the lse, then Allreduce(sum) of numerator and denominator.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, TypeVar
 
 import jax.numpy as jnp
 from jax import Array, lax
@@ -34,6 +34,8 @@ from .attention import (
     safe_positive,
     scaled_scores,
 )
+
+T = TypeVar("T")
 
 
 class AttentionState(NamedTuple):
@@ -128,23 +130,29 @@ def finalize(state: AttentionState, dtype=None) -> Array:
     return state.out if dtype is None else state.out.astype(dtype)
 
 
-def tree_reduce(states: Sequence[AttentionState], branching: int = 2) -> AttentionState:
-    """Reduce states with a `branching`-ary tree: `ceil(log_branching(n))` levels of combines."""
+def tree_reduce(
+    states: Sequence[T], branching: int = 2, op: Callable[[T, T], T] = combine
+) -> T:
+    """Reduce with a `branching`-ary tree: `ceil(log_branching(n))` levels of `op`.
+
+    `op` defaults to `combine`; any associative operation works (e.g. `max`, or a counter
+    that measures the tree's depth).
+    """
     _checks.check_nonempty(states)
     _checks.check_branching(branching)
     level = list(states)
     while len(level) > 1:
         level = [
-            functools.reduce(combine, level[i : i + branching])
+            functools.reduce(op, level[i : i + branching])
             for i in range(0, len(level), branching)
         ]
     return level[0]
 
 
-def sequential_reduce(states: Sequence[AttentionState]) -> AttentionState:
-    """Reduce states one after another, left to right: the order Ring Attention visits them."""
+def sequential_reduce(states: Sequence[T], op: Callable[[T, T], T] = combine) -> T:
+    """Reduce one after another, left to right: the order Ring Attention visits the blocks."""
     _checks.check_nonempty(states)
-    return functools.reduce(combine, states)
+    return functools.reduce(op, states)
 
 
 def chunk_states(
