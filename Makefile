@@ -7,13 +7,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: help setup demo test lint unit notebooks docs docs-check browser-check bench launch execute-notebooks clean
+.PHONY: help setup demo test lint unit nbval docs browser-check bench launch notebooks clean
 
 help:
 	@echo "make demo   set up .venv and run the main demonstration (8 simulated devices)"
 	@echo "make test   set up .venv and run every check (ruff, pytest + hypothesis, nbval, docs)"
 	@echo "make docs   build the documentation site into site/"
 	@echo "make bench  run the benchmark and write out/bench.json"
+	@echo "make notebooks  regenerate notebooks/*.ipynb from their jupytext sources and execute them"
+	@echo "make browser-check  open the built site in headless Chromium (needs Debian's chromium)"
 
 $(STAMP): pyproject.toml requirements-lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +35,22 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadfile tests
 
-test: lint unit
+# Committed notebook outputs must reproduce (strict nbval, not --nbval-lax).
+nbval: $(STAMP)
+	$(PY) -m pytest -n 2 --dist loadscope --nbval --nbval-current-env -p no:cacheprovider $(NOTEBOOKS)
+
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
+test: lint unit nbval docs
+
+browser-check: docs
+	$(PY) docs/check_site.py
+
+# Sources are notebooks/*.py (jupytext percent format); this rewrites and executes the .ipynb.
+notebooks: $(STAMP)
+	for nb in $(NOTEBOOKS:.ipynb=.py); do $(VENV)/bin/jupytext --to ipynb -q $$nb; done
+	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace $(NOTEBOOKS)
 
 bench: $(STAMP)
 	mkdir -p out

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -50,7 +52,7 @@ print(jax.device_count(), "devices,", jax.default_backend())
 # ## 1.1 The energy and its gradient, symbolically
 #
 # Take $n$ keys with scores $s_a = \text{scale}\cdot q\cdot k_a$ and values
-# $v_a \in \mathbb{R}^d$, and add a *source* $\zeta \in \mathbb{R}^d$ coupled to the values:
+# $v_a \in \mathbf{R}^d$, and add a *source* $\zeta \in \mathbf{R}^d$ coupled to the values:
 #
 # $$F(\zeta) = \log \sum_{a=1}^{n} \exp\Big(s_a + \sum_j \zeta_j v_{a,j}\Big).$$
 #
@@ -73,11 +75,11 @@ ident.rhs
 # %% [markdown]
 # ## 1.2 The Hessian is a covariance
 #
-# $F$ is the log of a moment-generating function: $e^{F(\zeta)} / e^{F(0)} = \mathbb{E}_p[e^{\zeta \cdot v}]$.
+# $F$ is the log of a moment-generating function: $e^{F(\zeta)} / e^{F(0)} = \mathrm{E}_p[e^{\zeta \cdot v}]$.
 # Its derivatives at 0 are the **cumulants** of $v$ under $p$: the first is the mean
 # (attention), the second the covariance
 #
-# $$\frac{\partial^2 F}{\partial\zeta_i\partial\zeta_j}\Big|_0 = \mathbb{E}_p[v_i v_j] - \mathbb{E}_p[v_i]\,\mathbb{E}_p[v_j].$$
+# $$\frac{\partial^2 F}{\partial\zeta_i\partial\zeta_j}\Big|_0 = \mathrm{E}_p[v_i v_j] - \mathrm{E}_p[v_i]\,\mathrm{E}_p[v_j].$$
 #
 # A covariance is positive semi-definite, so $F$ is **convex** in $\zeta$; we use that in
 # notebook 2.

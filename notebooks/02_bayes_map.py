@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -22,7 +24,7 @@
 # **What you will learn**
 #
 # * attention weights as a posterior $p(a \mid q) \propto \exp(\text{scale}\; q\cdot k_a)$, and
-#   attention as $\mathbb{E}[v_a \mid q]$;
+#   attention as $\mathrm{E}[v_a \mid q]$;
 # * $\Gamma(\zeta, z) = z\cdot\zeta - F(\zeta)$, its stationary point $\zeta^* = 0$,
 #   $z^* = \nabla F(0)$, derived in sympy and solved numerically;
 # * how the scale (an inverse temperature) sharpens the posterior;
@@ -55,7 +57,7 @@ assert jax.device_count() == 8, jax.devices()
 # the attention weights (`tae.posterior`, shaped `[B, Hq, Tq, Tk]`). Reading out the value of
 # the retrieved memory, *on average over the posterior*, is attention:
 #
-# $$\text{attention}(q) = \sum_a p(a\mid q)\, v_a = \mathbb{E}_{p(a\mid q)}[v_a].$$
+# $$\text{attention}(q) = \sum_a p(a\mid q)\, v_a = \mathrm{E}_{p(a\mid q)}[v_a].$$
 #
 # The normaliser $\sum_b \exp(\cdot)$ is the evidence, and its log is the energy $F(0)$.
 
@@ -76,7 +78,8 @@ fig, ax = plt.subplots(figsize=(7, 2.5))
 ax.bar(np.arange(Tk), np.asarray(post[0, 0, 0]), color="#1f77b4")
 ax.set_xlabel("memory (key) a")
 ax.set_ylabel(r"$p(a \mid q)$")
-ax.set_title("Posterior over memories for one query");
+ax.set_title("Posterior over memories for one query")
+plt.show()
 
 # %% [markdown]
 # *Figure: for one query, the posterior spreads over several memories; attention averages
@@ -195,7 +198,8 @@ ax.semilogx(betas_h, acc, "o-")
 ax.set_xlabel(r"scale $\beta$")
 ax.set_ylabel("fraction retrieved")
 ax.set_title(f"One attention step retrieves {M} stored patterns")
-ax.set_ylim(-0.05, 1.05);
+ax.set_ylim(-0.05, 1.05)
+plt.show()
 
 # %% [markdown]
 # *Figure: at small β the output is a blur of all patterns; above β ≈ 0.1 one attention step

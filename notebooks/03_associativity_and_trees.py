@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -170,7 +172,7 @@ full = tae.attention(q, k, v, **kw)
 
 rng = np.random.default_rng(0)
 worst = 0.0
-for trial in range(20):
+for _ in range(20):
     cuts = np.sort(rng.integers(0, Tk + 1, size=rng.integers(1, 9)))
     sizes = np.diff(np.concatenate([[0], cuts, [Tk]])).tolist()
     chunks = tae.chunk_states(q, k, v, sizes, **kw)

@@ -155,13 +155,14 @@ def run(
 
 
 def table(records: list[Record]) -> str:
-    """A fixed-width table of records, with ratios to `tree` where it is present."""
-    tree = next((r for r in records if r.method == "tree"), None)
+    """A fixed-width table of records, with latency ratios to `tree` at the same size."""
+    tree_at = {r.seq_len: r for r in records if r.method == "tree"}
     head = (f"{'method':<12}{'devices':>8}{'seq_len':>9}{'median ms':>11}{'vs tree':>9}"
             f"{'bytes/dev':>14}{'temp MB/dev':>13}{'max |err|':>11}  collectives")
     rows = [head, "-" * len(head)]
     for r in records:
-        ratio = f"{r.median_s / tree.median_s:.2f}x" if tree else ""
+        ref = tree_at.get(r.seq_len)
+        ratio = f"{r.median_s / ref.median_s:.2f}x" if ref else ""
         rows.append(f"{r.method:<12}{r.devices:>8}{r.seq_len:>9}{r.median_s * 1e3:>11.1f}"
                     f"{ratio:>9}{r.collective_bytes:>14,}{r.temp_bytes / 1e6:>13.1f}"
                     f"{r.max_abs_err:>11.1e}  {r.collectives}")

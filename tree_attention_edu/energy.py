@@ -43,9 +43,13 @@ def energy(
     """The scalar energy F_tot(ζ), summed over batch, queries and heads.
 
     Args:
-      q: `[B, Tq, Hq, D]`; k: `[B, Tk, Hkv, D]`; v: `[B, Tk, Hkv, Dv]`.
+      q: `[B, Tq, Hq, D]` queries.
+      k: `[B, Tk, Hkv, D]` keys.
+      v: `[B, Tk, Hkv, Dv]` values.
       zeta: the source, shaped like the output `[B, Tq, Hq, Dv]`.
-      scale, causal, kv_lengths: as for `attention`.
+      scale: score scale; `None` means `1/sqrt(D)`.
+      causal: decode-convention causal mask.
+      kv_lengths: `[B]` valid lengths.
 
     Stable for huge logits: every log-sum-exp is shifted by its row max.
     """

@@ -96,3 +96,39 @@ def scaling(xs: Sequence[float], series: Mapping[str, Sequence[float]], *, xlabe
     ax.legend()
     ax.grid(alpha=0.3)
     return ax
+
+
+def two_level_schedule(inner: Sequence[Sequence[int]], outer: Sequence[Sequence[int]], ax=None):
+    """Draw a hierarchical Allreduce from its replica groups (as read by `collective_stats`).
+
+    `inner` groups are drawn as nodes (boxes) whose members reduce over fast links; `outer`
+    groups connect one member of each node over the slow links.
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.2))
+    pos = {}
+    for n, group in enumerate(inner):
+        y = 1.6 * (len(inner) - 1 - n)
+        ax.add_patch(plt.Rectangle((-0.6, y - 0.45), len(group) + 0.2, 0.9, fill=False,
+                                   ec="0.4", lw=1.2, ls="--"))
+        ax.text(-0.75, y, f"node {n}", ha="right", va="center")
+        for i, dev in enumerate(group):
+            pos[dev] = (float(i), y)
+            ax.add_patch(plt.Circle((i, y), 0.22, color="0.85", zorder=3))
+            ax.text(i, y, str(dev), ha="center", va="center", zorder=4)
+        for a, b in zip(group[:-1], group[1:], strict=True):
+            ax.annotate("", pos[b], pos[a], arrowprops=dict(arrowstyle="<->", color=TREE_COLOR,
+                                                            lw=2, shrinkA=9, shrinkB=9))
+    for group in outer:
+        for a, b in zip(group[:-1], group[1:], strict=True):
+            ax.annotate("", pos[b], pos[a], arrowprops=dict(arrowstyle="<->", color=RING_COLOR,
+                                                            lw=1.5, ls=":", shrinkA=9,
+                                                            shrinkB=9))
+    ax.plot([], [], color=TREE_COLOR, lw=2, label="level 1: inside a node (NVLink)")
+    ax.plot([], [], color=RING_COLOR, lw=1.5, ls=":", label="level 2: across nodes (InfiniBand)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, frameon=False)
+    ax.set_xlim(-1.8, max(len(g) for g in inner))
+    ax.set_ylim(-0.9, 1.6 * (len(inner) - 1) + 0.7)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    return ax
