@@ -4,6 +4,9 @@ The site must typeset math offline (a reader behind a firewall, CI without inter
 MathJax 2.7 is copied from the `jupyter-server-mathjax` package into `site/assets/mathjax`.
 Notebook pages load it through mkdocs-jupyter's `custom_mathjax_url`; Markdown pages that
 contain math (arithmatex spans) get the same script injected here, so no page loads it twice.
+
+This MathJax package ships no TeX web fonts: write \\mathrm{E} or \\mathbf{R}, not \\mathbb,
+or `docs/check_site.py` will report the failed font load.
 """
 
 from __future__ import annotations

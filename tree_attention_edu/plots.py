@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -116,11 +117,11 @@ def two_level_schedule(inner: Sequence[Sequence[int]], outer: Sequence[Sequence[
             pos[dev] = (float(i), y)
             ax.add_patch(plt.Circle((i, y), 0.22, color="0.85", zorder=3))
             ax.text(i, y, str(dev), ha="center", va="center", zorder=4)
-        for a, b in zip(group[:-1], group[1:], strict=True):
+        for a, b in itertools.pairwise(group):
             ax.annotate("", pos[b], pos[a], arrowprops=dict(arrowstyle="<->", color=TREE_COLOR,
                                                             lw=2, shrinkA=9, shrinkB=9))
     for group in outer:
-        for a, b in zip(group[:-1], group[1:], strict=True):
+        for a, b in itertools.pairwise(group):
             ax.annotate("", pos[b], pos[a], arrowprops=dict(arrowstyle="<->", color=RING_COLOR,
                                                             lw=1.5, ls=":", shrinkA=9,
                                                             shrinkB=9))
