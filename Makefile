@@ -35,7 +35,7 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadfile tests
 
-# Committed notebook outputs must reproduce (strict nbval, not --nbval-lax).
+# Committed notebook outputs must reproduce: strict nbval compares every output.
 nbval: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadscope --nbval --nbval-current-env -p no:cacheprovider $(NOTEBOOKS)
 
