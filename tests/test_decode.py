@@ -47,6 +47,19 @@ def test_low_precision_returns_input_dtype(method, dtype, mesh2x4):
                                **tol(dtype))
 
 
+@pytest.mark.parametrize("method", [tae.tree_decode, tae.ring_decode, tae.tree_decode_from_energy],
+                         ids=lambda f: f.__name__)
+def test_head_major_cache(method, mesh2x4):
+    """A `[B, Hkv, Tk, D]` cache sharded along axis 2 gives the same answer."""
+    q, k, v = rand_qkv(9, Tq=2, Tk=37)
+    kw = dict(causal=True, kv_lengths=np.array([37, 11]))
+    kh, vh = (jnp.swapaxes(x, 1, 2) for x in (k, v))
+    out = method(q, kh, vh, mesh=mesh2x4, layout="bhtd", **kw)
+    np.testing.assert_allclose(out, np_attention(q, k, v, **kw), **tol(jnp.float64))
+    with pytest.raises(ValueError, match=r"`k`.*and `v`.*must agree"):
+        method(q, kh, vh[:, :, :5], mesh=mesh2x4, layout="bhtd")
+
+
 def test_sharded_inputs_and_jit(mesh8):
     q, k, v = rand_qkv(4, Tk=64)
     kv_sharding = NamedSharding(mesh8, P(None, "x"))

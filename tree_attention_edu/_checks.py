@@ -197,3 +197,22 @@ def simulate_too_late(requested: int, have: int, platform: str) -> RuntimeError:
 def check_kernel_name(name: str, known: tuple[str, ...]) -> None:
     if name not in known:
         raise ValueError(f"`local_kernel` must be one of {known}, got {name!r}.")
+
+
+def shape_of(x: Any, name: str) -> tuple[int, ...]:
+    """The shape of an array argument, or a TypeError naming it."""
+    return _shape(x, name)
+
+
+def check_layout(layout: Any, known: tuple[str, ...]) -> None:
+    if layout not in known:
+        raise ValueError(
+            f"`layout` must be one of {known}, got {layout!r}: 'bthd' is k [batch, kv_len, "
+            f"kv_heads, head_dim] (jax.nn.dot_product_attention's), 'bhtd' is head-major "
+            f"k [batch, kv_heads, kv_len, head_dim]."
+        )
+
+
+def check_positive(value: Any, name: str) -> None:
+    if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"`{name}` must be a positive int, got {value!r}.")

@@ -45,31 +45,34 @@ class _Plan:
     scale: float
     causal: bool
     kernel: str
+    layout: str
 
 
-def _prepare(q, k, v, mesh, seq_axes, scale, causal, kv_lengths, local_kernel):
+def _prepare(q, k, v, mesh, seq_axes, scale, causal, kv_lengths, local_kernel, layout):
     """Validate, pad K/V to a multiple of the device count, and fix the plan."""
     if not isinstance(mesh, Mesh):
         raise TypeError(
             f"`mesh` must be a jax.sharding.Mesh, got {type(mesh).__name__}; "
             f"build one with tree_attention_edu.make_mesh(...)."
         )
-    dims = _checks.check_qkv(q, k, v, kv_lengths)
+    dims = _checks.check_qkv(q, kernels.bthd_view(k, layout), kernels.bthd_view(v, layout),
+                             kv_lengths)
     axes = _checks.check_seq_axes(seq_axes, tuple(mesh.axis_names))
     p = devices.axis_size(mesh, axes)
     pad = (-dims.kv_len) % p
     ragged = kv_lengths is not None and not _is_full(kv_lengths, dims)
     kernel = kernels.resolve(
         local_kernel, dtype=q.dtype, head_dim=dims.head_dim, v_dim=dims.v_dim,
-        needs_mask=bool(pad) or ragged or (causal and dims.q_len > 1),
+        needs_mask=bool(pad) or ragged or (causal and dims.q_len > 1), layout=layout,
     )
     if kv_lengths is None:
         kv_lengths = jnp.full((dims.batch,), dims.kv_len, jnp.int32)
     if pad:
-        widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+        widths = [(0, 0)] * 4
+        widths[kernels.SEQ_AXIS[layout]] = (0, pad)
         k, v = jnp.pad(k, widths), jnp.pad(v, widths)
     plan = _Plan(mesh, axes, p, (dims.kv_len + pad) // p,
-                 _checks.resolve_scale(scale, dims.head_dim), bool(causal), kernel)
+                 _checks.resolve_scale(scale, dims.head_dim), bool(causal), kernel, layout)
     return plan, k, v, jnp.asarray(kv_lengths, jnp.int32)
 
 
@@ -91,12 +94,20 @@ def _shard_index(plan: _Plan) -> Array:
 
 def _local(plan: _Plan, q, k, v, lengths, offset):
     return kernels.KERNELS[plan.kernel](
-        q, k, v, kv_offset=offset, scale=plan.scale, causal=plan.causal, kv_lengths=lengths
+        q, k, v, kv_offset=offset, scale=plan.scale, causal=plan.causal, kv_lengths=lengths,
+        layout=plan.layout,
     )
 
 
+def kv_spec(axes: Sequence[str], layout: str = "bthd") -> P:
+    """PartitionSpec of a K or V array sharded along its sequence axis over mesh `axes`."""
+    spec = [None] * (kernels.SEQ_AXIS[layout] + 1)
+    spec[-1] = tuple(axes)
+    return P(*spec)
+
+
 def _specs(plan: _Plan):
-    kv = P(None, plan.axes)
+    kv = kv_spec(plan.axes, plan.layout)
     return (P(), kv, kv, P())
 
 
@@ -148,14 +159,17 @@ def _energy_fn(plan: _Plan) -> Callable:
 _DOC_ARGS = """
     Args:
       q: `[B, Tq, Hq, D]` queries, replicated on every device.
-      k: `[B, Tk, Hkv, D]` keys, sharded (or to be sharded) along Tk over `seq_axes`.
-      v: `[B, Tk, Hkv, Dv]` values, sharded like `k`.
+      k: `[B, Tk, Hkv, D]` keys (or `[B, Hkv, Tk, D]` with `layout="bhtd"`), sharded (or
+        to be sharded) along Tk over `seq_axes`.
+      v: `[B, Tk, Hkv, Dv]` values (or `[B, Hkv, Tk, Dv]`), sharded like `k`.
       mesh: a `jax.sharding.Mesh` (see `make_mesh`).
       seq_axes: mesh axes the sequence is split over, outermost first (default: all).
       scale: score scale; `None` means `1/sqrt(D)`.
       causal: decode-convention causal mask (query i at position `L_b - Tq + i`).
       kv_lengths: `[B]` ints; keys at positions `>= kv_lengths[b]` are masked.
       local_kernel: "auto", "xla" or "flash" (see `tree_attention_edu.kernels`).
+      layout: "bthd" (default) or "bhtd", the head-major cache layout that the xla kernel
+        streams fastest (see `tree_attention_edu.kernels`).
 
     Returns:
       `[B, Tq, Hq, Dv]` in q's dtype, replicated. Traceable under `jax.jit`.
@@ -163,34 +177,38 @@ _DOC_ARGS = """
 
 
 def _decode(make: Callable, q, k, v, mesh, seq_axes, scale, causal, kv_lengths, local_kernel,
-            extra=()):
+            layout="bthd", extra=()):
     plan, k, v, lengths = _prepare(q, k, v, mesh, seq_axes, scale, causal, kv_lengths,
-                                   local_kernel)
+                                   local_kernel, layout)
     return make(plan)(q, k, v, lengths, *extra)
 
 
 def tree_decode(
     q: Array, k: Array, v: Array, *, mesh: Mesh, seq_axes: str | Sequence[str] | None = None,
     scale: float | None = None, causal: bool = False, kv_lengths: Array | None = None,
-    local_kernel: str = "auto",
+    local_kernel: str = "auto", layout: str = "bthd",
 ) -> Array:
-    return _decode(_tree_fn, q, k, v, mesh, seq_axes, scale, causal, kv_lengths, local_kernel)
+    return _decode(_tree_fn, q, k, v, mesh, seq_axes, scale, causal, kv_lengths, local_kernel,
+                   layout)
 
 
 def ring_decode(
     q: Array, k: Array, v: Array, *, mesh: Mesh, seq_axes: str | Sequence[str] | None = None,
     scale: float | None = None, causal: bool = False, kv_lengths: Array | None = None,
-    local_kernel: str = "auto",
+    local_kernel: str = "auto", layout: str = "bthd",
 ) -> Array:
-    return _decode(_ring_fn, q, k, v, mesh, seq_axes, scale, causal, kv_lengths, local_kernel)
+    return _decode(_ring_fn, q, k, v, mesh, seq_axes, scale, causal, kv_lengths, local_kernel,
+                   layout)
 
 
 def tree_decode_from_energy(
     q: Array, k: Array, v: Array, *, mesh: Mesh, seq_axes: str | Sequence[str] | None = None,
     scale: float | None = None, causal: bool = False, kv_lengths: Array | None = None,
-    local_kernel: str = "xla",
+    local_kernel: str = "xla", layout: str = "bthd",
 ) -> Array:
     _checks.check_kernel_name(local_kernel, kernels.KERNEL_NAMES)
+    # The energy is written for "bthd"; a head-major cache is viewed in that order (a copy).
+    k, v = kernels.to_layout(k, layout, "bthd"), kernels.to_layout(v, layout, "bthd")
     if local_kernel == "flash":
         raise ValueError("tree_decode_from_energy differentiates the energy in JAX; it has no "
                          "flash kernel. Use local_kernel='xla' (or tree_decode for flash).")

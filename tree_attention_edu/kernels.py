@@ -1,29 +1,160 @@
 """Local decode kernels: the per-device computation of an `AttentionState` for one KV shard.
 
-* `"xla"`: pure JAX (`states.local_state`); works on every backend, dtype and mask.
+* `"xla"`: pure JAX (`xla_state`): a streaming, flash-decoding style kernel that reads the
+  cache once and makes no copy of it; works on every backend, dtype, mask and layout.
 * `"flash"`: flash-attn-jax's FlashAttention-2 forward on a CUDA GPU, which returns the
   log-sum-exp the tree combine needs. It takes fp16/bf16, head_dim ≤ 256, `Dv == D`, and
   no key mask, so it serves shards that are fully valid (no padding, no `kv_lengths`,
   and no causal mask, or a single causal query, which sees every key anyway).
 * `"auto"`: flash where all of that holds and flash-attn-jax is installed, else xla.
 
-Every kernel has the signature of `states.local_state`.
+Every kernel has the signature of `states.local_state` plus `layout`.
+
+Cache layouts (`layout`):
+
+* `"bthd"`: `k [B, Tk, Hkv, D]`, the layout of `jax.nn.dot_product_attention`. A decode
+  step is a matrix-vector product per head, and a head's keys are strided in this layout:
+  handed to `einsum` whole, XLA first copies K and V into head-major order (a copy as big
+  as the cache, and most of the time). `xla_state` instead walks the cache in blocks of
+  `block` keys, transposes each block while it is in cache, and folds it into an
+  online-softmax state (`lax.scan`), so nothing as large as the cache is ever written.
+* `"bhtd"`: `k [B, Hkv, Tk, D]`, head-major. Each head's keys are contiguous, so the
+  scores are one batched matrix-vector product that streams the cache at close to the
+  machine's read bandwidth. This is the layout to give a KV cache you own
+  (see `tree_attention_edu.model`).
+
+`tree_attention_edu.benchmark.bandwidth` measures each against the machine's read bandwidth.
 """
 
 from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import Array
+from jax import Array, lax
 
-from . import _checks
-from .states import AttentionState, local_state
+from . import _checks, masks
+from .attention import accum_dtype, finite_or_zero, lse_from_parts, safe_positive
+from .states import AttentionState
 
 KERNEL_NAMES = ("auto", "xla", "flash")
+LAYOUTS = ("bthd", "bhtd")
+SEQ_AXIS = {"bthd": 1, "bhtd": 2}
+"""Axis of `k` and `v` that holds the keys, per layout."""
+DEFAULT_BLOCK = 256
+"""Keys per block of the streaming kernel on the "bthd" layout: 256 keys × 16 heads × 128
+× 4 bytes is 2 MiB per block of K, small enough to transpose in cache (measured: 64 to 512
+all stream at the same speed on a 2-core CPU; 1024 and up spill and halve it)."""
 Kernel = Callable[..., AttentionState]
+
+
+def bthd_view(x: Any, layout: str) -> Any:
+    """Shape-and-dtype stand-in of a K or V array in "bthd" order, for validation."""
+    _checks.check_layout(layout, LAYOUTS)
+    if layout == "bthd":
+        return x
+    s = _checks.shape_of(x, "k or v")
+    if len(s) != 4:
+        return x  # let check_qkv report the rank
+    return jax.ShapeDtypeStruct((s[0], s[2], s[1], s[3]), x.dtype)
+
+
+def to_layout(x: Array, src: str, dst: str) -> Array:
+    """Move a K or V array between the "bthd" and "bhtd" layouts (a copy if they differ)."""
+    _checks.check_layout(src, LAYOUTS)
+    _checks.check_layout(dst, LAYOUTS)
+    return x if src == dst else jnp.swapaxes(x, 1, 2)
+
+
+def _fold(carry, qg, kb, vb, visible):
+    """Fold one head-major block into the running online-softmax state.
+
+    `qg [B, Hkv, G·Tq, D]` (scaled), `kb [B, Hkv, C, D]`, `vb [B, Hkv, C, Dv]`,
+    `visible [B, 1, 1, Tq, C]`; carry `(m, l, o)`: running max `[B, Hkv, G·Tq]` (-inf while
+    nothing is visible), sum of `exp(s - m)`, and unnormalised numerator `[..., Dv]`.
+    """
+    m, l, o = carry
+    B, Hkv, M, _ = qg.shape
+    C = kb.shape[2]
+    acc = qg.dtype
+    s = jnp.einsum("bhmd,bhcd->bhmc", qg, kb.astype(acc))
+    Tq = visible.shape[3]
+    s = jnp.where(visible, s.reshape(B, Hkv, M // Tq, Tq, C), -jnp.inf).reshape(B, Hkv, M, C)
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    shift = finite_or_zero(m_new)  # a block with nothing visible yet: exp(-inf - 0) = 0
+    p = jnp.exp(s - shift[..., None])
+    rescale = jnp.exp(m - shift)
+    l = l * rescale + jnp.sum(p, axis=-1)
+    o = o * rescale[..., None] + jnp.einsum("bhmc,bhcv->bhmv", p, vb.astype(acc))
+    return m_new, l, o
+
+
+def xla_state(
+    q: Array,
+    k_chunk: Array,
+    v_chunk: Array,
+    *,
+    kv_offset: int | Array = 0,
+    scale: float | None = None,
+    causal: bool = False,
+    kv_lengths: Array | None = None,
+    layout: str = "bthd",
+    block: int = DEFAULT_BLOCK,
+) -> AttentionState:
+    """State of one chunk of the cache, streaming it once without copying it.
+
+    Same contract as `states.local_state` (which it matches to rounding), plus:
+
+    Args:
+      k_chunk: `[B, Tc, Hkv, D]` ("bthd") or `[B, Hkv, Tc, D]` ("bhtd").
+      v_chunk: `[B, Tc, Hkv, Dv]` or `[B, Hkv, Tc, Dv]`, like `k_chunk`.
+      layout: "bthd" or "bhtd" (see the module docstring).
+      block: keys per block on the "bthd" layout; the "bhtd" layout is read in one pass.
+
+    Returns:
+      `AttentionState` (`out [B, Tq, Hq, Dv]`, `lse [B, Tq, Hq]`) in the accumulation dtype.
+    """
+    dims = _checks.check_qkv(q, bthd_view(k_chunk, layout), bthd_view(v_chunk, layout),
+                             kv_lengths)
+    _checks.check_positive(block, "block")
+    B, Tq, Hq, D = q.shape
+    Hkv, Tc, G = dims.kv_heads, dims.kv_len, dims.group
+    acc = accum_dtype(q.dtype)
+    scale = _checks.resolve_scale(scale, D)
+    if kv_lengths is None:
+        kv_lengths = masks.full_lengths(B, Tc) + kv_offset
+    # Queries of one kv head side by side: [B, Hkv, G·Tq, D], so K and V keep their layout.
+    qg = (q.astype(acc) * jnp.asarray(scale, acc)).reshape(B, Tq, Hkv, G, D)
+    qg = qg.transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * Tq, D)
+    carry = (jnp.full((B, Hkv, G * Tq), -jnp.inf, acc), jnp.zeros((B, Hkv, G * Tq), acc),
+             jnp.zeros((B, Hkv, G * Tq, dims.v_dim), acc))
+
+    def fold(carry, start, size):
+        ax = SEQ_AXIS[layout]
+        kb = lax.dynamic_slice_in_dim(k_chunk, start, size, ax)
+        vb = lax.dynamic_slice_in_dim(v_chunk, start, size, ax)
+        if layout == "bthd":
+            kb, vb = kb.transpose(0, 2, 1, 3), vb.transpose(0, 2, 1, 3)
+        vis = masks.visible(Tq, size, kv_lengths, kv_offset=kv_offset + start, causal=causal)
+        return _fold(carry, qg, kb, vb, vis[:, None, None])
+
+    if layout == "bhtd":
+        carry = fold(carry, 0, Tc)
+    else:
+        n_blocks, tail = divmod(Tc, block)
+        if n_blocks:
+            carry, _ = lax.scan(lambda c, i: (fold(c, i * block, block), None), carry,
+                                jnp.arange(n_blocks))
+        if tail:
+            carry = fold(carry, n_blocks * block, tail)
+    m, l, o = carry
+    out = (o / safe_positive(l)[..., None]).reshape(B, Hkv, G, Tq, dims.v_dim)
+    out = out.transpose(0, 3, 1, 2, 4).reshape(B, Tq, Hq, dims.v_dim)
+    lse = lse_from_parts(l, finite_or_zero(m)).reshape(B, Hkv, G, Tq)
+    return AttentionState(out, lse.transpose(0, 3, 1, 2).reshape(B, Tq, Hq))
 
 
 def flash_available() -> bool:
@@ -55,12 +186,21 @@ def flash_unsupported_reason(
     return None
 
 
-def resolve(name: str, *, dtype, head_dim: int, v_dim: int, needs_mask: bool) -> str:
+def _flash_layout_reason(layout: str) -> str:
+    return (f"local_kernel='flash' reads the 'bthd' layout, got layout={layout!r}; "
+            f"use local_kernel='xla'.")
+
+
+def resolve(name: str, *, dtype, head_dim: int, v_dim: int, needs_mask: bool,
+            layout: str = "bthd") -> str:
     """Turn "auto" into a concrete kernel name; check an explicit "flash" can run."""
     _checks.check_kernel_name(name, KERNEL_NAMES)
+    _checks.check_layout(layout, LAYOUTS)
     if name == "xla":
         return name
     reason = flash_unsupported_reason(dtype, head_dim, v_dim, needs_mask)
+    if reason is None and layout != "bthd":
+        reason = _flash_layout_reason(layout)
     if name == "auto":
         return "xla" if reason else "flash"
     if reason:
@@ -77,11 +217,14 @@ def flash_state(
     scale: float | None = None,
     causal: bool = False,
     kv_lengths: Array | None = None,
+    layout: str = "bthd",
 ) -> AttentionState:
-    """FlashAttention-2 forward on an unmasked shard; `kv_offset`, `causal` and `kv_lengths`
-    are accepted for a uniform signature and ignored (`resolve` only picks flash when no mask
-    applies)."""
+    """FlashAttention-2 forward on an unmasked "bthd" shard; `kv_offset`, `causal` and
+    `kv_lengths` are accepted for a uniform signature and ignored (`resolve` only picks flash
+    when no mask applies)."""
     del kv_offset, causal, kv_lengths
+    if layout != "bthd":
+        raise ValueError(_flash_layout_reason(layout))
     from flash_attn_jax.flash import _flash_mha_fwd  # lazy: CUDA-only, optional extra
 
     scale = 1.0 / float(q.shape[-1]) ** 0.5 if scale is None else float(scale)
@@ -91,4 +234,4 @@ def flash_state(
     return AttentionState(out.astype(jnp.float32), jnp.transpose(lse, (0, 2, 1)))
 
 
-KERNELS: dict[str, Kernel] = {"xla": local_state, "flash": flash_state}
+KERNELS: dict[str, Kernel] = {"xla": xla_state, "flash": flash_state}

@@ -37,7 +37,7 @@ def visible(
       kv_offset: global position of the chunk's first key (may be traced).
       causal: apply the decode-convention causal mask.
     """
-    pos = kv_offset + jnp.arange(chunk_len)  # [Tk_chunk]
+    pos = jnp.asarray(kv_offset, jnp.int32) + jnp.arange(chunk_len, dtype=jnp.int32)  # [Tk_chunk]
     lengths = kv_lengths[:, None, None]  # [B, 1, 1]
     mask = pos[None, None, :] < lengths  # [B, 1, Tk_chunk]
     if causal:
