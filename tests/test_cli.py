@@ -33,9 +33,11 @@ def test_demo_small(tmp_path):
 def test_bench_json_records(tmp_path):
     path = tmp_path / "bench.json"
     r = run_cli("bench", "--seq-lens", "1024,2048", "--heads", "2", "--head-dim", "16",
-                "--repeats", "1", "--mesh", "2level", "--json", str(path))
+                "--repeats", "1", "--mesh", "2level", "--json", str(path),
+                "--calibration-seq-lens", "1024,3072")
     assert r.returncode == 0, r.stdout + r.stderr
-    records = json.loads(path.read_text())["records"]
+    report = json.loads(path.read_text())
+    records = report["records"]
     assert {r["method"] for r in records} == set(benchmark.METHODS)
     assert {r["seq_len"] for r in records} == {1024, 2048}
     fields = {"method", "devices", "seq_len", "median_s", "collective_bytes", "temp_bytes",
@@ -47,6 +49,21 @@ def test_bench_json_records(tmp_path):
     # Tree bytes do not grow with Tk; ring bytes double with it.
     assert by[("tree", 1024)]["collective_bytes"] == by[("tree", 2048)]["collective_bytes"]
     assert by[("ring", 2048)]["collective_bytes"] == 2 * by[("ring", 1024)]["collective_bytes"]
+
+    bw = report["bandwidth"]
+    assert bw["machine_read_gbs"] > 0
+    assert {"xla_bthd", "xla_bhtd", "einsum_reference", "tree_bhtd"} <= set(bw["kernels"])
+    for k in bw["kernels"].values():
+        assert k["kv_bytes"] == 2 * 2048 * 2 * 16 * 4
+        assert k["fraction"] == pytest.approx(k["gbs"] / bw["machine_read_gbs"])
+    assert "machine read bandwidth" in r.stdout and "of machine" in r.stdout
+
+    cal = report["calibration"]
+    assert {(c["method"], c["seq_len"]) for c in cal} == {
+        (m, n) for m in ("tree", "ring") for n in (1024, 3072)}
+    for c in cal:
+        assert c["devices"] == 8 and c["predicted_s"] > 0 and c["measured_s"] > 0
+    assert "worst |error|" in r.stdout
 
 
 @pytest.mark.slow

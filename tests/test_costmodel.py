@@ -5,6 +5,7 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
+import sympy
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -53,6 +54,71 @@ def test_paper_formulas():
     # Ring: the paper's 2btd·p counts K and V over p steps; the compiled ring sends p-1 steps.
     ring = cm.ring_payload_bytes(b, t * p, n_h, d_h, d_h, p, itemsize=1)
     assert ring == cm.paper_volume_ring(b, t, n_h, d_h, p) * (p - 1) / p
+
+
+@pytest.mark.parametrize("layout", ["bthd", "bhtd"])
+@pytest.mark.parametrize(("shape", "axes"), [((8,), ("x",)), ((2, 4), ("node", "gpu"))])
+def test_model_bytes_equal_compiled_bytes_meshes(shape, axes, layout):
+    """Two-level meshes pay the tree payload once per level; a ragged Tk pads the ring blocks."""
+    mesh = tae.make_mesh(shape, axes)
+    B, Tq, Hq, Hkv, D, Dv, tk = 1, 1, 4, 2, 16, 8, 4100
+    kv = NamedSharding(mesh, P())  # 4100 keys do not split 8 ways: the decoder pads them
+    kshape = (B, tk, Hkv, D) if layout == "bthd" else (B, Hkv, tk, D)
+    vshape = (*kshape[:3], Dv)
+    q = jax.ShapeDtypeStruct((B, Tq, Hq, D), jnp.float32, sharding=NamedSharding(mesh, P()))
+    k = jax.ShapeDtypeStruct(kshape, jnp.float32, sharding=kv)
+    v = jax.ShapeDtypeStruct(vshape, jnp.float32, sharding=kv)
+    kw = dict(mesh=mesh, layout=layout)
+    tree = tae.collective_stats(lambda q, k, v: tae.tree_decode(q, k, v, **kw), q, k, v)
+    ring = tae.collective_stats(lambda q, k, v: tae.ring_decode(q, k, v, **kw), q, k, v)
+    assert tree.total_bytes == cm.tree_payload_bytes(B, Tq, Hq, Dv, levels=len(shape))
+    assert ring.total_bytes == cm.ring_payload_bytes(B, tk, Hkv, D, Dv, 8)
+
+
+def test_model_reduces_to_paper_formulas():
+    """Symbolically: the model's memory is eqs. 8-9, and its ring-allreduce wire volume of the
+    tree payload is eq. 14."""
+    b, t, n_h, d_h = sympy.symbols("b t n_h d_h", positive=True, integer=True)
+    d = n_h * d_h
+    assert sympy.simplify(cm.peak_memory_tree(b, t, n_h, d_h) - (2*b*t*d + 2*b*d + 2*b*n_h)) == 0
+    assert sympy.simplify(cm.peak_memory_ring(b, t, n_h, d_h) - (4*b*t*d + 2*b*d)) == 0
+    unit = cm.Link(alpha_s=0, beta_Bps=1)  # time = elements on the wire
+    for p in (2, 8, 128):
+        payload = cm.tree_payload_bytes(b, 1, n_h, d_h, itemsize=1)
+        wire = cm.ring_allreduce_time(payload, p, unit)
+        assert sympy.simplify(wire - cm.paper_volume_tree(b, n_h, d_h, p)) == 0
+
+
+def test_allreduce_choice_and_hierarchy():
+    link = cm.Link(alpha_s=10e-6, beta_Bps=10e9)
+    # Latency-bound messages take the log-depth tree; bandwidth-bound ones the ring.
+    assert cm.allreduce_time(1e3, 64, link)[1] == "tree"
+    assert cm.allreduce_time(1e9, 64, link)[1] == "ring"
+    t, _ = cm.allreduce_time(1e3, 64, link)
+    assert t == pytest.approx(6 * (10e-6 + 1e3 / 10e9))
+    # Hierarchical: intra-node stage over 8 devices, inter-node stage over 16 nodes.
+    topo = cm.DGX_H100
+    want = cm.allreduce_time(4096, 8, topo.intra)[0] + cm.allreduce_time(4096, 16, topo.inter)[0]
+    assert cm.hierarchical_allreduce_time(4096, topo) == pytest.approx(want)
+    assert cm.hierarchical_allreduce_time(4096, topo.with_devices(8)) == pytest.approx(
+        cm.allreduce_time(4096, 8, topo.intra)[0])
+    with pytest.raises(ValueError, match="whole number of 8-device nodes"):
+        topo.with_devices(12)
+
+
+def test_ring_and_tree_predictions():
+    topo = cm.DGX_H100.with_devices(16)
+    tree = cm.predict_tree(2**20, topo)
+    ring = cm.predict_ring(2**20, topo)
+    t = 2**20 // 16
+    block_s = t * 16 * 256 * 2 / topo.mem_Bps
+    assert tree.compute_s == pytest.approx(block_s)
+    assert ring.compute_s == pytest.approx(16 * block_s)
+    send = 2 * topo.inter.send(t * 16 * 128 * 2)  # the ring crosses nodes: the slow link
+    assert ring.comm_s == pytest.approx(15 * (send - block_s))  # overlap hides one block
+    no_overlap = cm.predict_ring(2**20, topo, overlap=False)
+    assert no_overlap.comm_s == pytest.approx(15 * send)
+    assert ring.total_s > tree.total_s
 
 
 def test_bad_arguments():

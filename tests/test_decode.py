@@ -21,6 +21,9 @@ HARD_CASES = {
     "mqa": (dict(Hq=4, Hkv=1), dict()),
     "batch3_gqa": (dict(B=3, Hq=6, Hkv=2, Tk=24), dict(kv_lengths=np.array([24, 7, 13]))),
     "single_key": (dict(Tk=1), dict()),
+    # Shards longer than the xla kernel's block: its scan over blocks plus a tail block.
+    "long_shards": (dict(B=1, Tq=1, Hq=2, Hkv=1, Tk=8 * 263 - 3),
+                    dict(kv_lengths=np.array([2000]))),
 }
 
 

@@ -138,11 +138,42 @@ def cmd_bench(args) -> int:
                   f"{r.collective_bytes / max(t.collective_bytes, 1):.3g}x, ring/tree temp "
                   f"{r.temp_bytes / max(t.temp_bytes, 1):.2f}x")
         out += [r.as_json() for r in records]
+    report: dict = {"records": out}
+    if "bandwidth" in args.sections:
+        report["bandwidth"] = _bandwidth(args)
+    if "calibration" in args.sections:
+        report["calibration"] = _calibration(args)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"records": out}, indent=2))
+        Path(args.json).write_text(json.dumps(report, indent=2))
         print(f"wrote {args.json}")
     return 0
+
+
+def _bandwidth(args) -> dict:
+    from . import calibrate
+
+    seq_len = max(args.seq_lens)
+    print(f"\nBandwidth: one decode step at Tk={seq_len}, {args.heads} heads x {args.head_dim}, "
+          f"{args.dtype}; effective GB/s = (K + V bytes) / median time")
+    with tqdm(desc="bandwidth", unit="kernel", file=sys.stderr, disable=None) as bar:
+        section = calibrate.bandwidth(_mesh(args), _problem(args, seq_len), repeats=args.repeats,
+                                      progress=lambda n: (bar.set_postfix_str(n), bar.update(1)))
+    print(calibrate.bandwidth_table(section))
+    return section
+
+
+def _calibration(args) -> list[dict]:
+    from . import calibrate
+
+    print(f"\nCalibration: alpha-beta model with parameters measured here, against measured "
+          f"tree and ring latency on {args.devices} devices")
+    with tqdm(desc="calibration", unit="step", file=sys.stderr, disable=None) as bar:
+        cal, rows = calibrate.calibrate(
+            _mesh(args), args.calibration_seq_lens, problem=_problem(args, 0),
+            repeats=args.repeats, progress=lambda n: (bar.set_postfix_str(n), bar.update(1)))
+    print(calibrate.calibration_table(cal, rows))
+    return rows
 
 
 def cmd_launch(args) -> int:
@@ -171,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--methods", type=lambda s: s.split(","), default=None,
                        help="comma-separated subset of single,tree,tree_energy,ring,xla_auto")
     bench.add_argument("--json", default=None, help="write records to this path")
+    bench.add_argument("--sections", type=lambda s: s.split(",") if s else [],
+                       default=["bandwidth", "calibration"],
+                       help="extra sections after the method table: bandwidth,calibration "
+                            "(default both; '' for none)")
+    bench.add_argument("--calibration-seq-lens", type=lambda s: [int(x) for x in s.split(",")],
+                       default=[16384, 32768, 65536, 131072],
+                       help="KV lengths at which the cost model is checked")
     bench.set_defaults(func=cmd_bench)
 
     launch = sub.add_parser("launch", help="tree and ring decoding across real processes")

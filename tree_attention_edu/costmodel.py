@@ -1,7 +1,9 @@
-"""Closed-form costs of tree and ring decoding: steps, bytes on the wire, memory.
+"""Closed-form costs of tree and ring decoding: steps, bytes on the wire, memory, latency.
 
 Plain Python (no JAX), so it can be read and used without a device. The byte formulas
-are checked against what `introspect.collective_stats` measures in the compiled program.
+are checked against what `introspect.collective_stats` measures in the compiled program,
+and the latency model (`Topology`, `predict_tree`, `predict_ring`) is calibrated on the
+simulated devices by `benchmark.calibrate` before it is used to extrapolate to `DGX_H100`.
 
 Notation follows the paper: b batch, t = N/p keys per device, n_h heads, d_h head dim,
 d = n_h·d_h, p devices.
@@ -10,6 +12,7 @@ d = n_h·d_h, p devices.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 
 def reduction_steps(n: int, p: int, branching: int = 2) -> int:
@@ -75,3 +78,205 @@ def paper_memory_ring(b: int, t: int, n_h: int, d_h: int) -> int:
     """Paper's peak memory of Ring Attention, in elements (eq. 8): 4btd + 2bd."""
     d = n_h * d_h
     return 4 * b * t * d + 2 * b * d
+
+
+# --- alpha-beta model of a topology -------------------------------------------------------
+#
+# A message of n bytes over a link costs `alpha + n / beta` seconds (Hockney's model).
+# Collective costs follow Thakur, Rabenseifner & Gropp, "Optimization of Collective
+# Communication Operations in MPICH", IJHPCA 19(1), 2005:
+#   ring allreduce (reduce-scatter + allgather, Patarasuk & Yuan, JPDC 69(2), 2009):
+#       2(p-1)·alpha + 2(p-1)/p · n/beta
+#   tree allreduce (recursive doubling / binomial tree):
+#       ceil(log2 p)·(alpha + n/beta)
+# NCCL's tuner predicts each algorithm's time from such a latency-bandwidth model per
+# message size and picks the cheapest (NCCL docs, `NCCL_ALGO`); `allreduce_time` does the same.
+
+
+@dataclass(frozen=True)
+class Link:
+    """One level of interconnect: per-message latency `alpha_s` and bandwidth `beta_Bps`
+    (bytes per second, one direction)."""
+
+    alpha_s: float
+    beta_Bps: float
+
+    def send(self, nbytes: float) -> float:
+        """Seconds to send one message of `nbytes`."""
+        return self.alpha_s + nbytes / self.beta_Bps
+
+
+@dataclass(frozen=True)
+class Topology:
+    """`nodes` × `devices_per_node` devices; `intra` links inside a node, `inter` between nodes.
+
+    `mem_Bps` is one device's memory (read) bandwidth and `flops` its peak flop rate;
+    `overhead_s` is a fixed cost per decode call (launch and dispatch), and `overlap` says
+    whether a device can compute while its links transfer (a GPU with NCCL streams can;
+    XLA:CPU's simulated devices run one op at a time).
+    """
+
+    nodes: int
+    devices_per_node: int
+    intra: Link
+    inter: Link
+    mem_Bps: float
+    flops: float
+    overhead_s: float = 0.0
+    overlap: bool = True
+    name: str = ""
+    sources: tuple[str, ...] = ()
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def with_devices(self, p: int) -> Topology:
+        """The same hardware with `p` devices: whole nodes once `p` exceeds a node."""
+        if p <= self.devices_per_node:
+            return replace(self, nodes=1, devices_per_node=p)
+        if p % self.devices_per_node:
+            raise ValueError(f"p={p} is not a whole number of {self.devices_per_node}-device "
+                             f"nodes; pass a multiple of devices_per_node.")
+        return replace(self, nodes=p // self.devices_per_node)
+
+
+def ring_allreduce_time(nbytes: float, p: int, link: Link) -> float:
+    """Ring allreduce of `nbytes` over `p` ranks: 2(p−1)α + 2(p−1)/p·n/β (Thakur et al. 2005)."""
+    if p <= 1:
+        return 0.0
+    return 2 * (p - 1) * link.alpha_s + 2 * (p - 1) / p * nbytes / link.beta_Bps
+
+
+def tree_allreduce_time(nbytes: float, p: int, link: Link) -> float:
+    """Recursive-doubling allreduce: ⌈log2 p⌉(α + n/β) (Thakur et al. 2005)."""
+    if p <= 1:
+        return 0.0
+    return math.ceil(math.log2(p)) * link.send(nbytes)
+
+
+def allreduce_time(nbytes: float, p: int, link: Link) -> tuple[float, str]:
+    """The cheaper of ring and tree allreduce, as NCCL's tuner picks: `(seconds, "ring"|"tree")`."""
+    ring, tree = ring_allreduce_time(nbytes, p, link), tree_allreduce_time(nbytes, p, link)
+    return (tree, "tree") if tree <= ring else (ring, "ring")
+
+
+def hierarchical_allreduce_time(nbytes: float, topo: Topology) -> float:
+    """Allreduce inside every node (over `intra`), then across nodes (over `inter`).
+
+    The second stage carries the already-reduced message: one per node position.
+    """
+    return (allreduce_time(nbytes, topo.devices_per_node, topo.intra)[0]
+            + allreduce_time(nbytes, topo.nodes, topo.inter)[0])
+
+
+def local_decode_time(batch: int, kv_len: int, kv_heads: int, head_dim: int, v_dim: int,
+                      q_heads: int, topo: Topology, itemsize: int = 2, q_len: int = 1) -> float:
+    """Roofline time of one device's local decode over `kv_len` keys: the larger of reading
+    K and V once at `mem_Bps` and ~2 flops per multiply-add of q·k and p·v at `flops`."""
+    nbytes = batch * kv_len * kv_heads * (head_dim + v_dim) * itemsize
+    flops = 2 * batch * q_len * q_heads * kv_len * (head_dim + v_dim)
+    return max(nbytes / topo.mem_Bps, flops / topo.flops)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted latency of one decode call, split into its parts (seconds)."""
+
+    method: str
+    devices: int
+    seq_len: int
+    compute_s: float
+    comm_s: float
+    overhead_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.comm_s + self.overhead_s
+
+
+def predict_tree(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int = 16,
+                 kv_heads: int | None = None, head_dim: int = 128, itemsize: int = 2,
+                 q_len: int = 1, stat_itemsize: int = 4) -> Prediction:
+    """Tree decoding: the local state over the whole shard, then Allreduce(max) of the lse
+    `[B, Tq, Hq]` and Allreduce(sum) of numerator and denominator `[B, Tq, Hq, Dv + 1]`,
+    each inside nodes first, then across nodes. Statistics travel in float32."""
+    kv_heads = q_heads if kv_heads is None else kv_heads
+    p = topo.devices
+    t = math.ceil(seq_len / p)
+    compute = local_decode_time(batch, t, kv_heads, head_dim, head_dim, q_heads, topo,
+                                itemsize, q_len)
+    rows = batch * q_len * q_heads
+    comm = (hierarchical_allreduce_time(rows * stat_itemsize, topo)
+            + hierarchical_allreduce_time(rows * (head_dim + 1) * stat_itemsize, topo))
+    return Prediction("tree", p, seq_len, compute, comm, topo.overhead_s)
+
+
+def predict_ring(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int = 16,
+                 kv_heads: int | None = None, head_dim: int = 128, itemsize: int = 2,
+                 q_len: int = 1, overlap: bool | None = None) -> Prediction:
+    """Ring decoding: p blocks of `N/p` keys computed, p−1 K/V block transfers.
+
+    Every transfer of a step waits for the slowest link in the ring (inter-node once the ring
+    spans nodes). With overlap a step costs `max(compute, transfer)`, else their sum; the first
+    block's compute is never hidden. `comm_s` is the part not hidden behind compute.
+    """
+    kv_heads = q_heads if kv_heads is None else kv_heads
+    overlap = topo.overlap if overlap is None else overlap
+    p = topo.devices
+    t = math.ceil(seq_len / p)
+    block = local_decode_time(batch, t, kv_heads, head_dim, head_dim, q_heads, topo, itemsize,
+                              q_len)
+    link = topo.inter if topo.nodes > 1 else topo.intra
+    # K and V go as two messages (two ppermutes), as in `decode.ring_decode`.
+    send = 2 * link.send(batch * t * kv_heads * head_dim * itemsize) if p > 1 else 0.0
+    hidden = min(block, send) if overlap else 0.0
+    return Prediction("ring", p, seq_len, p * block, (p - 1) * (send - hidden), topo.overhead_s)
+
+
+def peak_memory_tree(batch: int, t: int, n_h: int, d_h: int, itemsize: int = 1) -> int:
+    """Bytes per device of tree decoding, part by part (`t` keys per device, `d = n_h·d_h`).
+
+    The K and V shards, the query and the numerator it becomes, and the two per-head
+    statistics that cross the wire (max and denominator). No output buffer: the result is
+    the Allreduced numerator over the Allreduced denominator. At `itemsize=1` this is the
+    paper's eq. 9 in elements (`tests/test_costmodel.py` checks it symbolically).
+    """
+    d = n_h * d_h
+    kv_shard, query, numerator, stats = 2 * batch * t * d, batch * d, batch * d, 2 * batch * n_h
+    return (kv_shard + query + numerator + stats) * itemsize
+
+
+def peak_memory_ring(batch: int, t: int, n_h: int, d_h: int, itemsize: int = 1) -> int:
+    """Bytes per device of Ring Attention, part by part: its own K and V shards, the
+    neighbour's K and V block arriving while it computes, the query and the output.
+    At `itemsize=1` this is the paper's eq. 8 in elements."""
+    d = n_h * d_h
+    kv_shard, kv_in_flight, query, output = 2 * batch * t * d, 2 * batch * t * d, batch * d, \
+        batch * d
+    return (kv_shard + kv_in_flight + query + output) * itemsize
+
+
+# --- the paper's cluster ------------------------------------------------------------------
+
+DGX_H100 = Topology(
+    nodes=16,
+    devices_per_node=8,
+    intra=Link(alpha_s=3e-6, beta_Bps=450e9),
+    inter=Link(alpha_s=20e-6, beta_Bps=50e9),
+    mem_Bps=3.35e12,
+    flops=989e12,
+    overhead_s=0.0,
+    overlap=True,
+    name="DGX H100 (8 GPUs/node, NVLink 4, 400 Gb/s NDR per GPU)",
+    sources=(
+        "NVIDIA H100 datasheet: H100 SXM5 HBM3 3.35 TB/s, 989 TFLOP/s dense bf16.",
+        "NVIDIA DGX H100 user guide: 8 GPUs per node on NVLink 4, 900 GB/s bidirectional per "
+        "GPU (450 GB/s per direction); 8 ConnectX-7 ports, 400 Gb/s NDR InfiniBand each "
+        "(50 GB/s per GPU).",
+        "Small-message NCCL allreduce latency, as measured with nccl-tests all_reduce_perf "
+        "(github.com/NVIDIA/nccl-tests) on DGX H100 systems: a few us inside a node, tens of "
+        "us across nodes. Round figures used here: alpha = 3 us (NVLink), 20 us (InfiniBand).",
+    ),
+)
+"""The paper's cluster (Section 6.1): DGX H100 nodes. Figures from published specifications."""

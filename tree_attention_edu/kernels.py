@@ -44,10 +44,11 @@ KERNEL_NAMES = ("auto", "xla", "flash")
 LAYOUTS = ("bthd", "bhtd")
 SEQ_AXIS = {"bthd": 1, "bhtd": 2}
 """Axis of `k` and `v` that holds the keys, per layout."""
-DEFAULT_BLOCK = 256
-"""Keys per block of the streaming kernel on the "bthd" layout: 256 keys × 16 heads × 128
-× 4 bytes is 2 MiB per block of K, small enough to transpose in cache (measured: 64 to 512
-all stream at the same speed on a 2-core CPU; 1024 and up spill and halve it)."""
+DEFAULT_BLOCK = 64
+"""Keys per block of the streaming kernel on the "bthd" layout: 64 keys × 16 heads × 128
+× 4 bytes is 512 KiB per block of K, small enough to transpose in cache. Measured on a
+2-core CPU at Tk=65536: 64 to 512 stream at 11-15 GB/s (64 fastest), 1024 and up spill and
+drop to ~5 GB/s."""
 Kernel = Callable[..., AttentionState]
 
 
@@ -92,6 +93,19 @@ def _fold(carry, qg, kb, vb, visible):
     return m_new, l, o
 
 
+def _varying_like(tree, *refs):
+    """Inside `shard_map`, give a fresh scan carry the varying mesh axes of `refs` (the
+    carry a block produces varies wherever the shard does); outside, a no-op."""
+    axes: set[str] = set()
+    for r in refs:
+        aval = jax.typeof(r)
+        mat = getattr(aval, "manual_axis_type", None)  # jax >= 0.10; `.vma` before
+        axes |= set(mat.varying if mat is not None else getattr(aval, "vma", ()))
+    if not axes:
+        return tree
+    return jax.tree.map(lambda x: lax.pcast(x, tuple(sorted(axes)), to="varying"), tree)
+
+
 def xla_state(
     q: Array,
     k_chunk: Array,
@@ -131,6 +145,7 @@ def xla_state(
     qg = qg.transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * Tq, D)
     carry = (jnp.full((B, Hkv, G * Tq), -jnp.inf, acc), jnp.zeros((B, Hkv, G * Tq), acc),
              jnp.zeros((B, Hkv, G * Tq, dims.v_dim), acc))
+    carry = _varying_like(carry, q, k_chunk, v_chunk, kv_lengths, kv_offset)
 
     def fold(carry, start, size):
         ax = SEQ_AXIS[layout]

@@ -1,0 +1,289 @@
+"""Measure this machine, then check the cost model against it.
+
+Three measurements, each a median of timed calls after a warm-up:
+
+* `machine_read_gbs`: numpy summing a 512 MB float32 array, the streaming read bandwidth
+  that bounds a decode step (one read of K and V, ~0.5 flop per byte);
+* `bandwidth`: each local kernel's effective bandwidth, `(K + V bytes) / time`, and its
+  fraction of the machine's, with its compiled temp memory;
+* `calibrate`: latency α and bandwidth β of the simulated devices' `ppermute` (fitted
+  over growing messages), the per-device decode bandwidth with all devices busy, and a
+  fixed per-call overhead; then `costmodel.predict_tree` / `predict_ring` with those
+  parameters, against `benchmark.run` at several sequence lengths.
+
+Nothing is fitted to the decode timings being predicted: the parameters come from
+micro-benchmarks at other sizes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from . import benchmark, costmodel, kernels
+from .decode import kv_spec
+from .introspect import memory_stats
+
+Progress = Callable[[str], None] | None
+
+
+def machine_read_gbs(nbytes: int = 512 * 2**20, repeats: int = 9) -> float:
+    """Streaming read bandwidth in GB/s: numpy's sum over a float32 array of `nbytes`."""
+    a = np.ones(nbytes // 4, np.float32)
+    a.sum()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a.sum()
+        times.append(time.perf_counter() - t0)
+    return a.nbytes / statistics.median(times) / 1e9
+
+
+@dataclass
+class KernelBandwidth:
+    """One kernel's effective bandwidth. Field names are the bench JSON's."""
+
+    gbs: float
+    fraction: float
+    temp_bytes: int
+    kv_bytes: int
+    median_s: float
+    devices: int
+
+
+def kernel_fns(mesh: Mesh) -> dict[str, tuple[Callable, str, int]]:
+    """Kernels to measure: `name -> (fn(q, k, v), layout of k and v, devices)`.
+
+    `einsum_reference` is `states.local_state`, the plain einsum → softmax → einsum that the
+    "xla" kernel replaced; `dot_product_attention` is `jax.nn`'s (cuDNN where available).
+    """
+    from . import states, tree_decode
+
+    fns: dict[str, tuple[Callable, str, int]] = {
+        "einsum_reference": (lambda q, k, v: states.local_state(q, k, v).out, "bthd", 1),
+        "dot_product_attention": (jax.nn.dot_product_attention, "bthd", 1),
+        "xla_bthd": (lambda q, k, v: kernels.xla_state(q, k, v).out, "bthd", 1),
+        "xla_bhtd": (lambda q, k, v: kernels.xla_state(q, k, v, layout="bhtd").out, "bhtd", 1),
+    }
+    if jax.default_backend() == "gpu":
+        fns["dot_product_attention_cudnn"] = (
+            lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn"),
+            "bthd", 1)
+        if kernels.flash_available():
+            fns["flash"] = (lambda q, k, v: kernels.flash_state(q, k, v).out, "bthd", 1)
+    for layout in kernels.LAYOUTS:
+        fns[f"tree_{layout}"] = (
+            lambda q, k, v, layout=layout: tree_decode(q, k, v, mesh=mesh, layout=layout,
+                                                       local_kernel="xla"),
+            layout, mesh.size)
+    return fns
+
+
+def bandwidth(
+    mesh: Mesh, problem: benchmark.Problem, *, names: Iterable[str] | None = None,
+    repeats: int = 5, seed: int = 0, progress: Progress = None,
+) -> dict:
+    """The bench JSON's `"bandwidth"` section: machine read bandwidth and each kernel's.
+
+    Single-device kernels run on the mesh's first device; `tree_*` on the whole mesh, whose
+    simulated devices share this machine's memory bus (so their fraction is comparable).
+    """
+    machine = machine_read_gbs()
+    q, k, v = benchmark.make_inputs(problem, seed)
+    one = NamedSharding(Mesh(np.array(mesh.devices).ravel()[:1], ("one",)), P())
+    out: dict[str, dict] = {}
+    fns = kernel_fns(mesh)
+    for name in names or fns:
+        fn, layout, ndev = fns[name]
+        if progress:
+            progress(name)
+        kk, vv = (np.ascontiguousarray(np.swapaxes(x, 1, 2)) if layout == "bhtd" else x
+                  for x in (k, v))
+        if ndev == 1:
+            sh = (one, one, one)
+        else:
+            kvs = NamedSharding(mesh, kv_spec(mesh.axis_names, layout))
+            sh = (NamedSharding(mesh, P()), kvs, kvs)
+        args = [jax.device_put(x, s) for x, s in zip((q, kk, vv), sh, strict=True)]
+        jfn = jax.jit(fn)
+        t = benchmark.median_time(jfn, *args, repeats=repeats)
+        gbs = problem.kv_bytes / t / 1e9
+        out[name] = asdict(KernelBandwidth(gbs, gbs / machine, memory_stats(jfn, *args).temp_bytes,
+                                           problem.kv_bytes, t, ndev))
+        del args
+    return {"machine_read_gbs": machine, "kernels": out}
+
+
+def bandwidth_table(section: dict) -> str:
+    head = (f"{'kernel':<30}{'devices':>8}{'median ms':>11}{'GB/s':>8}{'of machine':>12}"
+            f"{'temp MB':>10}{'temp/KV':>9}")
+    rows = [f"machine read bandwidth (numpy sum of 512 MB): {section['machine_read_gbs']:.1f} GB/s",
+            head, "-" * len(head)]
+    for name, r in section["kernels"].items():
+        rows.append(f"{name:<30}{r['devices']:>8}{r['median_s'] * 1e3:>11.1f}{r['gbs']:>8.2f}"
+                    f"{r['fraction']:>11.0%} {r['temp_bytes'] / 1e6:>10.1f}"
+                    f"{r['temp_bytes'] / r['kv_bytes']:>8.1%}")
+    return "\n".join(rows)
+
+
+# --- collective micro-benchmarks ----------------------------------------------------------
+
+def _sharded(mesh: Mesh, nbytes: int) -> jax.Array:
+    """`nbytes` of float32 per device, sharded along axis 0 over all mesh axes."""
+    n = max(nbytes // 4, 1)
+    spec = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+    return jax.device_put(jnp.ones((mesh.size * n,), jnp.float32), spec)
+
+
+def _smap(mesh: Mesh, body: Callable) -> Callable:
+    spec = P(tuple(mesh.axis_names))
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec,
+                                 check_vma=False))
+
+
+def collective_times(
+    mesh: Mesh, sizes: Iterable[int], *, repeats: int = 7
+) -> dict[str, list[tuple[int, float]]]:
+    """Median seconds of one `ppermute` (shift by one around the ring) and one `psum`, for
+    each per-device message size in bytes, plus `"noop"`: the same call doing `x + 1`
+    (at the smallest size, the fixed cost of calling a program on the mesh)."""
+    axes = tuple(mesh.axis_names)
+    p = mesh.size
+    perm = [(i, (i + 1) % p) for i in range(p)]
+    fns = {
+        "noop": _smap(mesh, lambda x: x + 1),
+        "ppermute": _smap(mesh, lambda x: lax.ppermute(x, axes, perm)),
+        "psum": _smap(mesh, lambda x: lax.psum(x, axes)),
+    }
+    out: dict[str, list[tuple[int, float]]] = {k: [] for k in fns}
+    for n in sizes:
+        x = _sharded(mesh, n)
+        for name, fn in fns.items():
+            out[name].append((n, benchmark.median_time(fn, x, repeats=repeats)))
+    return out
+
+
+def fit_alpha_beta(points: Iterable[tuple[int, float]]) -> costmodel.Link:
+    """Least-squares fit of `t = α + n/β` to `(bytes, seconds)` points (α clipped at 0)."""
+    n, t = (np.array(x, float) for x in zip(*points, strict=True))
+    slope, alpha = np.polyfit(n, t, 1)
+    return costmodel.Link(alpha_s=max(float(alpha), 0.0), beta_Bps=1.0 / max(float(slope), 1e-30))
+
+
+@dataclass
+class Calibration:
+    """Parameters measured on this machine, and the topology they make."""
+
+    overhead_s: float
+    ppermute: costmodel.Link
+    psum: costmodel.Link
+    mem_Bps: float
+    topology: costmodel.Topology
+    collective_points: dict
+
+
+def measure_topology(
+    mesh: Mesh, *, kernel_problem: benchmark.Problem | None = None,
+    sizes: Iterable[int] = tuple(2**e for e in range(10, 27, 2)), repeats: int = 7,
+    progress: Progress = None,
+) -> Calibration:
+    """Measure α, β, the per-call overhead and the per-device decode bandwidth of `mesh`.
+
+    The decode bandwidth is measured with every device running the xla kernel on its shard
+    at once (no collective), at `kernel_problem` (default: the bench problem at Tk = 49152;
+    `calibrate` passes a size its validation does not use), because the simulated devices
+    share one memory bus.
+    """
+    if progress:
+        progress("collectives")
+    pts = collective_times(mesh, sizes, repeats=repeats)
+    overhead = min(pts["noop"])[1]  # the smallest message: dispatch, not the `x + 1`
+    net = {k: [(n, max(t - overhead, 0.0)) for n, t in v] for k, v in pts.items() if k != "noop"}
+    link, psum_link = fit_alpha_beta(net["ppermute"]), fit_alpha_beta(net["psum"])
+
+    if progress:
+        progress("local kernel")
+    prob = kernel_problem or benchmark.Problem(seq_len=49152)
+    q, k, v = benchmark.make_inputs(prob)
+    axes = tuple(mesh.axis_names)
+    kvs = NamedSharding(mesh, kv_spec(axes))
+    local = jax.jit(jax.shard_map(
+        lambda q, k, v: kernels.xla_state(q, k, v).out, mesh=mesh,
+        in_specs=(P(), kv_spec(axes), kv_spec(axes)), out_specs=P(axes), check_vma=False))
+    args = (jax.device_put(q, NamedSharding(mesh, P())), jax.device_put(k, kvs),
+            jax.device_put(v, kvs))
+    t_local = benchmark.median_time(local, *args, repeats=repeats) - overhead
+    mem_Bps = prob.kv_bytes / mesh.size / max(t_local, 1e-9)
+
+    topo = costmodel.Topology(
+        nodes=1, devices_per_node=mesh.size, intra=link, inter=link, mem_Bps=mem_Bps,
+        flops=float("inf"), overhead_s=overhead, overlap=False,
+        name=f"{mesh.size} simulated CPU devices (this machine)",
+        sources=("measured by tree_attention_edu.calibrate.measure_topology",),
+    )
+    return Calibration(overhead, link, psum_link, mem_Bps, topo, pts)
+
+
+def predict(method: str, seq_len: int, topo: costmodel.Topology,
+            problem: benchmark.Problem) -> costmodel.Prediction:
+    """The cost model's latency for a `benchmark.Problem` at `seq_len`."""
+    fn = {"tree": costmodel.predict_tree, "ring": costmodel.predict_ring}[method]
+    return fn(seq_len, topo, batch=problem.batch, q_heads=problem.q_heads,
+              kv_heads=problem.kv_heads, head_dim=problem.head_dim,
+              itemsize=jnp.dtype(problem.dtype).itemsize, q_len=problem.q_len)
+
+
+def calibrate(
+    mesh: Mesh, seq_lens: Iterable[int] = (16384, 32768, 65536, 131072), *,
+    problem: benchmark.Problem | None = None, repeats: int = 5, progress: Progress = None,
+) -> tuple[Calibration, list[dict]]:
+    """Measure the topology, predict tree and ring latency at each `seq_len`, and measure them.
+
+    Returns the calibration and the bench JSON's `"calibration"` rows:
+    `{"method", "devices", "seq_len", "predicted_s", "measured_s", "error"}`.
+    """
+    base = problem or benchmark.Problem()
+    seq_lens = list(seq_lens)
+    # The kernel bandwidth is measured at 3/4 of the longest validated length: not one of them.
+    cal_len = max(mesh.size, (3 * max(seq_lens) // 4) // mesh.size * mesh.size)
+    cal = measure_topology(mesh, kernel_problem=benchmark.Problem(
+        **{**asdict(base), "seq_len": cal_len}), progress=progress)
+    rows = []
+    for n in seq_lens:
+        prob = benchmark.Problem(**{**asdict(base), "seq_len": n})
+        if progress:
+            progress(f"Tk={n}")
+        for rec in benchmark.run(mesh, prob, methods=("tree", "ring"), repeats=repeats):
+            pred = predict(rec.method, n, cal.topology, prob).total_s
+            rows.append(dict(method=rec.method, devices=rec.devices, seq_len=n,
+                             predicted_s=pred, measured_s=rec.median_s,
+                             error=pred / rec.median_s - 1))
+    return cal, rows
+
+
+def calibration_table(cal: Calibration, rows: list[dict]) -> str:
+    lines = [
+        f"measured: per-call overhead {cal.overhead_s * 1e6:.0f} us; ppermute alpha "
+        f"{cal.ppermute.alpha_s * 1e6:.0f} us, beta {cal.ppermute.beta_Bps / 1e9:.2f} GB/s; "
+        f"psum alpha {cal.psum.alpha_s * 1e6:.0f} us, beta {cal.psum.beta_Bps / 1e9:.2f} GB/s; "
+        f"decode {cal.mem_Bps / 1e9:.2f} GB/s per device with all {cal.topology.devices} busy",
+        f"{'method':<8}{'devices':>8}{'seq_len':>9}{'predicted ms':>14}{'measured ms':>13}"
+        f"{'error':>8}",
+    ]
+    lines.append("-" * len(lines[-1]))
+    for r in rows:
+        lines.append(f"{r['method']:<8}{r['devices']:>8}{r['seq_len']:>9}"
+                     f"{r['predicted_s'] * 1e3:>14.1f}{r['measured_s'] * 1e3:>13.1f}"
+                     f"{r['error']:>+8.0%}")
+    worst = max(abs(r["error"]) for r in rows)
+    lines.append(f"worst |error| {worst:.0%} (target: within 35%)")
+    return "\n".join(lines)
