@@ -216,3 +216,8 @@ def check_layout(layout: Any, known: tuple[str, ...]) -> None:
 def check_positive(value: Any, name: str) -> None:
     if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
         raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
+
+
+def check_choice(value: Any, known: tuple[str, ...], name: str) -> None:
+    if value not in known:
+        raise ValueError(f"`{name}` must be one of {known}, got {value!r}.")

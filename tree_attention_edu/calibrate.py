@@ -36,16 +36,17 @@ from .introspect import memory_stats
 Progress = Callable[[str], None] | None
 
 
+def _read_seconds(a: np.ndarray) -> float:
+    t0 = time.perf_counter()
+    a.sum()
+    return time.perf_counter() - t0
+
+
 def machine_read_gbs(nbytes: int = 512 * 2**20, repeats: int = 9) -> float:
     """Streaming read bandwidth in GB/s: numpy's sum over a float32 array of `nbytes`."""
     a = np.ones(nbytes // 4, np.float32)
     a.sum()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a.sum()
-        times.append(time.perf_counter() - t0)
-    return a.nbytes / statistics.median(times) / 1e9
+    return a.nbytes / statistics.median(_read_seconds(a) for _ in range(repeats)) / 1e9
 
 
 @dataclass
@@ -96,8 +97,13 @@ def bandwidth(
 
     Single-device kernels run on the mesh's first device; `tree_*` on the whole mesh, whose
     simulated devices share this machine's memory bus (so their fraction is comparable).
+    Each timed kernel call is paired with a timed numpy read of 512 MB, so that the machine
+    figure and the kernels' are sampled side by side over the same minutes (neighbours on
+    a shared host change both); `machine_read_gbs` is the median of all those reads.
     """
-    machine = machine_read_gbs()
+    buf = np.ones(512 * 2**20 // 4, np.float32)
+    buf.sum()
+    reads: list[float] = []
     q, k, v = benchmark.make_inputs(problem, seed)
     one = NamedSharding(Mesh(np.array(mesh.devices).ravel()[:1], ("one",)), P())
     out: dict[str, dict] = {}
@@ -115,11 +121,21 @@ def bandwidth(
             sh = (NamedSharding(mesh, P()), kvs, kvs)
         args = [jax.device_put(x, s) for x, s in zip((q, kk, vv), sh, strict=True)]
         jfn = jax.jit(fn)
-        t = benchmark.median_time(jfn, *args, repeats=repeats)
-        gbs = problem.kv_bytes / t / 1e9
-        out[name] = asdict(KernelBandwidth(gbs, gbs / machine, memory_stats(jfn, *args).temp_bytes,
+        jax.block_until_ready(jfn(*args))
+        times = []
+        for _ in range(repeats):
+            reads.append(buf.nbytes / _read_seconds(buf) / 1e9)
+            t0 = time.perf_counter()
+            jax.block_until_ready(jfn(*args))
+            times.append(time.perf_counter() - t0)
+        t = statistics.median(times)
+        out[name] = asdict(KernelBandwidth(problem.kv_bytes / t / 1e9, 0.0,
+                                           memory_stats(jfn, *args).temp_bytes,
                                            problem.kv_bytes, t, ndev))
         del args
+    machine = statistics.median(reads)
+    for r in out.values():
+        r["fraction"] = r["gbs"] / machine
     return {"machine_read_gbs": machine, "kernels": out}
 
 

@@ -44,11 +44,11 @@ KERNEL_NAMES = ("auto", "xla", "flash")
 LAYOUTS = ("bthd", "bhtd")
 SEQ_AXIS = {"bthd": 1, "bhtd": 2}
 """Axis of `k` and `v` that holds the keys, per layout."""
-DEFAULT_BLOCK = 64
-"""Keys per block of the streaming kernel on the "bthd" layout: 64 keys × 16 heads × 128
-× 4 bytes is 512 KiB per block of K, small enough to transpose in cache. Measured on a
-2-core CPU at Tk=65536: 64 to 512 stream at 11-15 GB/s (64 fastest), 1024 and up spill and
-drop to ~5 GB/s."""
+DEFAULT_BLOCK = 256
+"""Keys per block of the streaming kernel on the "bthd" layout: 256 keys × 16 heads × 128
+× 4 bytes is 2 MiB per block of K, small enough to transpose in cache. Measured on a 2-core
+CPU at Tk=65536: 128 to 512 stream at 12-15 GB/s; 64 and below pay for the loop when 8
+simulated devices share the cores, and 1024 and up spill and drop to ~6 GB/s."""
 Kernel = Callable[..., AttentionState]
 
 

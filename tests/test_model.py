@@ -1,0 +1,126 @@
+"""The Llama-style decoder: token identity across attention methods, the sharded cache, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from tree_attention_edu import model
+
+CFG = model.Config()
+PROMPT_LENS = (5, 17, 40)  # ragged: three prompts, three lengths
+NEW = 32
+LOGIT_TOL = dict(rtol=0, atol=1e-4)  # float32 logits of size ~3, summed over 2 layers
+
+
+@pytest.fixture(scope="module")
+def generations(mesh8, mesh2x4):
+    params = model.init_params(CFG, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    prompts = [list(rng.integers(0, CFG.vocab, n)) for n in PROMPT_LENS]
+    out = {}
+    for name, mesh, method in (("single", mesh8, "single"), ("tree_1d", mesh8, "tree"),
+                               ("tree_2level", mesh2x4, "tree"), ("ring", mesh8, "ring")):
+        gen = model.Generator(params, CFG, mesh, method, prefill_chunk=16)
+        out[name] = (gen.generate(prompts, NEW, key=jax.random.key(1)), gen.traces)
+    return out
+
+
+@pytest.mark.parametrize("name", ["tree_1d", "tree_2level", "ring"])
+def test_identical_tokens_across_methods(generations, name):
+    want, _ = generations["single"]
+    got, traces = generations[name]
+    assert got.tokens.shape == (len(PROMPT_LENS), NEW)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_allclose(got.logits, want.logits, **LOGIT_TOL)  # at every step
+    assert traces == 1  # the decode step compiled once for all 31 steps
+
+
+def test_tokens_are_not_trivial(generations):
+    """A constant output would make the identity test vacuous."""
+    tokens = generations["single"][0].tokens
+    assert all(len(set(row)) > NEW // 2 for row in tokens.tolist())
+
+
+def test_sampling_is_reproducible(mesh8):
+    params = model.init_params(CFG, jax.random.key(3))
+    gen = model.Generator(params, CFG, mesh8, "tree", prefill_chunk=8)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12]]
+    a = gen.generate(prompts, 6, key=jax.random.key(5), temperature=1.0)
+    b = gen.generate(prompts, 6, key=jax.random.key(5), temperature=1.0)
+    c = gen.generate(prompts, 6, key=jax.random.key(5), temperature=0.0)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert a.tokens.min() >= 0 and a.tokens.max() < CFG.vocab
+    assert not np.array_equal(a.tokens, c.tokens)
+
+
+def _gather(x):
+    return np.asarray(jax.device_get(x))
+
+
+@pytest.mark.parametrize("mesh_name", ["mesh8", "mesh2x4"])
+def test_cache_writes_at_shard_boundaries(mesh_name, request):
+    """Capacity 16 on 8 devices: 2 slots per device, so positions 1|2 and 15 are boundaries."""
+    mesh = request.getfixturevalue(mesh_name)
+    B, H, S, D = 3, 2, 16, 4
+    sh = model.cache_sharding(mesh)
+    assert sh.spec == P(None, None, tuple(mesh.axis_names))
+    ck = jax.device_put(jnp.zeros((B, H, S, D)), sh)
+    cv = jax.device_put(jnp.zeros((B, H, S, D)), sh)
+    # One token per sequence (a decode step) at the last slot of a shard, the first slot of
+    # the next, and the last position of the cache.
+    new = jnp.arange(1, B + 1, dtype=jnp.float32)[:, None, None, None] * jnp.ones((B, H, 1, D))
+    pos = jnp.array([1, 2, 15])
+    ck, cv = model.write(ck, cv, new, -new, pos, mesh)
+    want = np.zeros((B, H, S, D))
+    for b, p in enumerate([1, 2, 15]):
+        want[b, :, p] = b + 1
+    np.testing.assert_array_equal(_gather(ck), want)
+    np.testing.assert_array_equal(_gather(cv), -want)
+    assert ck.sharding.is_equivalent_to(sh, 4)
+    # A chunk of 5 tokens spanning three shards, at different starts per sequence.
+    chunk = jnp.arange(B * H * 5 * D, dtype=jnp.float32).reshape(B, H, 5, D) + 100
+    starts = np.array([3, 0, 13])  # the last one runs off the end: dropped, not wrapped
+    ck2, _ = model.write(ck, cv, chunk, chunk, jnp.asarray(starts), mesh)
+    for b, s0 in enumerate(starts):
+        n = min(5, S - s0)
+        want[b, :, s0:s0 + n] = np.asarray(chunk)[b, :, :n]
+    np.testing.assert_array_equal(_gather(ck2), want)
+
+
+def test_empty_cache_capacity_rounds_up(mesh8):
+    cache = model.empty_cache(CFG, 2, 30, mesh8)
+    assert cache.layers[0][0].shape == (2, CFG.kv_heads, 32, CFG.head_dim)
+    assert isinstance(cache.layers[0][0].sharding, NamedSharding)
+
+
+def test_bad_arguments(mesh8):
+    with pytest.raises(ValueError, match=r"`q_heads` \(6\) must be a multiple of `kv_heads`"):
+        model.Config(q_heads=6, kv_heads=4)
+    with pytest.raises(ValueError, match="`head_dim` must be even"):
+        model.Config(head_dim=33)
+    params = model.init_params(CFG, jax.random.key(0))
+    with pytest.raises(ValueError, match="`method` must be one of"):
+        model.Generator(params, CFG, mesh8, "star")
+    gen = model.Generator(params, CFG, mesh8, "tree", prefill_chunk=8)
+    with pytest.raises(ValueError, match="cannot hold the longest prompt"):
+        gen.generate([[1] * 10], 8, key=jax.random.key(0), capacity=12)
+    with pytest.raises(ValueError, match="at least one token"):
+        gen.generate([[1], []], 2, key=jax.random.key(0))
+
+
+def test_rope_is_a_rotation():
+    """RoPE preserves norms and makes q·k depend only on the position difference."""
+    q, k = jax.random.normal(jax.random.key(0), (2, 1, 1, 1, 8))
+
+    def pos(p):
+        return jnp.array([[p]])
+
+    def dot(a, b):
+        return float(jnp.sum(model.rope(q, pos(a), 1e4) * model.rope(k, pos(b), 1e4)))
+
+    np.testing.assert_allclose(dot(3, 1), dot(10, 8), rtol=1e-5)
+    np.testing.assert_allclose(jnp.linalg.norm(model.rope(q, pos(7), 1e4)), jnp.linalg.norm(q),
+                               rtol=1e-6)

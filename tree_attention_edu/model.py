@@ -1,0 +1,358 @@
+"""A small Llama-style decoder in pure JAX, with a KV cache sharded along the sequence.
+
+Architecture (Llama 3 style): token embedding, `layers` × [RMSNorm → grouped-query
+attention with rotary position embeddings → residual, RMSNorm → SwiGLU MLP → residual],
+final RMSNorm, output projection (tied to the embedding by default). Weights come from an
+explicit PRNG key; nothing is trained or downloaded.
+
+**KV-cache partitioning rule.** Each layer's cache is `k, v [B, Hkv, S, D]` (head-major, the
+layout `kernels.xla_state` streams fastest) with a fixed capacity `S`, a multiple of the
+device count `p`. Along `S` it is cut into `p` contiguous blocks of `S/p` positions, one per
+device in mesh order (first mesh axis outermost): global position `pos` lives on device
+`pos // (S/p)` at local slot `pos % (S/p)`. This is the sharding `tree_decode` and
+`ring_decode` read (`kv_offset = shard_index · S/p`), so attention never moves the cache.
+
+* **Prefill** runs the prompt through the model in chunks of `prefill_chunk` tokens. Each
+  chunk's k/v are written into the shards that own their positions, then its queries attend
+  to the cache with the chosen method and the causal mask: prefill is sequence-parallel
+  with the same tree (or ring, or single-device) attention as decoding.
+* **Decode** appends one token per sequence: every device checks whether it owns position
+  `lengths[b]` and, if so, writes that one slot in place (`append`). Attention for the step
+  is `tree_decode`, `ring_decode` or single-device `attention`, masked to `lengths + 1`.
+* Prompts of different lengths are right-padded; a sequence's padding positions are masked
+  (`kv_lengths`) and overwritten by its own generated tokens.
+
+The whole step is one jitted function of fixed shapes, so generation compiles once.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array, lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from . import _checks
+from .attention import attention
+from .decode import kv_spec, ring_decode, tree_decode
+
+METHODS = ("single", "tree", "ring")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Model sizes. `hidden` is the SwiGLU width; `q_heads` must be a multiple of `kv_heads`."""
+
+    vocab: int = 256
+    dim: int = 128
+    layers: int = 2
+    q_heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 32
+    hidden: int = 352
+    rope_theta: float = 500000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    init_scale: float = 1.0
+
+    def __post_init__(self):
+        for name in ("vocab", "dim", "layers", "q_heads", "kv_heads", "head_dim", "hidden"):
+            _checks.check_positive(getattr(self, name), name)
+        if self.q_heads % self.kv_heads:
+            raise ValueError(f"`q_heads` ({self.q_heads}) must be a multiple of `kv_heads` "
+                             f"({self.kv_heads}) for grouped-query attention.")
+        if self.head_dim % 2:
+            raise ValueError(f"`head_dim` must be even for rotary embeddings, got "
+                             f"{self.head_dim}.")
+
+
+PRESETS = {
+    "tiny": Config(),
+    "small": Config(vocab=4096, dim=512, layers=8, q_heads=8, kv_heads=2, head_dim=64,
+                    hidden=1408),
+}
+"""`tiny` runs a 32k-token context on a laptop CPU; `small` (~30M parameters) shows scale."""
+
+Params = dict
+
+
+def init_params(cfg: Config, key: Array) -> Params:
+    """Random weights from `key`: normal, scaled by 1/sqrt(fan_in), RMSNorm gains of 1."""
+    keys = iter(jax.random.split(key, 2 + 7 * cfg.layers))
+
+    def dense(shape, fan_in):
+        return (cfg.init_scale / math.sqrt(fan_in)) * jax.random.normal(next(keys), shape)
+
+    qd, kd = cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    layers = [
+        dict(attn_norm=jnp.ones(cfg.dim), wq=dense((cfg.dim, qd), cfg.dim),
+             wk=dense((cfg.dim, kd), cfg.dim), wv=dense((cfg.dim, kd), cfg.dim),
+             wo=dense((qd, cfg.dim), qd), mlp_norm=jnp.ones(cfg.dim),
+             w_gate=dense((cfg.dim, cfg.hidden), cfg.dim),
+             w_up=dense((cfg.dim, cfg.hidden), cfg.dim),
+             w_down=dense((cfg.hidden, cfg.dim), cfg.hidden))
+        for _ in range(cfg.layers)
+    ]
+    params = dict(embed=jax.random.normal(next(keys), (cfg.vocab, cfg.dim)), layers=layers,
+                  final_norm=jnp.ones(cfg.dim))
+    if not cfg.tie_embeddings:
+        params["unembed"] = dense((cfg.dim, cfg.vocab), cfg.dim)
+    return params
+
+
+def rms_norm(x: Array, gain: Array, eps: float) -> Array:
+    """`x / rms(x) · gain` over the last axis."""
+    return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * gain
+
+
+def rope(x: Array, positions: Array, theta: float) -> Array:
+    """Rotary embedding of `x [B, T, H, D]` at integer `positions [B, T]` (pairs i, i + D/2)."""
+    half = x.shape[-1] // 2
+    freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions[..., None].astype(jnp.float32) * freqs  # [B, T, D/2]
+    cos, sin = jnp.cos(angles)[:, :, None], jnp.sin(angles)[:, :, None]
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
+
+
+def swiglu(x: Array, layer: dict) -> Array:
+    return (jax.nn.silu(x @ layer["w_gate"]) * (x @ layer["w_up"])) @ layer["w_down"]
+
+
+# --- the sharded cache ----------------------------------------------------------------------
+
+class KVCache(NamedTuple):
+    """Per-layer `(k, v)`, each `[B, Hkv, S, D]` sharded along `S`, and `lengths [B]`."""
+
+    layers: tuple[tuple[Array, Array], ...]
+    lengths: Array
+
+
+def cache_sharding(mesh: Mesh) -> NamedSharding:
+    """The partitioning rule: axis 2 (`S`) split over every mesh axis, first axis outermost."""
+    return NamedSharding(mesh, kv_spec(tuple(mesh.axis_names), "bhtd"))
+
+
+def empty_cache(cfg: Config, batch: int, capacity: int, mesh: Mesh) -> KVCache:
+    """A zero cache of `capacity` positions (rounded up to a multiple of the device count)."""
+    _checks.check_positive(capacity, "capacity")
+    p = mesh.size
+    capacity = -(-capacity // p) * p
+    shape = (batch, cfg.kv_heads, capacity, cfg.head_dim)
+    sh = cache_sharding(mesh)
+    zeros = jax.jit(lambda: jnp.zeros(shape, jnp.float32), out_shardings=sh)
+    return KVCache(tuple((zeros(), zeros()) for _ in range(cfg.layers)),
+                   jnp.zeros((batch,), jnp.int32))
+
+
+def _owner_offset(mesh: Mesh, shard_len: int) -> Array:
+    """Inside `shard_map`: the global position of this device's first cache slot."""
+    idx = 0
+    for ax in mesh.axis_names:
+        idx = idx * mesh.shape[ax] + lax.axis_index(ax)
+    return idx * shard_len
+
+
+def write(cache_k: Array, cache_v: Array, k: Array, v: Array, start: Array, mesh: Mesh
+          ) -> tuple[Array, Array]:
+    """Write `k, v [B, Hkv, T, D]` at global positions `start[b] + t` of a sharded cache.
+
+    Each device writes only the positions it owns. For `T == 1` (a decode step) that is one
+    slot updated in place; for a prefill chunk each device gathers its part of the chunk.
+    Positions at or beyond the capacity are dropped.
+    """
+    spec = kv_spec(tuple(mesh.axis_names), "bhtd")
+    T = k.shape[2]
+
+    def body(ck, cv, k, v, start):
+        S_loc = ck.shape[2]
+        first = _owner_offset(mesh, S_loc)
+        if T == 1:
+            local = start - first  # [B]
+            owned = (local >= 0) & (local < S_loc)
+            slot = jnp.clip(local, 0, S_loc - 1)
+
+            def put(c, new, slot, owned):  # one sequence: c [Hkv, S_loc, D], new [Hkv, 1, D]
+                old = lax.dynamic_slice_in_dim(c, slot, 1, axis=1)
+                return lax.dynamic_update_slice_in_dim(c, jnp.where(owned, new, old), slot,
+                                                       axis=1)
+
+            put_b = jax.vmap(put)
+            return put_b(ck, k, slot, owned), put_b(cv, v, slot, owned)
+        src = first + jnp.arange(S_loc)[None, :] - start[:, None]  # [B, S_loc] chunk index
+        inside = ((src >= 0) & (src < T))[:, None, :, None]
+        idx = jnp.clip(src, 0, T - 1)[:, None, :, None]
+        take = functools.partial(jnp.take_along_axis, indices=idx, axis=2)
+        return jnp.where(inside, take(k), ck), jnp.where(inside, take(v), cv)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, P(), P(), P()),
+                         out_specs=(spec, spec))(cache_k, cache_v, k, v, start)
+
+
+# --- the model ------------------------------------------------------------------------------
+
+def _attend_fn(method: str, mesh: Mesh) -> Callable:
+    """`attend(q [B, T, Hq, D], k, v [B, Hkv, S, D], lengths [B]) -> [B, T, Hq, D]`, causal."""
+    _checks.check_choice(method, METHODS, "method")
+    if method == "single":
+        def single(q, k, v, lengths):
+            kt, vt = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # the textbook layout
+            return attention(q, kt, vt, causal=True, kv_lengths=lengths)
+        return single
+    decode = tree_decode if method == "tree" else ring_decode
+    return functools.partial(_sharded_attend, decode, mesh)
+
+
+def _sharded_attend(decode, mesh, q, k, v, lengths):
+    return decode(q, k, v, mesh=mesh, causal=True, kv_lengths=lengths, layout="bhtd",
+                  local_kernel="xla")
+
+
+def forward(params: Params, cfg: Config, tokens: Array, cache: KVCache, attend: Callable,
+            mesh: Mesh) -> tuple[Array, KVCache]:
+    """Run `tokens [B, T]` at positions `cache.lengths[b] + t`; return logits `[B, T, vocab]`
+    and the cache with their k/v written (lengths advanced by `T`)."""
+    B, T = tokens.shape
+    start = cache.lengths
+    positions = start[:, None] + jnp.arange(T)[None, :]
+    x = params["embed"][tokens]
+    new_layers = []
+    for layer, (ck, cv) in zip(params["layers"], cache.layers, strict=True):
+        h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
+        q = (h @ layer["wq"]).reshape(B, T, cfg.q_heads, cfg.head_dim)
+        k = (h @ layer["wk"]).reshape(B, T, cfg.kv_heads, cfg.head_dim)
+        v = (h @ layer["wv"]).reshape(B, T, cfg.kv_heads, cfg.head_dim)
+        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+        ck, cv = write(ck, cv, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), start, mesh)
+        o = attend(q, ck, cv, start + T)
+        x = x + o.reshape(B, T, -1) @ layer["wo"]
+        x = x + swiglu(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer)
+        new_layers.append((ck, cv))
+    x = rms_norm(x, params["final_norm"], cfg.norm_eps)
+    unembed = params["embed"].T if cfg.tie_embeddings else params["unembed"]
+    return x @ unembed, KVCache(tuple(new_layers), start + T)
+
+
+def sample(logits: Array, key: Array, temperature: float) -> Array:
+    """Greedy (`temperature == 0`) or softmax sampling at `temperature` from `[B, vocab]`."""
+    if temperature == 0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
+
+
+class Generation(NamedTuple):
+    """`tokens [B, new_tokens]`, the `logits [B, new_tokens, vocab]` each was drawn from,
+    and `step_s`: wall seconds of each decode step after the first token (the first of them
+    includes compiling the step)."""
+
+    tokens: np.ndarray
+    logits: np.ndarray
+    step_s: list[float]
+
+
+class Generator:
+    """Jitted prefill and decode for one model, method and mesh; compiled once per shape.
+
+    Args:
+      params, cfg: the model.
+      mesh: the devices the cache is sharded over (`single` uses the mesh's first device).
+      method: "single", "tree" or "ring".
+      prefill_chunk: prompt tokens per prefill step.
+    """
+
+    def __init__(self, params: Params, cfg: Config, mesh: Mesh, method: str = "tree",
+                 prefill_chunk: int = 512):
+        _checks.check_choice(method, METHODS, "method")
+        _checks.check_positive(prefill_chunk, "prefill_chunk")
+        if method == "single":
+            mesh = Mesh(np.array(mesh.devices).ravel()[:1], ("x",))
+        self.cfg, self.mesh, self.method, self.chunk = cfg, mesh, method, prefill_chunk
+        self._rep = rep = NamedSharding(mesh, P())
+        self.params = jax.device_put(params, rep)
+        attend = _attend_fn(method, mesh)
+        self.traces = 0
+
+        def step(params, cache, tokens, key, temperature):
+            self.traces += 1  # runs only while tracing: counts compilations
+            logits, cache = forward(params, cfg, tokens[:, None], cache, attend, mesh)
+            logits = logits[:, 0]
+            return sample(logits, key, temperature), logits, cache
+
+        def prefill(params, cache, tokens, last_index):
+            # last_index [B]: which position of this chunk holds each prompt's last token
+            # (-1 if it is not in this chunk).
+            logits, cache = forward(params, cfg, tokens, cache, attend, mesh)
+            pick = jnp.take_along_axis(logits, jnp.clip(last_index, 0)[:, None, None], 1)[:, 0]
+            return pick, cache
+
+        self._step = jax.jit(step, static_argnums=4, donate_argnums=1)
+        self._prefill = jax.jit(prefill, donate_argnums=1)
+
+    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int) -> tuple[Array, KVCache]:
+        """Fill a fresh cache from right-padded prompts; return each prompt's last logits."""
+        lengths = np.array([len(p) for p in prompts])
+        if lengths.min() < 1:
+            raise ValueError("every prompt needs at least one token.")
+        padded = -(-int(lengths.max()) // self.chunk) * self.chunk
+        if capacity < padded:
+            raise ValueError(f"`capacity` {capacity} is smaller than the padded prompt length "
+                             f"{padded}; raise it (it must hold prompts plus new tokens).")
+        tokens = np.zeros((len(prompts), padded), np.int32)
+        for b, p in enumerate(prompts):
+            tokens[b, : len(p)] = p
+        cache = empty_cache(self.cfg, len(prompts), capacity, self.mesh)
+        last = jnp.zeros((len(prompts), self.cfg.vocab), jnp.float32)
+        for c in range(0, padded, self.chunk):
+            idx = lengths - 1 - c
+            inside = (idx >= 0) & (idx < self.chunk)
+            chunk = jnp.asarray(tokens[:, c:c + self.chunk])
+            pick, cache = self._prefill(self.params, cache, chunk,
+                                        jnp.asarray(np.where(inside, idx, -1)))
+            last = jnp.where(jnp.asarray(inside)[:, None], pick, last)
+        # Each sequence continues right after its own prompt; padding slots get overwritten.
+        lengths = jax.device_put(jnp.asarray(lengths, jnp.int32), self._rep)
+        return last, cache._replace(lengths=lengths)
+
+    def generate(self, prompts: Sequence[Sequence[int]], new_tokens: int, *, key: Array,
+                 temperature: float = 0.0, capacity: int | None = None,
+                 progress: bool | None = None) -> Generation:
+        """Prefill, then decode `new_tokens` tokens per prompt (greedy at temperature 0).
+
+        `progress=None` shows a progress bar only in a terminal or notebook with > 64 tokens.
+        """
+        import time
+
+        from tqdm.auto import tqdm
+
+        _checks.check_positive(new_tokens, "new_tokens")
+        longest = max(len(p) for p in prompts)
+        capacity = capacity or (-(-longest // self.chunk) * self.chunk + new_tokens)
+        if capacity < longest + new_tokens:
+            raise ValueError(f"`capacity` {capacity} cannot hold the longest prompt ({longest}) "
+                             f"plus {new_tokens} new tokens.")
+        logits, cache = self.prefill(prompts, capacity)
+        tok = jax.device_put(sample(logits, jax.random.fold_in(key, 0), temperature), self._rep)
+        toks, all_logits, times = [tok], [logits], []
+        bar = tqdm(total=new_tokens, desc=f"{self.method} decode", unit="tok",
+                   disable=(new_tokens <= 64) if progress is None else not progress)
+        bar.update(1)
+        for i in range(1, new_tokens):
+            t0 = time.perf_counter()
+            tok, logits, cache = self._step(self.params, cache, tok, jax.random.fold_in(key, i),
+                                            float(temperature))
+            jax.block_until_ready(tok)
+            times.append(time.perf_counter() - t0)
+            toks.append(tok)
+            all_logits.append(logits)
+            bar.update(1)
+        bar.close()
+        return Generation(np.stack([np.asarray(t) for t in toks], 1),
+                          np.stack([np.asarray(x) for x in all_logits], 1), times)
