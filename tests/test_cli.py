@@ -66,6 +66,14 @@ def test_bench_json_records(tmp_path):
     assert "worst |error|" in r.stdout
 
 
+def test_generate_checks_tokens():
+    r = run_cli("generate", "--method", "ring", "--mesh", "2level", "--prompt-len", "40",
+                "--new-tokens", "6", "--prefill-chunk", "16")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "tokens identical to single-device generation: True" in r.stdout
+    assert "tokens/s" in r.stdout and "per-token latency" in r.stdout
+
+
 @pytest.mark.slow
 def test_multi_process_launch():
     code = launch.run_local(processes=2, devices_per_process=4, seq_len=1000, timeout=240)

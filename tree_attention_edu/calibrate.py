@@ -6,8 +6,9 @@ Three measurements, each a median of timed calls after a warm-up:
   that bounds a decode step (one read of K and V, ~0.5 flop per byte);
 * `bandwidth`: each local kernel's effective bandwidth, `(K + V bytes) / time`, and its
   fraction of the machine's, with its compiled temp memory;
-* `calibrate`: latency α and bandwidth β of the simulated devices' `ppermute` (fitted
-  over growing messages), the per-device decode bandwidth with all devices busy, and a
+* `calibrate`: latency α (small messages) and bandwidth β (messages of the sizes the ring
+  will send) of the simulated devices' `ppermute`, the per-device decode bandwidth with
+  all devices busy, and a
   fixed per-call overhead; then `costmodel.predict_tree` / `predict_ring` with those
   parameters, against `benchmark.run` at several sequence lengths.
 
@@ -169,15 +170,12 @@ def _smap(mesh: Mesh, body: Callable) -> Callable:
 def collective_times(
     mesh: Mesh, sizes: Iterable[int], *, repeats: int = 7
 ) -> dict[str, list[tuple[int, float]]]:
-    """Median seconds of one `ppermute` (shift by one around the ring) and one `psum`, for
-    each per-device message size in bytes, plus `"noop"`: the same call doing `x + 1`
-    (at the smallest size, the fixed cost of calling a program on the mesh)."""
+    """Median seconds of one `psum` for each per-device message size in bytes, plus
+    `"noop"`: the same call doing `x + 1` (at the smallest size, the fixed cost of calling a
+    program on the mesh)."""
     axes = tuple(mesh.axis_names)
-    p = mesh.size
-    perm = [(i, (i + 1) % p) for i in range(p)]
     fns = {
         "noop": _smap(mesh, lambda x: x + 1),
-        "ppermute": _smap(mesh, lambda x: lax.ppermute(x, axes, perm)),
         "psum": _smap(mesh, lambda x: lax.psum(x, axes)),
     }
     out: dict[str, list[tuple[int, float]]] = {k: [] for k in fns}
@@ -188,11 +186,70 @@ def collective_times(
     return out
 
 
-def fit_alpha_beta(points: Iterable[tuple[int, float]]) -> costmodel.Link:
-    """Least-squares fit of `t = α + n/β` to `(bytes, seconds)` points (α clipped at 0)."""
-    n, t = (np.array(x, float) for x in zip(*points, strict=True))
-    slope, alpha = np.polyfit(n, t, 1)
-    return costmodel.Link(alpha_s=max(float(alpha), 0.0), beta_Bps=1.0 / max(float(slope), 1e-30))
+def ring_pass_times(
+    mesh: Mesh, problem: benchmark.Problem, sizes: Iterable[int], *, repeats: int = 5
+) -> list[tuple[int, float]]:
+    """Seconds per message of `ppermute` used the way a ring uses it.
+
+    For each per-device message size, K and V blocks shaped like the problem's cache
+    (`[B, keys, Hkv, D]`) go around the ring for p−1 chained steps (each step's blocks are
+    read, as the decode does); the time is divided by the 2(p−1) messages. Communication
+    only: no attention. (On XLA:CPU, chained permutes of 4-D blocks cost several times what
+    one permute of a flat buffer suggests, so the link is measured in this shape.)
+    """
+    axes = tuple(mesh.axis_names)
+    p = mesh.size
+    perm = [(i, (i + 1) % p) for i in range(p)]
+    item = jnp.dtype(problem.dtype).itemsize
+    key_bytes = problem.batch * problem.kv_heads * problem.head_dim * item
+    spec = kv_spec(axes)
+
+    def body(k, v):
+        acc = jnp.zeros((), jnp.float32)
+        for _ in range(p - 1):
+            k_next, v_next = lax.ppermute(k, axes, perm), lax.ppermute(v, axes, perm)
+            acc = acc + jnp.sum(k, dtype=jnp.float32) + jnp.sum(v, dtype=jnp.float32)
+            k, v = k_next, v_next
+        return acc[None]
+
+    fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec), out_specs=P(axes),
+                               check_vma=False))
+    out = []
+    for n in sizes:
+        keys = max(1, n // key_bytes)
+        shape = (problem.batch, keys * p, problem.kv_heads, problem.head_dim)
+        x = jax.device_put(jnp.ones(shape, problem.dtype), NamedSharding(mesh, spec))
+        t = benchmark.median_time(fn, x, x, repeats=repeats)
+        out.append((keys * key_bytes, t / (2 * max(p - 1, 1))))
+    return out
+
+
+SMALL_MESSAGE = 16 * 1024
+"""Messages up to this size measure latency (α); larger ones measure bandwidth (β)."""
+
+
+def fit_link(points: Iterable[tuple[int, float]]) -> costmodel.Link:
+    """Hockney parameters from `(bytes, seconds)` points, the way ping-pong benchmarks
+    read them: α is the median time of the small messages (≤ `SMALL_MESSAGE`), β the median
+    of `n / (t − α)` over the larger ones. A least-squares line through all points would let
+    the largest messages set α (often to a negative value) and misprice everything else."""
+    pts = list(points)
+    small = [t for n, t in pts if n <= SMALL_MESSAGE]
+    big = [(n, t) for n, t in pts if n > SMALL_MESSAGE]
+    if not small or not big:
+        raise ValueError(f"fit_link needs messages both <= and > {SMALL_MESSAGE} bytes.")
+    alpha = max(statistics.median(small), 0.0)
+    beta = statistics.median(n / max(t - alpha, 1e-12) for n, t in big)
+    return costmodel.Link(alpha_s=alpha, beta_Bps=beta)
+
+
+def message_sizes(block_bytes: Iterable[int], points: int = 6) -> tuple[int, ...]:
+    """Small messages for α, then `points` sizes spanning the given transfer sizes (from half
+    the smallest to twice the largest) for β: the links are measured where they will be used."""
+    blocks = [int(b) for b in block_bytes]
+    lo, hi = max(min(blocks) // 2, 2 * SMALL_MESSAGE), 2 * max(blocks)
+    big = np.geomspace(lo, hi, points).astype(int) // 4 * 4
+    return (1024, 4096, SMALL_MESSAGE, *sorted(set(big.tolist())))
 
 
 @dataclass
@@ -214,6 +271,10 @@ def measure_topology(
 ) -> Calibration:
     """Measure α, β, the per-call overhead and the per-device decode bandwidth of `mesh`.
 
+    `sizes` are per-device message sizes in bytes; include some ≤ `SMALL_MESSAGE` (for α)
+    and some above it (for β), ideally spanning the transfers to be predicted
+    (`message_sizes`).
+
     The decode bandwidth is measured with every device running the xla kernel on its shard
     at once (no collective), at `kernel_problem` (default: the bench problem at Tk = 49152;
     `calibrate` passes a size its validation does not use), because the simulated devices
@@ -221,14 +282,18 @@ def measure_topology(
     """
     if progress:
         progress("collectives")
+    sizes = tuple(sizes)
+    prob = kernel_problem or benchmark.Problem(seq_len=49152)
     pts = collective_times(mesh, sizes, repeats=repeats)
     overhead = min(pts["noop"])[1]  # the smallest message: dispatch, not the `x + 1`
-    net = {k: [(n, max(t - overhead, 0.0)) for n, t in v] for k, v in pts.items() if k != "noop"}
-    link, psum_link = fit_alpha_beta(net["ppermute"]), fit_alpha_beta(net["psum"])
+    psum_link = fit_link([(n, max(t - overhead, 0.0)) for n, t in pts["psum"]])
+    # One program per size holds 2(p-1) messages: its dispatch is spread over them.
+    share = overhead / (2 * max(mesh.size - 1, 1))
+    pts["ppermute"] = ring_pass_times(mesh, prob, sizes, repeats=repeats)
+    link = fit_link([(n, max(t - share, 0.0)) for n, t in pts["ppermute"]])
 
     if progress:
         progress("local kernel")
-    prob = kernel_problem or benchmark.Problem(seq_len=49152)
     q, k, v = benchmark.make_inputs(prob)
     axes = tuple(mesh.axis_names)
     kvs = NamedSharding(mesh, kv_spec(axes))
@@ -271,8 +336,13 @@ def calibrate(
     seq_lens = list(seq_lens)
     # The kernel bandwidth is measured at 3/4 of the longest validated length: not one of them.
     cal_len = max(mesh.size, (3 * max(seq_lens) // 4) // mesh.size * mesh.size)
+    # The ring sends K and V blocks of N/p keys: measure the links at those sizes.
+    item = jnp.dtype(base.dtype).itemsize
+    blocks = [base.batch * -(-n // mesh.size) * base.kv_heads * base.head_dim * item
+              for n in seq_lens]
     cal = measure_topology(mesh, kernel_problem=benchmark.Problem(
-        **{**asdict(base), "seq_len": cal_len}), progress=progress)
+        **{**asdict(base), "seq_len": cal_len}), sizes=message_sizes(blocks),
+        progress=progress)
     rows = []
     for n in seq_lens:
         prob = benchmark.Problem(**{**asdict(base), "seq_len": n})
@@ -288,7 +358,7 @@ def calibrate(
 
 def calibration_table(cal: Calibration, rows: list[dict]) -> str:
     lines = [
-        f"measured: per-call overhead {cal.overhead_s * 1e6:.0f} us; ppermute alpha "
+        f"measured: per-call overhead {cal.overhead_s * 1e6:.0f} us; ring-pass ppermute alpha "
         f"{cal.ppermute.alpha_s * 1e6:.0f} us, beta {cal.ppermute.beta_Bps / 1e9:.2f} GB/s; "
         f"psum alpha {cal.psum.alpha_s * 1e6:.0f} us, beta {cal.psum.beta_Bps / 1e9:.2f} GB/s; "
         f"decode {cal.mem_Bps / 1e9:.2f} GB/s per device with all {cal.topology.devices} busy",

@@ -330,7 +330,7 @@ class Generator:
         """
         import time
 
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
 
         _checks.check_positive(new_tokens, "new_tokens")
         longest = max(len(p) for p in prompts)

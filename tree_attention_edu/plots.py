@@ -133,3 +133,30 @@ def two_level_schedule(inner: Sequence[Sequence[int]], outer: Sequence[Sequence[
     ax.set_aspect("equal")
     ax.axis("off")
     return ax
+
+
+def cache_partition(lengths: Sequence[int], capacity: int, p: int, ax=None):
+    """The KV-cache partitioning rule: one row per sequence, `capacity` slots cut into `p`
+    contiguous device shards. Filled slots are dark, the slot the next token is appended to
+    is outlined in red, and its owning device is labelled."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.6 * len(lengths) + 1.2))
+    shard = capacity // p
+    for b, n in enumerate(lengths):
+        y = len(lengths) - 1 - b
+        ax.add_patch(plt.Rectangle((0, y + 0.1), min(n, capacity), 0.8, color=TREE_COLOR,
+                                   alpha=0.8))
+        if n < capacity:
+            ax.add_patch(plt.Rectangle((n, y + 0.1), 1, 0.8, fill=False, ec=RING_COLOR, lw=2))
+            ax.annotate(f"next: pos {n} -> device {n // shard}", (n + 1.5, y + 0.5),
+                        va="center", fontsize=8)
+    for d in range(p + 1):
+        ax.axvline(d * shard, color="k", lw=1 if 0 < d < p else 2)
+    for d in range(p):
+        ax.text((d + 0.5) * shard, len(lengths) + 0.15, f"dev {d}", ha="center", fontsize=8)
+    ax.set_xlim(0, capacity)
+    ax.set_ylim(0, len(lengths) + 0.6)
+    ax.set_yticks([len(lengths) - 0.5 - b for b in range(len(lengths))],
+                  [f"seq {b} (len {n})" for b, n in enumerate(lengths)])
+    ax.set_xlabel(f"cache position (capacity {capacity}, {shard} slots per device)")
+    return ax
