@@ -6,6 +6,10 @@ Single device: `attention`, `energy`, `attention_from_energy`, `value_covariance
 
 Many devices: `simulate_devices`, `make_mesh`, `tree_decode`, `tree_decode_from_energy`,
 `ring_decode`, and `collective_stats` / `memory_stats` to read the compiled program.
+
+Submodules: `kernels` (the streaming local kernel), `costmodel` and `calibrate` (latency
+model and its calibration), `model` (a decoder with a sharded KV cache), `hopfield`
+(associative memory).
 """
 
 from .attention import attention

@@ -262,7 +262,8 @@ class Generator:
     """Jitted prefill and decode for one model, method and mesh; compiled once per shape.
 
     Args:
-      params, cfg: the model.
+      params: the model's weights (`init_params`).
+      cfg: the model's sizes.
       mesh: the devices the cache is sharded over (`single` uses the mesh's first device).
       method: "single", "tree" or "ring".
       prefill_chunk: prompt tokens per prefill step.
