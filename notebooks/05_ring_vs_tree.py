@@ -35,6 +35,8 @@ import tree_attention_edu as tae
 
 tae.simulate_devices(8)  # before JAX initialises
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -180,12 +182,17 @@ ax.set_ylabel("bytes per device")
 ax.set_title("Memory per device")
 ax.legend(fontsize=8)
 print("ring/tree temporary memory:", [f"{x:.1f}x" for x in ratio])
+tree_vs_eq9 = [m.peak_bytes / f for m, f in zip(mem["tree"], paper_tree)]
+print("tree total / paper eq. 9:", [f"{x:.3f}" for x in tree_vs_eq9])
+# A fixed few blocks of kernel scratch on top of eq. 9: the excess shrinks as the shard grows.
+assert all(a > b >= 1.0 for a, b in itertools.pairwise(tree_vs_eq9)) and tree_vs_eq9[-1] < 1.02
 
 # %% [markdown]
-# *Figure: memory per device. Both grow linearly in $T_k$; ring needs several times tree's
-# temporaries. The paper's formulas (dashed) count the minimum a hand-written kernel needs;
-# XLA's programs sit above them because this straightforward local kernel makes a transposed
-# copy of the K/V shard, and the unrolled ring keeps more than one block in flight.*
+# *Figure: memory per device. Both grow linearly in $T_k$. Tree's local kernel streams its
+# shard block by block without copying it (notebook 6), so its temporaries are a fixed few
+# blocks and its total approaches the paper's eq. 9 (dashed) as the shard grows. The unrolled ring holds the K/V blocks
+# arriving at each step, so its temporaries grow with the shard and its total sits above
+# eq. 8.*
 #
 # ## 5.4 Latency on simulated devices
 #
