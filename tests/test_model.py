@@ -90,6 +90,13 @@ def test_cache_writes_at_shard_boundaries(mesh_name, request):
     np.testing.assert_array_equal(_gather(ck2), want)
 
 
+def test_float32_even_with_x64(generations):
+    """The tests run with jax_enable_x64: the model must still compute in float32."""
+    params = model.init_params(CFG, jax.random.key(0))
+    assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+    assert generations["single"][0].logits.dtype == np.float32
+
+
 def test_empty_cache_capacity_rounds_up(mesh8):
     cache = model.empty_cache(CFG, 2, 30, mesh8)
     assert cache.layers[0][0].shape == (2, CFG.kv_heads, 32, CFG.head_dim)

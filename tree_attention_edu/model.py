@@ -85,24 +85,25 @@ Params = dict
 
 
 def init_params(cfg: Config, key: Array) -> Params:
-    """Random weights from `key`: normal, scaled by 1/sqrt(fan_in), RMSNorm gains of 1."""
+    """Random float32 weights from `key`: normal, scaled by 1/sqrt(fan_in), RMSNorm gains 1."""
     keys = iter(jax.random.split(key, 2 + 7 * cfg.layers))
 
-    def dense(shape, fan_in):
-        return (cfg.init_scale / math.sqrt(fan_in)) * jax.random.normal(next(keys), shape)
+    def dense(shape, fan_in):  # float32 whatever jax_enable_x64 says
+        return (cfg.init_scale / math.sqrt(fan_in)) * jax.random.normal(next(keys), shape,
+                                                                        jnp.float32)
 
     qd, kd = cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
     layers = [
-        dict(attn_norm=jnp.ones(cfg.dim), wq=dense((cfg.dim, qd), cfg.dim),
+        dict(attn_norm=jnp.ones(cfg.dim, jnp.float32), wq=dense((cfg.dim, qd), cfg.dim),
              wk=dense((cfg.dim, kd), cfg.dim), wv=dense((cfg.dim, kd), cfg.dim),
-             wo=dense((qd, cfg.dim), qd), mlp_norm=jnp.ones(cfg.dim),
+             wo=dense((qd, cfg.dim), qd), mlp_norm=jnp.ones(cfg.dim, jnp.float32),
              w_gate=dense((cfg.dim, cfg.hidden), cfg.dim),
              w_up=dense((cfg.dim, cfg.hidden), cfg.dim),
              w_down=dense((cfg.hidden, cfg.dim), cfg.hidden))
         for _ in range(cfg.layers)
     ]
-    params = dict(embed=jax.random.normal(next(keys), (cfg.vocab, cfg.dim)), layers=layers,
-                  final_norm=jnp.ones(cfg.dim))
+    params = dict(embed=jax.random.normal(next(keys), (cfg.vocab, cfg.dim), jnp.float32),
+                  layers=layers, final_norm=jnp.ones(cfg.dim, jnp.float32))
     if not cfg.tie_embeddings:
         params["unembed"] = dense((cfg.dim, cfg.vocab), cfg.dim)
     return params
