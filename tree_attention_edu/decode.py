@@ -85,11 +85,7 @@ def _is_full(kv_lengths, dims) -> bool:
 
 
 def _shard_index(plan: _Plan) -> Array:
-    """Linear index of this device along `plan.axes` (first axis outermost)."""
-    idx = 0
-    for ax in plan.axes:
-        idx = idx * plan.mesh.shape[ax] + lax.axis_index(ax)
-    return idx
+    return devices.shard_index(plan.mesh, plan.axes)
 
 
 def _local(plan: _Plan, q, k, v, lengths, offset):

@@ -75,3 +75,14 @@ def make_mesh(
 def axis_size(mesh: Mesh, axes: Sequence[str]) -> int:
     """Number of devices spanned by `axes` of `mesh`."""
     return math.prod(mesh.shape[a] for a in axes)
+
+
+def shard_index(mesh: Mesh, axes: Sequence[str]) -> jax.Array:
+    """Inside `shard_map`: this device's linear index along mesh `axes` (first axis outermost).
+
+    The sequence shards of `decode` and of `model`'s KV cache are laid out in this order.
+    """
+    idx = 0
+    for ax in axes:
+        idx = idx * mesh.shape[ax] + jax.lax.axis_index(ax)
+    return idx

@@ -40,7 +40,7 @@ from jax import Array, lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import _checks
+from . import _checks, devices
 from .attention import attention
 from .decode import kv_spec, ring_decode, tree_decode
 
@@ -154,14 +154,6 @@ def empty_cache(cfg: Config, batch: int, capacity: int, mesh: Mesh) -> KVCache:
                    jnp.zeros((batch,), jnp.int32))
 
 
-def _owner_offset(mesh: Mesh, shard_len: int) -> Array:
-    """Inside `shard_map`: the global position of this device's first cache slot."""
-    idx = 0
-    for ax in mesh.axis_names:
-        idx = idx * mesh.shape[ax] + lax.axis_index(ax)
-    return idx * shard_len
-
-
 def write(cache_k: Array, cache_v: Array, k: Array, v: Array, start: Array, mesh: Mesh
           ) -> tuple[Array, Array]:
     """Write `k, v [B, Hkv, T, D]` at global positions `start[b] + t` of a sharded cache.
@@ -175,7 +167,7 @@ def write(cache_k: Array, cache_v: Array, k: Array, v: Array, start: Array, mesh
 
     def body(ck, cv, k, v, start):
         S_loc = ck.shape[2]
-        first = _owner_offset(mesh, S_loc)
+        first = devices.shard_index(mesh, mesh.axis_names) * S_loc  # first owned position
         if T == 1:
             local = start - first  # [B]
             owned = (local >= 0) & (local < S_loc)
