@@ -92,7 +92,8 @@ assert owner == [0, 2, 5]
 # Greedy generation of 32 new tokens for three prompts of different lengths, with the
 # attention of every prefill chunk and decode step computed four ways. Prefill goes through
 # the model in chunks of 16 tokens using the *same* method as decoding (tree, ring or
-# single-device), with the causal mask.
+# single-device), with the causal mask. (`prefill_method=` chooses a different one; the
+# cache it leaves is the same, as the tests check.)
 
 # %%
 rng = np.random.default_rng(0)
@@ -105,11 +106,14 @@ for name, m, method in (("single", mesh, "single"), ("tree, 1-D mesh", mesh, "tr
     assert gen.traces == 1, gen.traces  # one compilation of the decode step
 
 ref = runs["single"]
+# The size of float32 rounding differences depends on the CPU's vector instructions, so
+# the checked output states the tolerance that the assertion enforces, not the difference.
+LOGIT_ATOL = 1e-4
 for name, out in runs.items():
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     diff = np.abs(out.logits - ref.logits).max()
-    assert diff < 1e-4, (name, diff)
-    print(f"{name:>24}: tokens identical, max |logit diff| over all steps {diff:.1e}")
+    assert diff < LOGIT_ATOL, (name, diff)
+    print(f"{name:>24}: tokens identical; logits within {LOGIT_ATOL:g} at every step")
 print("\nfirst 12 generated tokens per sequence:")
 for row in ref.tokens[:, :12].tolist():
     print("  ", row)
@@ -123,7 +127,7 @@ assert all(len(set(row)) > 16 for row in ref.tokens.tolist())  # not a constant 
 # %%
 top2 = np.sort(ref.logits, axis=-1)[..., -2:]
 margin = float((top2[..., 1] - top2[..., 0]).min())
-print(f"smallest gap between the top two logits over all steps: {margin:.3f}")
+print(f"smallest gap between the top two logits over all steps: {margin:.2f}")
 assert margin > 100 * max(np.abs(o.logits - ref.logits).max() for o in runs.values())
 
 # %% [markdown]
@@ -133,7 +137,15 @@ assert margin > 100 * max(np.abs(o.logits - ref.logits).max() for o in runs.valu
 # 3072 with `LARGE = True`), 16 new tokens, the `tiny` model widened to 8 query and 4 kv
 # heads. Each decode step
 # of ring attention moves every layer's cache shards around the ring; tree attention moves
-# a few kilobytes. (Timings depend on the machine; this cell's output is not checked.)
+# a few kilobytes. Ring's prompt is prefilled with tree attention (`prefill_method="tree"`):
+# ring prefill would pass every shard around the ring once per chunk and layer, and only
+# the decode steps are timed. (Timings depend on the machine; this cell's output is not
+# checked.) At 32k tokens, from a terminal:
+#
+# ```bash
+# tree-attention-edu generate --devices 8 --method tree,ring --prefill-method tree \
+#     --prompt-len 32768 --new-tokens 32 --prefill-chunk 2048
+# ```
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -144,7 +156,8 @@ params_t = model.init_params(cfg_t, jax.random.key(2))
 prompts_t = [rng.integers(0, cfg_t.vocab, n).tolist() for n in (ctx, ctx * 3 // 4)]
 latency = {}
 for method in ("single", "tree", "ring"):
-    gen = model.Generator(params_t, cfg_t, mesh, method, prefill_chunk=512)
+    gen = model.Generator(params_t, cfg_t, mesh, method, prefill_chunk=512,
+                          prefill_method="single" if method == "single" else "tree")
     out = gen.generate(prompts_t, 16, key=jax.random.key(3))
     latency[method] = out.step_s[1:]  # the first decode step includes compilation
     print(f"{method:>6}: median per-token latency {statistics.median(out.step_s[1:]) * 1e3:.1f} "
@@ -183,8 +196,7 @@ xi = hf.noisy_queries(jax.random.key(5), mem, jnp.arange(8), 0.2)
 step = jax.vmap(lambda x: hf.hopfield_step(x, mem.keys, 8.0))(xi)
 readout = hf.retrieve(xi, hf.Memory(mem.keys, mem.keys), 8.0)  # values = keys
 np.testing.assert_allclose(step, readout, rtol=0, atol=1e-5)
-print(f"gradient step on E vs attention readout: max |diff| = "
-      f"{float(jnp.abs(step - readout).max()):.1e}")
+print("one gradient step on E equals the attention readout (float32, within 1e-5)")
 
 # %% [markdown]
 # Now the accuracy grid, with every memory sharded across the 8 devices and read by

@@ -68,9 +68,10 @@ def test_bench_json_records(tmp_path):
 
 def test_generate_checks_tokens():
     r = run_cli("generate", "--method", "ring", "--mesh", "2level", "--prompt-len", "40",
-                "--new-tokens", "6", "--prefill-chunk", "16")
+                "--new-tokens", "6", "--prefill-chunk", "16", "--prefill-method", "tree")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "tokens identical to single-device generation: True" in r.stdout
+    assert "prefill (tree)" in r.stdout and "prefill (single)" in r.stdout
     assert "tokens/s" in r.stdout and "per-token latency" in r.stdout
 
 

@@ -21,14 +21,19 @@ def generations(mesh8, mesh2x4):
     rng = np.random.default_rng(0)
     prompts = [list(rng.integers(0, CFG.vocab, n)) for n in PROMPT_LENS]
     out = {}
-    for name, mesh, method in (("single", mesh8, "single"), ("tree_1d", mesh8, "tree"),
-                               ("tree_2level", mesh2x4, "tree"), ("ring", mesh8, "ring")):
-        gen = model.Generator(params, CFG, mesh, method, prefill_chunk=16)
+    for name, mesh, method, prefill in (
+            ("single", mesh8, "single", None), ("tree_1d", mesh8, "tree", None),
+            ("tree_2level", mesh2x4, "tree", None), ("ring", mesh8, "ring", None),
+            ("ring_after_tree_prefill", mesh8, "ring", "tree"),
+            ("tree_after_single_prefill", mesh2x4, "tree", "single")):
+        gen = model.Generator(params, CFG, mesh, method, prefill_chunk=16,
+                              prefill_method=prefill)
         out[name] = (gen.generate(prompts, NEW, key=jax.random.key(1)), gen.traces)
     return out
 
 
-@pytest.mark.parametrize("name", ["tree_1d", "tree_2level", "ring"])
+@pytest.mark.parametrize("name", ["tree_1d", "tree_2level", "ring", "ring_after_tree_prefill",
+                                  "tree_after_single_prefill"])
 def test_identical_tokens_across_methods(generations, name):
     want, _ = generations["single"]
     got, traces = generations[name]
@@ -111,6 +116,8 @@ def test_bad_arguments(mesh8):
     params = model.init_params(CFG, jax.random.key(0))
     with pytest.raises(ValueError, match="`method` must be one of"):
         model.Generator(params, CFG, mesh8, "star")
+    with pytest.raises(ValueError, match="`prefill_method` must be one of"):
+        model.Generator(params, CFG, mesh8, "ring", prefill_method="flash")
     gen = model.Generator(params, CFG, mesh8, "tree", prefill_chunk=8)
     with pytest.raises(ValueError, match="cannot hold the longest prompt"):
         gen.generate([[1] * 10], 8, key=jax.random.key(0), capacity=12)
@@ -131,3 +138,30 @@ def test_rope_is_a_rotation():
     np.testing.assert_allclose(dot(3, 1), dot(10, 8), rtol=1e-5)
     np.testing.assert_allclose(jnp.linalg.norm(model.rope(q, pos(7), 1e4)), jnp.linalg.norm(q),
                                rtol=1e-6)
+
+
+def test_prefill_method_chooses_the_prefill_attention(mesh8):
+    """Ring decoding after tree prefill: only the decode step passes K/V around the ring."""
+    params = model.init_params(CFG, jax.random.key(0))
+    cache = model.empty_cache(CFG, 1, 16, mesh8)
+    tok, last = jnp.zeros((1,), jnp.int32), jnp.zeros((1,), jnp.int32)
+
+    def hlo(gen):
+        pre = gen._prefill.lower(gen.params, cache, jnp.zeros((1, 8), jnp.int32), last)
+        step = gen._step.lower(gen.params, cache, tok, jax.random.key(0), 0.0)
+        return pre.as_text(), step.as_text()
+
+    pre, step = hlo(model.Generator(params, CFG, mesh8, "ring", prefill_method="tree"))
+    assert "collective_permute" not in pre and "collective_permute" in step
+    pre, step = hlo(model.Generator(params, CFG, mesh8, "ring"))
+    assert "collective_permute" in pre and "collective_permute" in step
+
+
+def test_prefill_progress_bar_counts_chunks(mesh8, capsys):
+    params = model.init_params(CFG, jax.random.key(0))
+    gen = model.Generator(params, CFG, mesh8, "tree", prefill_chunk=8)
+    gen.prefill([[1] * 20, [2] * 3], 32, progress=True)
+    err = capsys.readouterr().err
+    assert "tree prefill" in err and "3/3" in err, err
+    gen.prefill([[1] * 20], 32, progress=None)  # 3 chunks: short, so no bar
+    assert capsys.readouterr().err == ""

@@ -14,8 +14,11 @@ device in mesh order (first mesh axis outermost): global position `pos` lives on
 
 * **Prefill** runs the prompt through the model in chunks of `prefill_chunk` tokens. Each
   chunk's k/v are written into the shards that own their positions, then its queries attend
-  to the cache with the chosen method and the causal mask: prefill is sequence-parallel
-  with the same tree (or ring, or single-device) attention as decoding.
+  to the cache with the causal mask, by `prefill_method`: by default the decoding method, so
+  prefill is sequence-parallel with the same tree (or ring, or single-device) attention.
+  `prefill_method="tree"` with `method="ring"` fills the cache with tree attention and
+  decodes with ring: ring prefill passes every K/V shard around the ring once per chunk
+  and layer, which is slow on long prompts, and the cache it leaves is the same.
 * **Decode** appends one token per sequence: every device checks whether it owns position
   `lengths[b]` and, if so, writes that one slot in place (`append`). Attention for the step
   is `tree_decode`, `ring_decode` or single-device `attention`, masked to `lengths + 1`.
@@ -243,12 +246,14 @@ def sample(logits: Array, key: Array, temperature: float) -> Array:
 
 class Generation(NamedTuple):
     """`tokens [B, new_tokens]`, the `logits [B, new_tokens, vocab]` each was drawn from,
-    and `step_s`: wall seconds of each decode step after the first token (the first of them
-    includes compiling the step)."""
+    `step_s`: wall seconds of each decode step after the first token (the first of them
+    includes compiling the step), and `prefill_s`: wall seconds of the prefill (compiling
+    included)."""
 
     tokens: np.ndarray
     logits: np.ndarray
     step_s: list[float]
+    prefill_s: float
 
 
 class Generator:
@@ -258,20 +263,25 @@ class Generator:
       params: the model's weights (`init_params`).
       cfg: the model's sizes.
       mesh: the devices the cache is sharded over (`single` uses the mesh's first device).
-      method: "single", "tree" or "ring".
+      method: "single", "tree" or "ring": the attention of each decode step.
       prefill_chunk: prompt tokens per prefill step.
+      prefill_method: the attention that fills the cache from the prompt; defaults to
+        `method`. With `method="single"` everything runs on the mesh's first device.
     """
 
     def __init__(self, params: Params, cfg: Config, mesh: Mesh, method: str = "tree",
-                 prefill_chunk: int = 512):
+                 prefill_chunk: int = 512, prefill_method: str | None = None):
         _checks.check_choice(method, METHODS, "method")
+        prefill_method = method if prefill_method is None else prefill_method
+        _checks.check_choice(prefill_method, METHODS, "prefill_method")
         _checks.check_positive(prefill_chunk, "prefill_chunk")
         if method == "single":
             mesh = Mesh(np.array(mesh.devices).ravel()[:1], ("x",))
         self.cfg, self.mesh, self.method, self.chunk = cfg, mesh, method, prefill_chunk
+        self.prefill_method = prefill_method
         self._rep = rep = NamedSharding(mesh, P())
         self.params = jax.device_put(params, rep)
-        attend = _attend_fn(method, mesh)
+        attend, attend_prefill = _attend_fn(method, mesh), _attend_fn(prefill_method, mesh)
         self.traces = 0
 
         def step(params, cache, tokens, key, temperature):
@@ -283,15 +293,21 @@ class Generator:
         def prefill(params, cache, tokens, last_index):
             # last_index [B]: which position of this chunk holds each prompt's last token
             # (-1 if it is not in this chunk).
-            logits, cache = forward(params, cfg, tokens, cache, attend, mesh)
+            logits, cache = forward(params, cfg, tokens, cache, attend_prefill, mesh)
             pick = jnp.take_along_axis(logits, jnp.clip(last_index, 0)[:, None, None], 1)[:, 0]
             return pick, cache
 
         self._step = jax.jit(step, static_argnums=4, donate_argnums=1)
         self._prefill = jax.jit(prefill, donate_argnums=1)
 
-    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int) -> tuple[Array, KVCache]:
-        """Fill a fresh cache from right-padded prompts; return each prompt's last logits."""
+    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int,
+                progress: bool | None = False) -> tuple[Array, KVCache]:
+        """Fill a fresh cache from right-padded prompts; return each prompt's last logits.
+
+        `progress` shows a bar over the prompt's chunks (`None`: when there are more than 8).
+        """
+        from tqdm import tqdm
+
         lengths = np.array([len(p) for p in prompts])
         if lengths.min() < 1:
             raise ValueError("every prompt needs at least one token.")
@@ -304,6 +320,9 @@ class Generator:
             tokens[b, : len(p)] = p
         cache = empty_cache(self.cfg, len(prompts), capacity, self.mesh)
         last = jnp.zeros((len(prompts), self.cfg.vocab), jnp.float32)
+        n_chunks = padded // self.chunk
+        bar = tqdm(total=n_chunks, desc=f"{self.prefill_method} prefill", unit="chunk",
+                   disable=(n_chunks <= 8) if progress is None else not progress)
         for c in range(0, padded, self.chunk):
             idx = lengths - 1 - c
             inside = (idx >= 0) & (idx < self.chunk)
@@ -311,6 +330,10 @@ class Generator:
             pick, cache = self._prefill(self.params, cache, chunk,
                                         jnp.asarray(np.where(inside, idx, -1)))
             last = jnp.where(jnp.asarray(inside)[:, None], pick, last)
+            if not bar.disable:
+                jax.block_until_ready(last)  # so the bar tracks the work, not the dispatch
+                bar.update(1)
+        bar.close()
         # Each sequence continues right after its own prompt; padding slots get overwritten.
         lengths = jax.device_put(jnp.asarray(lengths, jnp.int32), self._rep)
         return last, cache._replace(lengths=lengths)
@@ -320,7 +343,8 @@ class Generator:
                  progress: bool | None = None) -> Generation:
         """Prefill, then decode `new_tokens` tokens per prompt (greedy at temperature 0).
 
-        `progress=None` shows a progress bar only in a terminal or notebook with > 64 tokens.
+        `progress=None` shows progress bars for decoding more than 64 tokens and for
+        prefilling more than 8 chunks; `True` or `False` forces both on or off.
         """
         import time
 
@@ -332,7 +356,10 @@ class Generator:
         if capacity < longest + new_tokens:
             raise ValueError(f"`capacity` {capacity} cannot hold the longest prompt ({longest}) "
                              f"plus {new_tokens} new tokens.")
-        logits, cache = self.prefill(prompts, capacity)
+        t0 = time.perf_counter()
+        logits, cache = self.prefill(prompts, capacity, progress=progress)
+        jax.block_until_ready(logits)
+        prefill_s = time.perf_counter() - t0
         tok = jax.device_put(sample(logits, jax.random.fold_in(key, 0), temperature), self._rep)
         toks, all_logits, times = [tok], [logits], []
         bar = tqdm(total=new_tokens, desc=f"{self.method} decode", unit="tok",
@@ -349,4 +376,4 @@ class Generator:
             bar.update(1)
         bar.close()
         return Generation(np.stack([np.asarray(t) for t in toks], 1),
-                          np.stack([np.asarray(x) for x in all_logits], 1), times)
+                          np.stack([np.asarray(x) for x in all_logits], 1), times, prefill_s)
