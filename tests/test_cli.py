@@ -97,3 +97,9 @@ def test_launch_reports_a_failing_worker(monkeypatch):
 def test_bad_launch_arguments():
     with pytest.raises(ValueError, match="must be >= 1"):
         launch.run_local(processes=0)
+
+
+def test_generate_methods_match_the_model():
+    from tree_attention_edu import cli, model
+
+    assert sorted(cli.GENERATE_METHODS) == sorted(model.METHODS)

@@ -186,12 +186,18 @@ def _prompts(args) -> list[list[int]]:
     return [rng.integers(0, args.vocab, n).tolist() for n in lens]
 
 
+# `model.METHODS`, spelled here so that parsing arguments does not import JAX before
+# `_setup` has set the XLA flags (a test keeps the two equal).
+GENERATE_METHODS = ("tree", "ring", "single")
+
+
 def _method_list(text: str) -> list[str]:
     methods = [m for m in text.split(",") if m]
-    bad = sorted(set(methods) - {"tree", "ring", "single"})
+    bad = sorted(set(methods) - set(GENERATE_METHODS))
     if bad or not methods:
         raise argparse.ArgumentTypeError(
-            f"unknown method(s) {bad or text!r}; use tree, ring, single or a comma list")
+            f"unknown method(s) {bad or text!r}; use one of {', '.join(GENERATE_METHODS)} "
+            "or a comma list")
     return list(dict.fromkeys(methods))  # drop repeats, keep order
 
 
@@ -289,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--new-tokens", type=int, default=32)
     gen.add_argument("--batch", type=int, default=3)
     gen.add_argument("--prefill-chunk", type=int, default=512)
-    gen.add_argument("--prefill-method", default=None, choices=["tree", "ring", "single"],
+    gen.add_argument("--prefill-method", default=None, choices=GENERATE_METHODS,
                      help="attention that fills the cache (default: --method); e.g. tree "
                           "prefill before ring decoding on long prompts")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
