@@ -59,3 +59,22 @@ def test_temperature_sharpens_posterior():
         w = np.asarray(tae.posterior(q, k, scale=scale))
         entropy.append(-(w * np.log(np.where(w > 0, w, 1))).sum(-1).mean())
     assert entropy[0] > entropy[1] > entropy[2]
+
+
+def test_bad_arguments_name_the_argument():
+    q, k, v = rand_qkv(6)
+    att = tae.attention(q, k, v)
+    with pytest.raises(ValueError, match=r"`z` must have shape \[batch, q_len, q_heads, v_dim\]"):
+        tae.log_likelihood(att[..., :2], jnp.zeros_like(att), q, k, v)  # was reported as `zeta`
+    with pytest.raises(TypeError, match="`z` has dtype int32"):
+        tae.log_likelihood(att.astype(jnp.int32), jnp.zeros_like(att), q, k, v)
+    with pytest.raises(ValueError, match="`zeta` must have shape"):
+        tae.log_likelihood(att, jnp.zeros_like(att)[:1], q, k, v)
+    with pytest.raises(ValueError, match="`tol` must be > 0"):
+        tae.map_estimate(q, k, v, tol=0.0)
+    with pytest.raises(ValueError, match="`max_newton` must be a positive int"):
+        tae.map_estimate(q, k, v, max_newton=0)
+    with pytest.raises(TypeError, match="`seed` must be an int"):
+        tae.map_estimate(q, k, v, seed=1.5)
+    with pytest.raises(TypeError, match="`scale` must be a real number"):
+        tae.map_estimate(q, k, v, scale="0.5")

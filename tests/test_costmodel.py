@@ -4,6 +4,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import sympy
 from jax.sharding import NamedSharding
@@ -122,5 +123,25 @@ def test_ring_and_tree_predictions():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="`n` must be a positive int, got 0"):
         cm.reduction_steps(0, 1)
+    with pytest.raises(ValueError, match="`p` must be a positive int, got 0"):
+        cm.ring_payload_bytes(1, 1024, 2, 8, 8, p=0)  # was a ZeroDivisionError
+    with pytest.raises(ValueError, match="`p` must be a positive int, got 0"):
+        cm.ring_allreduce_time(1e3, 0, cm.DGX_H100.intra)  # was 0 seconds
+    with pytest.raises(TypeError, match="`kv_len` must be an int, got float"):
+        cm.ring_payload_bytes(1, 1024.5, 2, 8, 8, p=8)
+    with pytest.raises(ValueError, match="`branching` must be an int >= 2, got 1"):
+        cm.tree_depth(8, 1)
+    with pytest.raises(ValueError, match="`nbytes` must be >= 0"):
+        cm.DGX_H100.intra.send(-1)
+    with pytest.raises(ValueError, match="`beta_Bps` must be > 0"):
+        cm.Link(alpha_s=1e-6, beta_Bps=0)
+    with pytest.raises(TypeError, match="`topo` must be a Topology"):
+        cm.predict_tree(1024, cm.DGX_H100.intra)
+    with pytest.raises(ValueError, match=r"`q_heads` \(16\) must be a multiple of `kv_heads`"):
+        cm.predict_ring(1024, cm.DGX_H100, kv_heads=3)
+    with pytest.raises(ValueError, match="`seq_len` must be a positive int, got 0"):
+        cm.predict_tree(0, cm.DGX_H100)
+    # Sizes may still be symbols (test_model_reduces_to_paper_formulas) and numpy ints.
+    assert cm.tree_depth(np.int64(8)) == 3

@@ -98,7 +98,7 @@ def test_too_many_devices_requested():
     msg = r"needs 16 devices but JAX sees 8.*simulate_devices\(16\)"
     with pytest.raises(ValueError, match=msg):
         tae.make_mesh((4, 4), ("node", "gpu"))
-    with pytest.raises(ValueError, match="has 2 axes but axis_names"):
+    with pytest.raises(ValueError, match="has 2 axes but `axis_names`"):
         tae.make_mesh((2, 4), ("x",))
 
 

@@ -38,7 +38,49 @@ def test_retrieval_is_one_gradient_step_on_the_energy():
 
 def test_bad_arguments():
     mem = hf.make_memory(jax.random.key(0), 4, 8)
-    with pytest.raises(ValueError, match="`flip` must be in"):
+    with pytest.raises(ValueError, match=r"`flip` must be in \[0, 0.5\]"):
         hf.noisy_queries(jax.random.key(0), mem, jnp.arange(2), 0.7)
     with pytest.raises(ValueError, match="`num_patterns` must be a positive int"):
         hf.make_memory(jax.random.key(0), 0, 8)
+
+
+@pytest.mark.parametrize("bad", [4, 100, -1])
+def test_out_of_range_indices_raise(bad):
+    """They used to be clamped silently: index 4 of 4 patterns read pattern 3."""
+    mem = hf.make_memory(jax.random.key(0), 4, 8)
+    idx = jnp.array([0, bad])
+    with pytest.raises(ValueError, match=rf"`indices` must lie in \[0, 4\) \(the 4 stored "
+                                         rf"patterns\), got {bad} at position \(1,\)"):
+        hf.noisy_queries(jax.random.key(1), mem, idx, 0.1)
+    with pytest.raises(ValueError, match=r"`indices` must lie in \[0, 4\)"):
+        hf.retrieved(jnp.ones((2, 8)), mem, idx)
+
+
+def test_bad_beta_is_reported_as_beta():
+    """`beta` reached attention as `scale`; the message must name `beta`."""
+    mem = hf.make_memory(jax.random.key(0), 4, 8)
+    q = mem.keys[:2]
+    for bad in (float("nan"), float("inf"), -1.0, 0.0):
+        with pytest.raises(ValueError, match="`beta` must be"):
+            hf.retrieve(q, mem, bad)
+    with pytest.raises(TypeError, match="`beta` must be a real number"):
+        hf.retrieve(q, mem, "8")
+    with pytest.raises(TypeError, match="`beta` is a traced value"):
+        jax.jit(lambda b: hf.retrieve(q, mem, b))(8.0)
+    with pytest.raises(ValueError, match="`beta` must be > 0"):
+        hf.hopfield_step(q[0], mem.keys, 0.0)
+
+
+def test_bad_shapes_and_types_name_the_argument():
+    mem = hf.make_memory(jax.random.key(0), 4, 8, value_dim=6)
+    assert mem.values.shape == (4, 6)
+    with pytest.raises(ValueError, match="`value_dim` must be a positive int, got 0"):
+        hf.make_memory(jax.random.key(0), 4, 8, value_dim=0)  # was silently `dim`
+    with pytest.raises(ValueError, match=r"`queries` must have shape \[Q, D\] = \(2, 8\)"):
+        hf.retrieve(jnp.ones((2, 5)), mem, 8.0)
+    with pytest.raises(TypeError, match="`memory` must be a Memory"):
+        hf.retrieve(jnp.ones((2, 8)), (mem.keys, mem.values), 8.0)
+    with pytest.raises(TypeError, match="`key` must be a JAX PRNG key"):
+        hf.accuracy_grid(0, (16,), (1.0,))
+    with pytest.raises(ValueError, match=r"`sizes\[1\]` must be a positive int"):
+        hf.accuracy_grid(jax.random.key(0), (16, 0), (1.0,))

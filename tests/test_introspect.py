@@ -100,3 +100,17 @@ to_apply=%add
     assert ar.groups == ((0, 2, 4, 6), (1, 3, 5, 7)) and ar.bytes == 16 + 12
     assert cp.groups == ((0, 1), (1, 0)) and cp.bytes == 16
     assert shape_bytes("(f32[2,2], s32[], token[])") == 20
+
+
+def test_bad_arguments_name_the_argument():
+    x = jnp.zeros(4)
+    for fn in (tae.collective_stats, tae.memory_stats):
+        with pytest.raises(TypeError, match=r"`fn` must be a callable \(the function to "
+                                            r"compile.*got int 42"):
+            fn(42, x)
+    with pytest.raises(TypeError, match="`text` must be a str"):
+        parse_hlo(b"HloModule m")
+    with pytest.raises(ValueError, match="`text` has no ENTRY computation"):
+        parse_hlo("not an HLO module")
+    with pytest.raises(TypeError, match="`shape_text` must be a str"):
+        shape_bytes(None)

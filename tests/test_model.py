@@ -165,3 +165,115 @@ def test_prefill_progress_bar_counts_chunks(mesh8, capsys):
     assert "tree prefill" in err and "3/3" in err, err
     gen.prefill([[1] * 20], 32, progress=None)  # 3 chunks: short, so no bar
     assert capsys.readouterr().err == ""
+
+
+# --- bad arguments fail before any work (issue 12, §8) ---------------------------------------
+
+@pytest.fixture(scope="module")
+def gen8(mesh8):
+    params = model.init_params(CFG, jax.random.key(0))
+    return model.Generator(params, CFG, mesh8, "tree", prefill_chunk=8)
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fail the test if a cache is allocated: validation must come before any work."""
+    def allocate(*args, **kwargs):
+        raise AssertionError("work started before the arguments were checked")
+
+    monkeypatch.setattr(model, "empty_cache", allocate)
+
+
+BAD_GENERATE = {
+    "token-above-vocab": (dict(prompts=[[1, 2], [3, 300]]), ValueError,
+                          r"`prompts\[1\]` has token id 300 at position 1; token ids must lie "
+                          r"in \[0, vocab\) = \[0, 256\)"),
+    "token-negative": (dict(prompts=[[-1, 2]]), ValueError,
+                       r"`prompts\[0\]` has token id -1 at position 0"),
+    "token-float": (dict(prompts=[[1.0, 2.0]]), TypeError, r"`prompts\[0\]` must hold int"),
+    "prompts-str": (dict(prompts="abc"), TypeError, r"`prompts` must be a list of prompts"),
+    "no-prompts": (dict(prompts=[]), ValueError, r"`prompts` is empty; pass at least one"),
+    "empty-prompt": (dict(prompts=[[1], []]), ValueError,
+                     r"`prompts\[1\]` is empty; every prompt needs at least one token"),
+    "temperature-negative": (dict(temperature=-1.0), ValueError,
+                             r"`temperature` must be >= 0, got -1; 0 is greedy"),
+    "temperature-nan": (dict(temperature=float("nan")), ValueError,
+                        r"`temperature` must be a finite number >= 0, got nan"),
+    "temperature-str": (dict(temperature="0.5"), TypeError, r"`temperature` must be a real"),
+    "capacity-0": (dict(capacity=0), ValueError, r"`capacity` must be a positive int, got 0"),
+    "capacity-float": (dict(capacity=64.0), TypeError, r"`capacity` must be an int"),
+    "prompt-longer-than-capacity": (
+        dict(prompts=[[1] * 20], capacity=16), ValueError,
+        r"`capacity` 16 cannot hold the longest prompt \(20 tokens, 24 once padded to whole "
+        r"prefill chunks\) plus 4 new tokens; pass capacity >= 24"),
+    "new-tokens-do-not-fit": (
+        dict(new_tokens=20, capacity=16), ValueError,
+        r"cannot hold the longest prompt \(3 tokens.*plus 20 new tokens; pass capacity >= 23"),
+    "new_tokens-0": (dict(new_tokens=0), ValueError, r"`new_tokens` must be a positive int"),
+    "new_tokens-negative": (dict(new_tokens=-2), ValueError, r"`new_tokens` must be a positive"),
+    "new_tokens-float": (dict(new_tokens=2.0), TypeError, r"`new_tokens` must be an int"),
+    "new_tokens-bool": (dict(new_tokens=True), TypeError, r"`new_tokens` must be an int"),
+    "key-int": (dict(key=0), TypeError, r"`key` must be a JAX PRNG key such as"),
+    "key-batch": (dict(key=jax.random.split(jax.random.key(0))), ValueError,
+                  r"`key` must be a single PRNG key"),
+    "progress": (dict(progress="yes"), TypeError, r"`progress` must be True or False"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_GENERATE)
+def test_generate_rejects_bad_arguments_before_any_work(gen8, no_work, name):
+    kw, exc, match = BAD_GENERATE[name]
+    kw = dict(prompts=[[1, 2, 3]], new_tokens=4, key=jax.random.key(0)) | kw
+    with pytest.raises(exc, match=match):
+        gen8.generate(kw.pop("prompts"), kw.pop("new_tokens"), **kw)
+    assert gen8.traces == 0  # nothing was compiled either
+
+
+def test_prefill_rejects_bad_arguments_before_any_work(gen8, no_work):
+    with pytest.raises(ValueError, match=r"`prompts\[0\]` has token id 256"):
+        gen8.prefill([[256]], 8)
+    with pytest.raises(ValueError, match=r"`capacity` 8 cannot hold the longest prompt \(9 "):
+        gen8.prefill([[1] * 9], 8)
+    with pytest.raises(TypeError, match=r"`capacity` must be an int"):
+        gen8.prefill([[1]], None)
+
+
+def test_sampling_rejects_bad_temperatures():
+    logits = jnp.zeros((2, CFG.vocab), jnp.float32)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="`temperature` must be"):
+            model.sample(logits, jax.random.key(0), bad)
+    with pytest.raises(TypeError, match="`key` must be a JAX PRNG key"):
+        model.sample(logits, 0, 1.0)
+
+
+def test_generator_checks_params_against_cfg(mesh8):
+    small = model.Config(vocab=16, dim=8, layers=1, q_heads=2, kv_heads=1, head_dim=4, hidden=8)
+    params = jax.eval_shape(lambda: model.init_params(small, jax.random.key(0)))
+    params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), params)
+    with pytest.raises(ValueError, match=r"`params` \['embed'\] has shape \(16, 8\) but `cfg` "
+                                         r"implies \(256, 128\)"):
+        model.Generator(params, CFG, mesh8)
+    with pytest.raises(TypeError, match="`cfg` must be a Config"):
+        model.Generator(params, "tiny", mesh8)
+    with pytest.raises(TypeError, match="`mesh` must be a Mesh"):
+        model.Generator(params, small, None)
+    with pytest.raises(TypeError, match="`prefill_chunk` must be an int"):
+        model.Generator(params, small, mesh8, prefill_chunk=8.0)
+
+
+def test_config_rejects_bad_sizes():
+    with pytest.raises(TypeError, match=r"`vocab` must be an int, got float 256\.0"):
+        model.Config(vocab=256.0)
+    with pytest.raises(ValueError, match="`rope_theta` must be > 0"):
+        model.Config(rope_theta=-1.0)
+    with pytest.raises(TypeError, match="`tie_embeddings` must be True or False"):
+        model.Config(tie_embeddings=1)
+
+
+def test_forward_rejects_out_of_vocab_tokens(mesh8):
+    params = jax.eval_shape(lambda: model.init_params(CFG, jax.random.key(0)))
+    cache = model.KVCache(((np.zeros((1, 2, 8, 32), np.float32),) * 2,) * CFG.layers,
+                          np.zeros(1, np.int32))
+    with pytest.raises(ValueError, match=r"`tokens` must lie in \[0, 256\)"):
+        model.forward(params, CFG, np.array([[300]], np.int32), cache, lambda *a: None, mesh8)

@@ -52,9 +52,10 @@ def log_likelihood(
     causal: bool = False,
     kv_lengths: Array | None = None,
 ) -> Array:
-    """Γ(ζ, z) = Σ z·ζ − F(ζ), a scalar. `z` and `zeta` are `[B, Tq, Hq, Dv]`."""
+    """Γ(ζ, z) = Σ z·ζ − F(ζ), a scalar. `z` and `zeta` are float `[B, Tq, Hq, Dv]`."""
     dims = _checks.check_qkv(q, k, v, kv_lengths)
-    _checks.check_zeta(z, dims)
+    _checks.check_like_output(z, "z", dims)
+    _checks.check_like_output(zeta, "zeta", dims)
     f = energy(q, k, v, zeta, scale=scale, causal=causal, kv_lengths=kv_lengths)
     return jnp.sum(z * zeta) - f
 
@@ -83,6 +84,12 @@ def map_estimate(
         within `max_newton` steps.
     """
     dims = _checks.check_qkv(q, k, v, kv_lengths)
+    _checks.resolve_scale(scale, dims.head_dim)  # fail here, not inside the Newton solver
+    if tol is not None:
+        tol = _checks.check_real(tol, "tol", low=0.0, low_open=True,
+                                 hint="a residual bound such as 1e-10")
+    _checks.check_int(max_newton, "max_newton", example="`max_newton=20`")
+    _checks.check_int(seed, "seed", minimum=0, example="`seed=0`")
     acc = accum_dtype(q.dtype)
     tol = (1e-12 if acc == jnp.float64 else 1e-5) if tol is None else tol
     shape = (dims.batch, dims.q_len, dims.q_heads, dims.v_dim)

@@ -1,18 +1,40 @@
 """Closed-form costs of tree and ring decoding: steps, bytes on the wire, memory, latency.
 
-Plain Python (no JAX), so it can be read and used without a device. The byte formulas
-are checked against what `introspect.collective_stats` measures in the compiled program,
-and the latency model (`Topology`, `predict_tree`, `predict_ring`) is calibrated on the
+Plain Python arithmetic (no JAX arrays), so it can be read and used without a device; only
+its argument checks come from `_checks`, like every error message of the package. The byte
+formulas are checked against what `introspect.collective_stats` measures in the compiled
+program, and the latency model (`Topology`, `predict_tree`, `predict_ring`) is calibrated on the
 simulated devices by `benchmark.calibrate` before it is used to extrapolate to `DGX_H100`.
 
 Notation follows the paper: b batch, t = N/p keys per device, n_h heads, d_h head dim,
 d = n_h·d_h, p devices.
+
+Every size is a positive int and every rate a positive number; anything else raises a
+ValueError or TypeError that names the argument. Sizes may also be sympy symbols, so that the
+formulas can be checked symbolically (`tests/test_costmodel.py`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+
+from . import _checks
+
+
+def _sizes(**sizes) -> None:
+    """Each size a positive int (or a sympy expression)."""
+    for name, value in sizes.items():
+        _checks.check_int(value, name, symbolic=True)
+
+
+def _branching(branching: int) -> None:
+    _checks.check_int(branching, "branching", minimum=2, symbolic=True,
+                      example="`branching=2` for a binary tree")
+
+
+def _nbytes(nbytes: float) -> None:
+    _checks.check_real(nbytes, "nbytes", low=0.0, symbolic=True)
 
 
 def reduction_steps(n: int, p: int, branching: int = 2) -> int:
@@ -22,14 +44,17 @@ def reduction_steps(n: int, p: int, branching: int = 2) -> int:
     `p` partial results meet in a `branching`-ary tree of `ceil(log_branching p)` levels:
     O(N/p + log p) (paper, Theorem 1). With `p = 1` this is the serial `n - 1`.
     """
-    if n < 1 or p < 1 or branching < 2:
-        raise ValueError("need n >= 1, p >= 1 and branching >= 2")
+    _checks.check_int(n, "n")
+    _checks.check_int(p, "p")
+    _branching(branching)
     p = min(p, n)
     return math.ceil(n / p) - 1 + tree_depth(p, branching)
 
 
 def tree_depth(p: int, branching: int = 2) -> int:
     """Levels of a `branching`-ary reduction tree over `p` leaves."""
+    _checks.check_int(p, "p")
+    _branching(branching)
     depth, width = 0, p
     while width > 1:
         width = math.ceil(width / branching)
@@ -44,12 +69,16 @@ def tree_payload_bytes(batch: int, q_len: int, q_heads: int, v_dim: int, itemsiz
     Allreduce(max) of lse `[B, Tq, Hq]` plus Allreduce(sum) of the numerator `[B, Tq, Hq, Dv]`
     and denominator `[B, Tq, Hq]`, once per mesh level reduced over.
     """
+    _sizes(batch=batch, q_len=q_len, q_heads=q_heads, v_dim=v_dim, itemsize=itemsize,
+           levels=levels)
     return levels * batch * q_len * q_heads * (v_dim + 2) * itemsize
 
 
 def ring_payload_bytes(batch: int, kv_len: int, kv_heads: int, head_dim: int, v_dim: int,
                        p: int, itemsize: int = 4) -> int:
     """Bytes each device sends in Ring Attention decoding: p−1 K and V blocks of `kv_len/p` keys."""
+    _sizes(batch=batch, kv_len=kv_len, kv_heads=kv_heads, head_dim=head_dim, v_dim=v_dim, p=p,
+           itemsize=itemsize)
     t = math.ceil(kv_len / p)
     return (p - 1) * batch * t * kv_heads * (head_dim + v_dim) * itemsize
 
@@ -60,22 +89,26 @@ def paper_volume_tree(b: int, n_h: int, d_h: int, p: int) -> float:
     This is the ring-allreduce wire volume (each element is sent 2(p−1)/p times) of the
     numerator `b·d` and the max and denominator `2·b·n_h`.
     """
+    _sizes(b=b, n_h=n_h, d_h=d_h, p=p)
     return 2 * (p - 1) / p * (b * n_h * d_h + 2 * b * n_h)
 
 
 def paper_volume_ring(b: int, t: int, n_h: int, d_h: int, p: int) -> float:
     """Paper's communication volume of Ring Attention, in elements: 2·b·t·d·p (K and V, p steps)."""
+    _sizes(b=b, t=t, n_h=n_h, d_h=d_h, p=p)
     return 2 * b * t * n_h * d_h * p
 
 
 def paper_memory_tree(b: int, t: int, n_h: int, d_h: int) -> int:
     """Paper's peak memory of tree decoding, in elements (eq. 9): 2btd + 2bd + 2bn_h."""
+    _sizes(b=b, t=t, n_h=n_h, d_h=d_h)
     d = n_h * d_h
     return 2 * b * t * d + 2 * b * d + 2 * b * n_h
 
 
 def paper_memory_ring(b: int, t: int, n_h: int, d_h: int) -> int:
     """Paper's peak memory of Ring Attention, in elements (eq. 8): 4btd + 2bd."""
+    _sizes(b=b, t=t, n_h=n_h, d_h=d_h)
     d = n_h * d_h
     return 4 * b * t * d + 2 * b * d
 
@@ -101,8 +134,15 @@ class Link:
     alpha_s: float
     beta_Bps: float
 
+    def __post_init__(self):
+        _checks.check_real(self.alpha_s, "alpha_s", low=0.0, symbolic=True,
+                           hint="seconds per message, e.g. 3e-6")
+        _checks.check_real(self.beta_Bps, "beta_Bps", low=0.0, low_open=True, finite=False,
+                           symbolic=True, hint="bytes per second, e.g. 50e9")
+
     def send(self, nbytes: float) -> float:
         """Seconds to send one message of `nbytes`."""
+        _nbytes(nbytes)
         return self.alpha_s + nbytes / self.beta_Bps
 
 
@@ -127,22 +167,40 @@ class Topology:
     name: str = ""
     sources: tuple[str, ...] = ()
 
+    def __post_init__(self):
+        _checks.check_int(self.nodes, "nodes")
+        _checks.check_int(self.devices_per_node, "devices_per_node")
+        _checks.check_instance(self.intra, Link, "intra", "pass Link(alpha_s, beta_Bps)")
+        _checks.check_instance(self.inter, Link, "inter", "pass Link(alpha_s, beta_Bps)")
+        _checks.check_real(self.mem_Bps, "mem_Bps", low=0.0, low_open=True, finite=False,
+                           hint="memory read bytes per second, e.g. 3.35e12")
+        _checks.check_real(self.flops, "flops", low=0.0, low_open=True, finite=False,
+                           hint="peak flop/s, e.g. 989e12 (inf: never compute-bound)")
+        _checks.check_real(self.overhead_s, "overhead_s", low=0.0)
+        _checks.check_bool(self.overlap, "overlap")
+
     @property
     def devices(self) -> int:
         return self.nodes * self.devices_per_node
 
     def with_devices(self, p: int) -> Topology:
         """The same hardware with `p` devices: whole nodes once `p` exceeds a node."""
+        _checks.check_int(p, "p")
+        _checks.check_whole_nodes(p, self.devices_per_node)
         if p <= self.devices_per_node:
             return replace(self, nodes=1, devices_per_node=p)
-        if p % self.devices_per_node:
-            raise ValueError(f"p={p} is not a whole number of {self.devices_per_node}-device "
-                             f"nodes; pass a multiple of devices_per_node.")
         return replace(self, nodes=p // self.devices_per_node)
+
+
+def _allreduce_args(nbytes: float, p: int, link: Link) -> None:
+    _nbytes(nbytes)
+    _checks.check_int(p, "p")
+    _checks.check_instance(link, Link, "link", "pass Link(alpha_s, beta_Bps)")
 
 
 def ring_allreduce_time(nbytes: float, p: int, link: Link) -> float:
     """Ring allreduce of `nbytes` over `p` ranks: 2(p−1)α + 2(p−1)/p·n/β (Thakur et al. 2005)."""
+    _allreduce_args(nbytes, p, link)
     if p <= 1:
         return 0.0
     return 2 * (p - 1) * link.alpha_s + 2 * (p - 1) / p * nbytes / link.beta_Bps
@@ -150,6 +208,7 @@ def ring_allreduce_time(nbytes: float, p: int, link: Link) -> float:
 
 def tree_allreduce_time(nbytes: float, p: int, link: Link) -> float:
     """Recursive-doubling allreduce: ⌈log2 p⌉(α + n/β) (Thakur et al. 2005)."""
+    _allreduce_args(nbytes, p, link)
     if p <= 1:
         return 0.0
     return math.ceil(math.log2(p)) * link.send(nbytes)
@@ -166,6 +225,8 @@ def hierarchical_allreduce_time(nbytes: float, topo: Topology) -> float:
 
     The second stage carries the already-reduced message: one per node position.
     """
+    _nbytes(nbytes)
+    _checks.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
     return (allreduce_time(nbytes, topo.devices_per_node, topo.intra)[0]
             + allreduce_time(nbytes, topo.nodes, topo.inter)[0])
 
@@ -174,6 +235,10 @@ def local_decode_time(batch: int, kv_len: int, kv_heads: int, head_dim: int, v_d
                       q_heads: int, topo: Topology, itemsize: int = 2, q_len: int = 1) -> float:
     """Roofline time of one device's local decode over `kv_len` keys: the larger of reading
     K and V once at `mem_Bps` and ~2 flops per multiply-add of q·k and p·v at `flops`."""
+    _sizes(batch=batch, kv_len=kv_len, kv_heads=kv_heads, head_dim=head_dim, v_dim=v_dim,
+           q_heads=q_heads, itemsize=itemsize, q_len=q_len)
+    _checks.check_head_groups(q_heads, kv_heads)
+    _checks.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
     nbytes = batch * kv_len * kv_heads * (head_dim + v_dim) * itemsize
     flops = 2 * batch * q_len * q_heads * kv_len * (head_dim + v_dim)
     return max(nbytes / topo.mem_Bps, flops / topo.flops)
@@ -195,13 +260,24 @@ class Prediction:
         return self.compute_s + self.comm_s + self.overhead_s
 
 
+def _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len) -> int:
+    """Check a prediction's sizes; return `kv_heads` (default: `q_heads`)."""
+    _checks.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
+    kv_heads = q_heads if kv_heads is None else kv_heads
+    _sizes(seq_len=seq_len, batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+           itemsize=itemsize, q_len=q_len)
+    _checks.check_head_groups(q_heads, kv_heads)
+    return kv_heads
+
+
 def predict_tree(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int = 16,
                  kv_heads: int | None = None, head_dim: int = 128, itemsize: int = 2,
                  q_len: int = 1, stat_itemsize: int = 4) -> Prediction:
     """Tree decoding: the local state over the whole shard, then Allreduce(max) of the lse
     `[B, Tq, Hq]` and Allreduce(sum) of numerator and denominator `[B, Tq, Hq, Dv + 1]`,
     each inside nodes first, then across nodes. Statistics travel in float32."""
-    kv_heads = q_heads if kv_heads is None else kv_heads
+    kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len)
+    _checks.check_int(stat_itemsize, "stat_itemsize")
     p = topo.devices
     t = math.ceil(seq_len / p)
     compute = local_decode_time(batch, t, kv_heads, head_dim, head_dim, q_heads, topo,
@@ -221,7 +297,8 @@ def predict_ring(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int =
     spans nodes). With overlap a step costs `max(compute, transfer)`, else their sum; the first
     block's compute is never hidden. `comm_s` is the part not hidden behind compute.
     """
-    kv_heads = q_heads if kv_heads is None else kv_heads
+    kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len)
+    _checks.check_bool(overlap, "overlap", optional=True)
     overlap = topo.overlap if overlap is None else overlap
     p = topo.devices
     t = math.ceil(seq_len / p)
@@ -242,6 +319,7 @@ def peak_memory_tree(batch: int, t: int, n_h: int, d_h: int, itemsize: int = 1) 
     the Allreduced numerator over the Allreduced denominator. At `itemsize=1` this is the
     paper's eq. 9 in elements (`tests/test_costmodel.py` checks it symbolically).
     """
+    _sizes(batch=batch, t=t, n_h=n_h, d_h=d_h, itemsize=itemsize)
     d = n_h * d_h
     kv_shard, query, numerator, stats = 2 * batch * t * d, batch * d, batch * d, 2 * batch * n_h
     return (kv_shard + query + numerator + stats) * itemsize
@@ -251,6 +329,7 @@ def peak_memory_ring(batch: int, t: int, n_h: int, d_h: int, itemsize: int = 1) 
     """Bytes per device of Ring Attention, part by part: its own K and V shards, the
     neighbour's K and V block arriving while it computes, the query and the output.
     At `itemsize=1` this is the paper's eq. 8 in elements."""
+    _sizes(batch=batch, t=t, n_h=n_h, d_h=d_h, itemsize=itemsize)
     d = n_h * d_h
     kv_shard, kv_in_flight, query, output = 2 * batch * t * d, 2 * batch * t * d, batch * d, \
         batch * d

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 from jax import Array, lax
-from jax.sharding import Mesh
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import _checks, devices, kernels
@@ -46,34 +46,68 @@ class _Plan:
     causal: bool
     kernel: str
     layout: str
+    masked: bool  # some key is padding, or beyond a length, or causally hidden
 
 
 def _prepare(q, k, v, mesh, seq_axes, scale, causal, kv_lengths, local_kernel, layout):
     """Validate, pad K/V to a multiple of the device count, and fix the plan."""
-    if not isinstance(mesh, Mesh):
-        raise TypeError(
-            f"`mesh` must be a jax.sharding.Mesh, got {type(mesh).__name__}; "
-            f"build one with tree_attention_edu.make_mesh(...)."
-        )
+    _check_mesh(mesh)
     dims = _checks.check_qkv(q, kernels.bthd_view(k, layout), kernels.bthd_view(v, layout),
                              kv_lengths)
     axes = _checks.check_seq_axes(seq_axes, tuple(mesh.axis_names))
     p = devices.axis_size(mesh, axes)
     pad = (-dims.kv_len) % p
     ragged = kv_lengths is not None and not _is_full(kv_lengths, dims)
+    masked = bool(pad) or ragged or (causal and dims.q_len > 1)
     kernel = kernels.resolve(
         local_kernel, dtype=q.dtype, head_dim=dims.head_dim, v_dim=dims.v_dim,
-        needs_mask=bool(pad) or ragged or (causal and dims.q_len > 1), layout=layout,
+        needs_mask=masked, layout=layout,
     )
     if kv_lengths is None:
         kv_lengths = jnp.full((dims.batch,), dims.kv_len, jnp.int32)
+    # Under jit the range cannot be checked: clip, so the padding below is never visible and
+    # every path reads a length outside [0, Tk] the way `attention` does.
+    kv_lengths = jnp.clip(jnp.asarray(kv_lengths, jnp.int32), 0, dims.kv_len)
     if pad:
         widths = [(0, 0)] * 4
         widths[kernels.SEQ_AXIS[layout]] = (0, pad)
         k, v = jnp.pad(k, widths), jnp.pad(v, widths)
+    kv_sharding = NamedSharding(mesh, kv_spec(axes, layout))
+    q, k, v = _on_mesh(q, NamedSharding(mesh, P())), _on_mesh(k, kv_sharding), _on_mesh(
+        v, kv_sharding)
+    kv_lengths = _on_mesh(kv_lengths, NamedSharding(mesh, P()))
     plan = _Plan(mesh, axes, p, (dims.kv_len + pad) // p,
-                 _checks.resolve_scale(scale, dims.head_dim), bool(causal), kernel, layout)
-    return plan, k, v, jnp.asarray(kv_lengths, jnp.int32)
+                 _checks.resolve_scale(scale, dims.head_dim, q.dtype), bool(causal), kernel,
+                 layout, masked)
+    return plan, dims, q, k, v, kv_lengths
+
+
+def _check_mesh(mesh) -> None:
+    if not isinstance(mesh, Mesh):
+        raise TypeError(
+            f"`mesh` must be a jax.sharding.Mesh, got {type(mesh).__name__}; "
+            f"build one with tree_attention_edu.make_mesh(...)."
+        )
+    explicit = [name for name, t in zip(mesh.axis_names, mesh.axis_types, strict=True)
+                if t != AxisType.Auto]
+    if explicit:
+        raise ValueError(
+            f"`mesh` has axes {explicit} of type Explicit or Manual (jax.make_mesh's default); "
+            f"the decoders run shard_map over Auto axes. Build the mesh with "
+            f"tree_attention_edu.make_mesh(...), or jax.make_mesh(..., axis_types="
+            f"(jax.sharding.AxisType.Auto,) * n)."
+        )
+
+
+def _on_mesh(x, sharding: NamedSharding):
+    """A concrete array committed elsewhere (another device, another mesh) is moved onto the
+    mesh, as `jit` would refuse it; uncommitted and traced values are left to `jit`."""
+    try:
+        if not (isinstance(x, jax.Array) and x.committed) or x.sharding == sharding:
+            return x
+    except (AttributeError, jax.errors.ConcretizationTypeError):
+        return x
+    return jax.device_put(x, sharding)
 
 
 def _is_full(kv_lengths, dims) -> bool:
@@ -89,9 +123,11 @@ def _shard_index(plan: _Plan) -> Array:
 
 
 def _local(plan: _Plan, q, k, v, lengths, offset):
+    # Unmasked, every key of the shard holds data and is visible (a single causal query sees
+    # them all): the kernel then needs no lengths and selects nothing.
     return kernels.KERNELS[plan.kernel](
-        q, k, v, kv_offset=offset, scale=plan.scale, causal=plan.causal, kv_lengths=lengths,
-        layout=plan.layout,
+        q, k, v, kv_offset=offset, scale=plan.scale, causal=plan.causal and plan.masked,
+        kv_lengths=lengths if plan.masked else None, layout=plan.layout,
     )
 
 
@@ -143,8 +179,8 @@ def _ring_fn(plan: _Plan) -> Callable:
 @functools.lru_cache(maxsize=64)
 def _energy_fn(plan: _Plan) -> Callable:
     def body(q, k, v, lengths, zeta):
-        return energy_terms(q, k, v, zeta, scale=plan.scale, causal=plan.causal,
-                            kv_lengths=lengths,
+        return energy_terms(q, k, v, zeta, scale=plan.scale, causal=plan.causal and plan.masked,
+                            kv_lengths=lengths if plan.masked else None,
                             kv_offset=_shard_index(plan) * plan.shard_len, axes=plan.axes)
 
     energy = jax.shard_map(body, mesh=plan.mesh, in_specs=(*_specs(plan), P()), out_specs=P())
@@ -162,20 +198,26 @@ _DOC_ARGS = """
       seq_axes: mesh axes the sequence is split over, outermost first (default: all).
       scale: score scale; `None` means `1/sqrt(D)`.
       causal: decode-convention causal mask (query i at position `L_b - Tq + i`).
-      kv_lengths: `[B]` ints; keys at positions `>= kv_lengths[b]` are masked.
+      kv_lengths: `[B]` ints in `[0, Tk]`; keys at positions `>= kv_lengths[b]` are masked
+        and may hold anything (NaN included). The range is checked when the lengths are
+        concrete; under `jax.jit` they are clipped to `[0, Tk]`, as `attention` reads them.
       local_kernel: "auto", "xla" or "flash" (see `tree_attention_edu.kernels`).
       layout: "bthd" (default) or "bhtd", the head-major cache layout that the xla kernel
         streams fastest (see `tree_attention_edu.kernels`).
 
     Returns:
-      `[B, Tq, Hq, Dv]` in q's dtype, replicated. Traceable under `jax.jit`.
+      `[B, Tq, Hq, Dv]` in q's dtype, replicated (empty if `B` or `Tq` is 0). Traceable
+      under `jax.jit`, and differentiable in q, k and v (`jax.grad`): the shared max is a
+      shift that carries no gradient, so only the sums are differentiated.
 """
 
 
 def _decode(make: Callable, q, k, v, mesh, seq_axes, scale, causal, kv_lengths, local_kernel,
             layout="bthd", extra=()):
-    plan, k, v, lengths = _prepare(q, k, v, mesh, seq_axes, scale, causal, kv_lengths,
-                                   local_kernel, layout)
+    plan, dims, q, k, v, lengths = _prepare(q, k, v, mesh, seq_axes, scale, causal,
+                                            kv_lengths, local_kernel, layout)
+    if dims.batch == 0 or dims.q_len == 0:  # nothing to attend: an empty result, no collective
+        return jnp.zeros((dims.batch, dims.q_len, dims.q_heads, dims.v_dim), q.dtype)
     return make(plan)(q, k, v, lengths, *extra)
 
 
@@ -203,12 +245,14 @@ def tree_decode_from_energy(
     local_kernel: str = "xla", layout: str = "bthd",
 ) -> Array:
     _checks.check_kernel_name(local_kernel, kernels.KERNEL_NAMES)
+    dims = _checks.check_qkv(q, kernels.bthd_view(k, layout), kernels.bthd_view(v, layout),
+                             kv_lengths)
+    if local_kernel == "flash":
+        raise ValueError("`local_kernel`='flash': tree_decode_from_energy differentiates the "
+                         "energy in JAX and has no flash kernel. Use local_kernel='xla' (or "
+                         "tree_decode for flash).")
     # The energy is written for "bthd"; a head-major cache is viewed in that order (a copy).
     k, v = kernels.to_layout(k, layout, "bthd"), kernels.to_layout(v, layout, "bthd")
-    if local_kernel == "flash":
-        raise ValueError("tree_decode_from_energy differentiates the energy in JAX; it has no "
-                         "flash kernel. Use local_kernel='xla' (or tree_decode for flash).")
-    dims = _checks.check_qkv(q, k, v, kv_lengths)
     zeta = jnp.zeros((dims.batch, dims.q_len, dims.q_heads, dims.v_dim),
                      jnp.promote_types(q.dtype, jnp.float32))
     return _decode(_energy_fn, q, k, v, mesh, seq_axes, scale, causal, kv_lengths, "xla",

@@ -26,6 +26,7 @@ from .attention import (
     lse_from_parts,
     masked_softmax_parts,
     scaled_scores,
+    select_valid_keys,
     weights,
 )
 
@@ -55,8 +56,8 @@ def energy(
     """
     dims = _checks.check_qkv(q, k, v, kv_lengths)
     _checks.check_zeta(zeta, dims)
-    return energy_terms(q, k, v, zeta, scale=_checks.resolve_scale(scale, dims.head_dim),
-                        causal=causal, kv_lengths=kv_lengths)
+    scale = _checks.resolve_scale(scale, dims.head_dim, q.dtype)
+    return energy_terms(q, k, v, zeta, scale=scale, causal=causal, kv_lengths=kv_lengths)
 
 
 def energy_terms(
@@ -80,10 +81,12 @@ def energy_terms(
     s, mask = scaled_scores(q, k, scale=scale, causal=causal, kv_lengths=kv_lengths,
                             kv_offset=kv_offset)
     acc = s.dtype
+    if kv_lengths is not None:  # padding may hold NaN: select it away before ζ·v
+        v = select_valid_keys(v, kv_lengths, kv_offset)
     s = s + grouped_scores(zeta.astype(acc), v.astype(acc))  # + ζ·v_a, [B, Hq, Tq, Tk]
     _, l, m = masked_softmax_parts(s, mask, axes)
-    lse = lse_from_parts(l, m)
-    return jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0))
+    # An empty row (l == 0) contributes 0; a NaN row stays NaN.
+    return jnp.sum(jnp.where(l == 0, jnp.zeros_like(l), lse_from_parts(l, m)))
 
 
 def _zero_source(q: Array, v: Array) -> Array:
@@ -158,6 +161,8 @@ def value_covariance_formula(
     _checks.check_qkv(q, k, v, kv_lengths)
     p = weights(q, k, scale=scale, causal=causal, kv_lengths=kv_lengths)  # [B, Hq, Tq, Tk]
     _B, Hq = p.shape[:2]
+    if kv_lengths is not None:
+        v = select_valid_keys(v, kv_lengths)
     vh = jnp.repeat(v.astype(p.dtype), Hq // v.shape[2], axis=2)  # [B, Tk, Hq, Dv]
     mean = jnp.einsum("bhqk,bkhv->bqhv", p, vh)
     second = jnp.einsum("bhqk,bkhv,bkhu->bqhvu", p, vh, vh)

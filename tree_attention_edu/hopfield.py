@@ -44,21 +44,58 @@ class Memory(NamedTuple):
     values: Array
 
 
+_MEMORY_HINT = "build one with make_memory(key, num_patterns, dim) or Memory(keys, values)"
+
+
+def _check_memory(memory: Memory) -> tuple[int, int, int]:
+    """`(M, D, Dv)` of a valid memory."""
+    _checks.check_instance(memory, Memory, "memory", _MEMORY_HINT)
+    m, d = _checks.check_array(memory.keys, "memory.keys", rank=2, layout="[M, D]", kind="float")
+    mv, dv = _checks.check_array(memory.values, "memory.values", rank=2, layout="[M, Dv]",
+                                 kind="float")
+    _checks.check_shape((mv, dv), (m, dv), "memory.values", "[M, Dv]",
+                        "one value pattern per key pattern")
+    _checks.check_no_empty_axis((m, d), "memory.keys", "[M, D]")
+    return m, d, dv
+
+
+def _check_indices(indices: Array, m: int, name: str = "indices") -> int:
+    """`indices [Q]` into `m` patterns; returns Q."""
+    (q,) = _checks.check_array(indices, name, rank=1, layout="[queries]", kind="int")
+    _checks.check_index_range(indices, name, m, f"the {m} stored patterns")
+    return q
+
+
+def _check_beta(beta: float, *, traced: bool = False, name: str = "beta") -> float:
+    return _checks.check_real(beta, name, low=0.0, low_open=True, traced=traced,
+                              hint="beta is the inverse temperature, e.g. 8.0")
+
+
 def make_memory(key: Array, num_patterns: int, dim: int, value_dim: int | None = None
                 ) -> Memory:
-    """`num_patterns` random ±1 key and value patterns from `key`."""
-    _checks.check_positive(num_patterns, "num_patterns")
-    _checks.check_positive(dim, "dim")
+    """`num_patterns` random ±1 key and value patterns from `key` (values of `value_dim`,
+    default `dim`)."""
+    _checks.check_prng_key(key)
+    _checks.check_int(num_patterns, "num_patterns")
+    _checks.check_int(dim, "dim")
+    if value_dim is not None:
+        _checks.check_int(value_dim, "value_dim")
     kk, kv = jax.random.split(key)
-    shape_v = (num_patterns, value_dim or dim)
+    shape_v = (num_patterns, dim if value_dim is None else value_dim)
     return Memory(jax.random.rademacher(kk, (num_patterns, dim), jnp.float32),
                   jax.random.rademacher(kv, shape_v, jnp.float32))
 
 
 def noisy_queries(key: Array, memory: Memory, indices: Array, flip: float) -> Array:
-    """Stored keys `memory.keys[indices]` with a random fraction `flip` of signs flipped."""
-    if not 0.0 <= flip <= 0.5:
-        raise ValueError(f"`flip` must be in [0, 0.5] (0.5 erases the key), got {flip}.")
+    """Stored keys `memory.keys[indices]` with a random fraction `flip` of signs flipped.
+
+    `indices [Q]` must lie in `[0, M)`; an index outside raises (it is not clamped).
+    """
+    _checks.check_prng_key(key)
+    m, _, _ = _check_memory(memory)
+    _check_indices(indices, m)
+    flip = _checks.check_real(flip, "flip", low=0.0, high=0.5,
+                              hint="the fraction of signs flipped; 0.5 erases the key")
     clean = memory.keys[indices]
     flips = jax.random.bernoulli(key, flip, clean.shape)
     return jnp.where(flips, -clean, clean)
@@ -68,12 +105,18 @@ def retrieve(queries: Array, memory: Memory, beta: float, *, mesh: Mesh | None =
              ) -> Array:
     """Read the memory: `softmax(beta · X ξ / D)ᵀ Y` for each query `[Q, D]` -> `[Q, Dv]`.
 
-    With `mesh`, the patterns are sharded along `M` over the mesh and combined by
-    `tree_decode` (a pattern count not divisible by the devices is padded and masked).
+    `beta > 0` is the inverse temperature, a concrete number. With `mesh`, the patterns are
+    sharded along `M` over the mesh and combined by `tree_decode` (a pattern count not
+    divisible by the devices is padded and masked).
     """
+    _, d, _ = _check_memory(memory)
+    nq, dq = _checks.check_array(queries, "queries", rank=2, layout="[Q, D]", kind="float")
+    _checks.check_shape((nq, dq), (nq, d), "queries", "[Q, D]", "D is the memory's key dim")
+    scale = _check_beta(beta) / d
+    if mesh is not None:
+        _checks.check_instance(mesh, Mesh, "mesh", "build one with make_mesh(...), or pass None")
     q = queries[None, :, None, :]  # [1, Q, 1, D]: one sequence, Q queries, one head
     k, v = memory.keys[None, :, None, :], memory.values[None, :, None, :]
-    scale = float(beta) / memory.keys.shape[1]
     if mesh is None:
         out = attention(q, k, v, scale=scale)
     else:
@@ -83,18 +126,33 @@ def retrieve(queries: Array, memory: Memory, beta: float, *, mesh: Mesh | None =
 
 def retrieved(out: Array, memory: Memory, indices: Array) -> Array:
     """`[Q]` bools: is `sign(out)` exactly the stored value of each query's pattern?"""
+    m, _, dv = _check_memory(memory)
+    q = _check_indices(indices, m)
+    _checks.check_shape(_checks.check_array(out, "out", rank=2, layout="[Q, Dv]", kind="float"),
+                        (q, dv), "out", "[Q, Dv]", "one readout per index, as `retrieve` "
+                        "returns")
     return jnp.all(jnp.sign(out) == memory.values[indices], axis=-1)
+
+
+def _check_state(xi: Array, keys: Array) -> None:
+    _, d = _checks.check_array(keys, "keys", rank=2, layout="[M, D]", kind="float")
+    _checks.check_shape(_checks.check_array(xi, "xi", rank=1, layout="[D]", kind="float"),
+                        (d,), "xi", "[D]", "one state of the keys' dim (vmap over a batch)")
 
 
 def hopfield_energy(xi: Array, keys: Array, beta: float) -> Array:
     """Modern Hopfield energy `-(1/s) logsumexp(s X ξ) + ½ ξ·ξ`, `s = beta / D`, of one
-    state `xi [D]`."""
+    state `xi [D]`; `beta > 0`."""
+    _check_state(xi, keys)
+    beta = _check_beta(beta, traced=True)
     s = beta / keys.shape[1]
     return -jax.nn.logsumexp(s * keys @ xi) / s + 0.5 * xi @ xi
 
 
 def hopfield_step(xi: Array, keys: Array, beta: float) -> Array:
     """One gradient step of size 1 on `hopfield_energy`: `ξ - ∇E(ξ) = Xᵀ softmax(s X ξ)`."""
+    _check_state(xi, keys)
+    _check_beta(beta, traced=True)
     return xi - jax.grad(hopfield_energy)(xi, keys, beta)
 
 
@@ -102,8 +160,21 @@ def accuracy_grid(key: Array, sizes, betas, *, dim: int = 64, flip: float = 0.2,
                   queries: int = 64, mesh: Mesh | None = None) -> np.ndarray:
     """Fraction of `queries` noisy keys retrieved exactly, `[len(sizes), len(betas)]`.
 
-    The same memories and queries (from `key`) are used for every `beta`.
+    The same memories and queries (from `key`) are used for every `beta`. Every argument is
+    checked before any work is done.
     """
+    _checks.check_prng_key(key)
+    sizes = _checks.check_sequence(sizes, "sizes", "pattern counts", "(16, 256)")
+    for i, m in enumerate(sizes):
+        _checks.check_int(m, f"sizes[{i}]", example="`sizes=(16, 256)`")
+    betas = _checks.check_sequence(betas, "betas", "inverse temperatures", "(1.0, 8.0)")
+    for i, beta in enumerate(betas):
+        _check_beta(beta, name=f"betas[{i}]")
+    _checks.check_int(dim, "dim")
+    _checks.check_real(flip, "flip", low=0.0, high=0.5)
+    _checks.check_int(queries, "queries")
+    if mesh is not None:
+        _checks.check_instance(mesh, Mesh, "mesh", "build one with make_mesh(...), or pass None")
     grid = np.zeros((len(sizes), len(betas)))
     for i, m in enumerate(sizes):
         km, ki, kq = jax.random.split(jax.random.fold_in(key, int(m)), 3)

@@ -20,6 +20,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from . import _checks
+
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 
 _DTYPE_BYTES = {
@@ -88,6 +90,8 @@ class CollectiveStats:
 
 def shape_bytes(shape_text: str) -> int:
     """Bytes of an HLO shape such as `f32[1,16]{1,0}` or a tuple `(f32[4], bf16[2,3])`."""
+    _checks.check_instance(shape_text, str, "shape_text", "pass HLO shape text such as "
+                           "'f32[1,16]{1,0}'")
     total = 0
     for dtype, dims in _ARRAY.findall(shape_text):
         if dtype not in _DTYPE_BYTES:
@@ -120,6 +124,7 @@ def _parse_groups(attrs: str) -> tuple[tuple[int, ...], ...]:
 
 def parse_hlo(text: str) -> CollectiveStats:
     """Collectives of an HLO module's text (`compiled.as_text()`), with loop trip counts."""
+    _checks.check_instance(text, str, "text", "pass `compiled.as_text()`")
     comps: dict[str, list[str]] = {}
     entry, current = None, None
     for line in text.splitlines():
@@ -132,7 +137,7 @@ def parse_hlo(text: str) -> CollectiveStats:
         elif current is not None:
             comps[current].append(line)
     if entry is None:
-        raise ValueError("no ENTRY computation found in the HLO text")
+        raise _checks.hlo_without_entry()
 
     # How many times each computation runs: propagate from ENTRY through while bodies.
     multiplier: dict[str, int] = {entry: 1}
@@ -145,10 +150,7 @@ def parse_hlo(text: str) -> CollectiveStats:
                 for callee in re.findall(r"%?([\w.\-]+)", callees):
                     factor = int(trip.group(1)) if role == "body" and trip else 1
                     if role == "body" and " while(" in line and not trip:
-                        raise ValueError(
-                            f"a while loop without a known trip count calls {callee}; its "
-                            f"collectives cannot be counted statically"
-                        )
+                        raise _checks.uncountable_loop(callee)
                     new = multiplier[name] * factor
                     if callee in comps and multiplier.get(callee, 0) < new:
                         multiplier[callee] = new
@@ -174,6 +176,8 @@ def parse_hlo(text: str) -> CollectiveStats:
 
 
 def _compile(fn: Callable, *args: Any):
+    _checks.check_callable(fn, "fn", "the function to compile, e.g. "
+                                     "`lambda q, k, v: tree_decode(q, k, v, mesh=mesh)`")
     return jax.jit(fn).lower(*args).compile()
 
 

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from . import _checks, masks
-from .attention import accum_dtype, finite_or_zero, lse_from_parts, safe_positive
+from .attention import accum_dtype, finite_or_zero, lse_pair, nonzero_or_one
 from .states import AttentionState
 
 KERNEL_NAMES = ("auto", "xla", "flash")
@@ -65,26 +65,35 @@ def bthd_view(x: Any, layout: str) -> Any:
 
 def to_layout(x: Array, src: str, dst: str) -> Array:
     """Move a K or V array between the "bthd" and "bhtd" layouts (a copy if they differ)."""
-    _checks.check_layout(src, LAYOUTS)
-    _checks.check_layout(dst, LAYOUTS)
+    _checks.check_choice(src, LAYOUTS, "src")
+    _checks.check_choice(dst, LAYOUTS, "dst")
+    if len(_checks.shape_of(x, "x")) != 4:
+        raise ValueError(f"`x` must have rank 4, [batch, kv_len, kv_heads, dim] or [batch, "
+                         f"kv_heads, kv_len, dim], got shape {tuple(x.shape)}.")
     return x if src == dst else jnp.swapaxes(x, 1, 2)
 
 
-def _fold(carry, qg, kb, vb, visible):
+def _fold(carry, qg, kb, vb, visible, valid):
     """Fold one head-major block into the running online-softmax state.
 
     `qg [B, Hkv, G·Tq, D]` (scaled), `kb [B, Hkv, C, D]`, `vb [B, Hkv, C, Dv]`,
-    `visible [B, 1, 1, Tq, C]`; carry `(m, l, o)`: running max `[B, Hkv, G·Tq]` (-inf while
-    nothing is visible), sum of `exp(s - m)`, and unnormalised numerator `[..., Dv]`.
+    `visible [B, 1, 1, Tq, C]`, `valid [B, C]` (keys that hold data, or None when all do);
+    carry `(m, l, o)`:
+    running max `[B, Hkv, G·Tq]` (-inf while nothing is visible), sum of `exp(s - m)`, and
+    unnormalised numerator `[..., Dv]`.
     """
     m, l, o = carry
     B, Hkv, M, _ = qg.shape
     C = kb.shape[2]
     acc = qg.dtype
+    if valid is not None:  # padding may hold anything (NaN, inf): select it away first
+        keep = valid[:, None, :, None]
+        kb = jnp.where(keep, kb, jnp.zeros((), kb.dtype))
+        vb = jnp.where(keep, vb, jnp.zeros((), vb.dtype))
     s = jnp.einsum("bhmd,bhcd->bhmc", qg, kb.astype(acc))
     Tq = visible.shape[3]
     s = jnp.where(visible, s.reshape(B, Hkv, M // Tq, Tq, C), -jnp.inf).reshape(B, Hkv, M, C)
-    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    m_new = lax.stop_gradient(jnp.maximum(m, jnp.max(s, axis=-1)))  # a shift: no gradient
     shift = finite_or_zero(m_new)  # a block with nothing visible yet: exp(-inf - 0) = 0
     p = jnp.exp(s - shift[..., None])
     rescale = jnp.exp(m - shift)
@@ -126,18 +135,28 @@ def xla_state(
       k_chunk: `[B, Tc, Hkv, D]` ("bthd") or `[B, Hkv, Tc, D]` ("bhtd").
       v_chunk: `[B, Tc, Hkv, Dv]` or `[B, Hkv, Tc, Dv]`, like `k_chunk`.
       layout: "bthd" or "bhtd" (see the module docstring).
-      block: keys per block on the "bthd" layout; the "bhtd" layout is read in one pass.
+      kv_lengths: `[B]` global valid lengths; keys past them are selected away (`where`), so
+        they may hold anything. `None`: every key of the chunk holds data.
+      block: keys per block on the "bthd" layout, and on "bhtd" when `kv_lengths` is given;
+        an unmasked "bhtd" chunk is read in one pass.
 
     Returns:
       `AttentionState` (`out [B, Tq, Hq, Dv]`, `lse [B, Tq, Hq]`) in the accumulation dtype.
     """
     dims = _checks.check_qkv(q, bthd_view(k_chunk, layout), bthd_view(v_chunk, layout),
-                             kv_lengths)
+                             kv_lengths, chunk=True)
     _checks.check_positive(block, "block")
     B, Tq, Hq, D = q.shape
     Hkv, Tc, G = dims.kv_heads, dims.kv_len, dims.group
     acc = accum_dtype(q.dtype)
-    scale = _checks.resolve_scale(scale, D)
+    scale = _checks.resolve_scale(scale, D, q.dtype)
+    if B == 0 or Tq == 0:
+        return AttentionState(jnp.zeros((B, Tq, Hq, dims.v_dim), acc),
+                              jnp.full((B, Tq, Hq), -jnp.inf, acc), jnp.zeros((B, Tq, Hq), acc))
+    # With `kv_lengths`, keys past them are selected away block by block; without, every key
+    # holds data and the "bhtd" layout is read in one pass (a where over the whole chunk would
+    # be a cache-sized copy).
+    padded = kv_lengths is not None
     if kv_lengths is None:
         kv_lengths = masks.full_lengths(B, Tc) + kv_offset
     # Queries of one kv head side by side: [B, Hkv, G·Tq, D], so K and V keep their layout.
@@ -154,9 +173,10 @@ def xla_state(
         if layout == "bthd":
             kb, vb = kb.transpose(0, 2, 1, 3), vb.transpose(0, 2, 1, 3)
         vis = masks.visible(Tq, size, kv_lengths, kv_offset=kv_offset + start, causal=causal)
-        return _fold(carry, qg, kb, vb, vis[:, None, None])
+        valid = masks.valid_keys(size, kv_lengths, kv_offset=kv_offset + start) if padded else None
+        return _fold(carry, qg, kb, vb, vis[:, None, None], valid)
 
-    if layout == "bhtd":
+    if layout == "bhtd" and not padded:
         carry = fold(carry, 0, Tc)
     else:
         n_blocks, tail = divmod(Tc, block)
@@ -166,15 +186,48 @@ def xla_state(
         if tail:
             carry = fold(carry, n_blocks * block, tail)
     m, l, o = carry
-    out = (o / safe_positive(l)[..., None]).reshape(B, Hkv, G, Tq, dims.v_dim)
+    out = (o / nonzero_or_one(l)[..., None]).reshape(B, Hkv, G, Tq, dims.v_dim)
     out = out.transpose(0, 3, 1, 2, 4).reshape(B, Tq, Hq, dims.v_dim)
-    lse = lse_from_parts(l, finite_or_zero(m)).reshape(B, Hkv, G, Tq)
-    return AttentionState(out, lse.transpose(0, 3, 1, 2).reshape(B, Tq, Hq))
+
+    def per_query(x):  # [B, Hkv, G·Tq] -> [B, Tq, Hq]
+        return x.reshape(B, Hkv, G, Tq).transpose(0, 3, 1, 2).reshape(B, Tq, Hq)
+
+    lse, lse_lo = lse_pair(l, finite_or_zero(m))
+    return AttentionState(out, per_query(lse), per_query(lse_lo))
 
 
 def flash_available() -> bool:
-    """flash-attn-jax is importable and JAX's default backend is a CUDA GPU."""
-    return jax.default_backend() == "gpu" and importlib.util.find_spec("flash_attn_jax") is not None
+    """flash-attn-jax (the tested release) is importable and JAX's default backend is a CUDA
+    GPU."""
+    return (jax.default_backend() == "gpu"
+            and importlib.util.find_spec("flash_attn_jax") is not None
+            and _flash_version_reason() is None)
+
+
+FLASH_TESTED = ("0", "6")
+"""flash-attn-jax release line (0.6.x) whose private `_flash_mha_fwd` `flash_state` calls."""
+
+
+def _flash_version_reason() -> str | None:
+    """Why the installed flash-attn-jax is not the tested release, or None if it is.
+
+    `flash_state` needs the log-sum-exp, which only flash-attn-jax's private
+    `flash_attn_jax.flash._flash_mha_fwd` returns; a private name can change in any release,
+    so only the tested 0.6.x line is accepted. A copy without package metadata (a source tree
+    on `sys.path`) passes here, and `flash_state` still checks that the name exists.
+    """
+    from importlib import metadata
+
+    try:
+        version = metadata.version("flash-attn-jax")
+    except metadata.PackageNotFoundError:
+        return None
+    if tuple(version.split(".")[:2]) == FLASH_TESTED:
+        return None
+    return (f"local_kernel='flash' is tested with flash-attn-jax {'.'.join(FLASH_TESTED)}.x "
+            f"only (it calls the private `flash_attn_jax.flash._flash_mha_fwd` for the "
+            f"log-sum-exp), but {version} is installed; `pip install 'tree_attention_edu[flash]'` "
+            f"installs the tested release, or use local_kernel='xla'.")
 
 
 def flash_unsupported_reason(
@@ -198,7 +251,7 @@ def flash_unsupported_reason(
         return ("local_kernel='flash' cannot mask keys: this call has padding (kv_len not a "
                 "multiple of the device count), `kv_lengths`, or a causal mask over several "
                 "queries; use local_kernel='xla' (or 'auto').")
-    return None
+    return _flash_version_reason()
 
 
 def _flash_layout_reason(layout: str) -> str:
@@ -211,6 +264,9 @@ def resolve(name: str, *, dtype, head_dim: int, v_dim: int, needs_mask: bool,
     """Turn "auto" into a concrete kernel name; check an explicit "flash" can run."""
     _checks.check_kernel_name(name, KERNEL_NAMES)
     _checks.check_layout(layout, LAYOUTS)
+    _checks.check_float_dtype(dtype, "dtype")
+    _checks.check_int(head_dim, "head_dim")
+    _checks.check_int(v_dim, "v_dim")
     if name == "xla":
         return name
     reason = flash_unsupported_reason(dtype, head_dim, v_dim, needs_mask)
@@ -240,11 +296,23 @@ def flash_state(
     del kv_offset, causal, kv_lengths
     if layout != "bthd":
         raise ValueError(_flash_layout_reason(layout))
-    from flash_attn_jax.flash import _flash_mha_fwd  # lazy: CUDA-only, optional extra
+    reason = _flash_version_reason()
+    if reason:
+        raise RuntimeError(reason)
+    flash = importlib.import_module("flash_attn_jax.flash")  # lazy: CUDA-only, optional extra
 
+    # Private API (the public `flash_mha` returns no lse); see `_flash_version_reason`.
+    forward = getattr(flash, "_flash_mha_fwd", None)
+    if forward is None:
+        raise RuntimeError(
+            "local_kernel='flash' calls flash-attn-jax's private "
+            "`flash_attn_jax.flash._flash_mha_fwd` (tested with flash-attn-jax "
+            f"{'.'.join(FLASH_TESTED)}.x), and the installed flash-attn-jax has no such name; "
+            "`pip install 'tree_attention_edu[flash]'` installs the tested release, or use "
+            "local_kernel='xla'.")
     scale = 1.0 / float(q.shape[-1]) ** 0.5 if scale is None else float(scale)
-    out, lse = _flash_mha_fwd(q, k_chunk, v_chunk, softmax_scale=scale, is_causal=False,
-                              window_size=(-1, -1))
+    out, lse = forward(q, k_chunk, v_chunk, softmax_scale=scale, is_causal=False,
+                       window_size=(-1, -1))
     # flash returns out [B, Tq, Hq, D] in the input dtype and lse float32 [B, Hq, Tq].
     return AttentionState(out.astype(jnp.float32), jnp.transpose(lse, (0, 2, 1)))
 

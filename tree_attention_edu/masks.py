@@ -46,6 +46,13 @@ def visible(
     return jnp.broadcast_to(mask, (kv_lengths.shape[0], q_len, chunk_len))
 
 
+def valid_keys(chunk_len: int, kv_lengths: Array, *, kv_offset: int | Array = 0) -> Array:
+    """Boolean `[B, Tk_chunk]`: does key `a` of the chunk hold data (global position below
+    `kv_lengths[b]`)? Keys that fail it are padding, whatever they store."""
+    pos = jnp.asarray(kv_offset, jnp.int32) + jnp.arange(chunk_len, dtype=jnp.int32)
+    return pos[None, :] < kv_lengths[:, None]
+
+
 def full_lengths(batch: int, kv_len: int) -> Array:
     """`[B]` lengths meaning "every key is valid"."""
     return jnp.full((batch,), kv_len, dtype=jnp.int32)

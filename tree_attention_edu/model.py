@@ -68,13 +68,15 @@ class Config:
 
     def __post_init__(self):
         for name in ("vocab", "dim", "layers", "q_heads", "kv_heads", "head_dim", "hidden"):
-            _checks.check_positive(getattr(self, name), name)
-        if self.q_heads % self.kv_heads:
-            raise ValueError(f"`q_heads` ({self.q_heads}) must be a multiple of `kv_heads` "
-                             f"({self.kv_heads}) for grouped-query attention.")
-        if self.head_dim % 2:
-            raise ValueError(f"`head_dim` must be even for rotary embeddings, got "
-                             f"{self.head_dim}.")
+            _checks.check_int(getattr(self, name), name)
+        _checks.check_head_groups(self.q_heads, self.kv_heads)
+        _checks.check_even_head_dim(self.head_dim)
+        _checks.check_real(self.rope_theta, "rope_theta", low=0.0, low_open=True,
+                           hint="the RoPE base, e.g. 500000.0")
+        _checks.check_real(self.norm_eps, "norm_eps", low=0.0, hint="e.g. 1e-5")
+        _checks.check_real(self.init_scale, "init_scale", low=0.0, low_open=True,
+                           hint="e.g. 1.0")
+        _checks.check_bool(self.tie_embeddings, "tie_embeddings")
 
 
 PRESETS = {
@@ -89,6 +91,8 @@ Params = dict
 
 def init_params(cfg: Config, key: Array) -> Params:
     """Random float32 weights from `key`: normal, scaled by 1/sqrt(fan_in), RMSNorm gains 1."""
+    _check_config(cfg)
+    _checks.check_prng_key(key)
     keys = iter(jax.random.split(key, 2 + 7 * cfg.layers))
 
     def dense(shape, fan_in):  # float32 whatever jax_enable_x64 says
@@ -112,13 +116,30 @@ def init_params(cfg: Config, key: Array) -> Params:
     return params
 
 
+def _check_config(cfg: Config) -> None:
+    _checks.check_instance(cfg, Config, "cfg", "e.g. Config() or PRESETS['tiny']")
+
+
+def _check_mesh(mesh: Mesh) -> None:
+    _checks.check_instance(mesh, Mesh, "mesh", "build one with make_mesh(...)")
+
+
 def rms_norm(x: Array, gain: Array, eps: float) -> Array:
-    """`x / rms(x) · gain` over the last axis."""
+    """`x / rms(x) · gain` over the last axis; `gain` is `[x.shape[-1]]`, `eps >= 0`."""
+    s = _checks.check_array(x, "x", kind="float", min_rank=1)
+    _checks.check_shape(_checks.check_array(gain, "gain", rank=1, layout="[dim]", kind="float"),
+                        s[-1:], "gain", "[x.shape[-1]]", "one gain per feature")
+    _checks.check_real(eps, "eps", low=0.0, hint="e.g. 1e-5")
     return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * gain
 
 
 def rope(x: Array, positions: Array, theta: float) -> Array:
     """Rotary embedding of `x [B, T, H, D]` at integer `positions [B, T]` (pairs i, i + D/2)."""
+    s = _checks.check_array(x, "x", rank=4, layout="[B, T, H, D]", kind="float")
+    _checks.check_even_head_dim(s[3], "x")
+    _checks.check_shape(_checks.check_array(positions, "positions", kind="int"), s[:2],
+                        "positions", "[B, T] (x's first two axes)", "one position per token")
+    _checks.check_real(theta, "theta", low=0.0, low_open=True, hint="the RoPE base, e.g. 1e4")
     half = x.shape[-1] // 2
     freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
     angles = positions[..., None].astype(jnp.float32) * freqs  # [B, T, D/2]
@@ -142,12 +163,16 @@ class KVCache(NamedTuple):
 
 def cache_sharding(mesh: Mesh) -> NamedSharding:
     """The partitioning rule: axis 2 (`S`) split over every mesh axis, first axis outermost."""
+    _check_mesh(mesh)
     return NamedSharding(mesh, kv_spec(tuple(mesh.axis_names), "bhtd"))
 
 
 def empty_cache(cfg: Config, batch: int, capacity: int, mesh: Mesh) -> KVCache:
     """A zero cache of `capacity` positions (rounded up to a multiple of the device count)."""
-    _checks.check_positive(capacity, "capacity")
+    _check_config(cfg)
+    _checks.check_int(batch, "batch")
+    _checks.check_int(capacity, "capacity")
+    _check_mesh(mesh)
     p = mesh.size
     capacity = -(-capacity // p) * p
     shape = (batch, cfg.kv_heads, capacity, cfg.head_dim)
@@ -163,8 +188,10 @@ def write(cache_k: Array, cache_v: Array, k: Array, v: Array, start: Array, mesh
 
     Each device writes only the positions it owns. For `T == 1` (a decode step) that is one
     slot updated in place; for a prefill chunk each device gathers its part of the chunk.
-    Positions at or beyond the capacity are dropped.
+    Positions at or beyond the capacity are dropped. `start` must be >= 0 (checked where it
+    is concrete).
     """
+    _check_write(cache_k, cache_v, k, v, start, mesh)
     spec = kv_spec(tuple(mesh.axis_names), "bhtd")
     T = k.shape[2]
 
@@ -193,6 +220,24 @@ def write(cache_k: Array, cache_v: Array, k: Array, v: Array, start: Array, mesh
                          out_specs=(spec, spec))(cache_k, cache_v, k, v, start)
 
 
+def _check_write(cache_k, cache_v, k, v, start, mesh) -> None:
+    layout = "[B, Hkv, S, D]"
+    ck = _checks.check_array(cache_k, "cache_k", rank=4, layout=layout, kind="float")
+    _checks.check_shape(_checks.check_array(cache_v, "cache_v", rank=4, layout=layout,
+                                            kind="float"), ck, "cache_v", layout, "like cache_k")
+    ks = _checks.check_array(k, "k", rank=4, layout="[B, Hkv, T, D]", kind="float")
+    _checks.check_shape(ks, (ck[0], ck[1], ks[2], ck[3]), "k", "[B, Hkv, T, D]",
+                        "batch, heads and head_dim of the cache")
+    _checks.check_shape(_checks.check_array(v, "v", rank=4, layout="[B, Hkv, T, D]",
+                                            kind="float"), ks, "v", "[B, Hkv, T, D]", "like k")
+    _checks.check_shape(_checks.check_array(start, "start", kind="int"), ck[:1], "start", "[B]",
+                        "one start position per sequence")
+    values = _checks.concrete(start)
+    if values is not None and values.size and values.min() < 0:
+        _checks.check_int(int(values.min()), "start", minimum=0)
+    _check_mesh(mesh)
+
+
 # --- the model ------------------------------------------------------------------------------
 
 def _attend_fn(method: str, mesh: Mesh) -> Callable:
@@ -215,7 +260,22 @@ def _sharded_attend(decode, mesh, q, k, v, lengths):
 def forward(params: Params, cfg: Config, tokens: Array, cache: KVCache, attend: Callable,
             mesh: Mesh) -> tuple[Array, KVCache]:
     """Run `tokens [B, T]` at positions `cache.lengths[b] + t`; return logits `[B, T, vocab]`
-    and the cache with their k/v written (lengths advanced by `T`)."""
+    and the cache with their k/v written (lengths advanced by `T`).
+
+    Token ids must lie in `[0, vocab)` (checked where `tokens` is concrete)."""
+    _check_config(cfg)
+    _checks.check_instance(params, dict, "params", "build them with init_params(cfg, key)")
+    _checks.check_instance(cache, KVCache, "cache", "build one with empty_cache(...)")
+    if len(cache.layers) != cfg.layers:
+        _checks.check_shape((len(cache.layers),), (cfg.layers,), "cache", "[layers]",
+                            "one (k, v) pair per layer of cfg")
+    ts = _checks.check_array(tokens, "tokens", rank=2, layout="[B, T]", kind="int")
+    _checks.check_shape(ts[:1], tuple(cache.lengths.shape), "tokens", "[B, T] with B",
+                        "the cache's batch")
+    _checks.check_index_range(tokens, "tokens", cfg.vocab, f"token ids, vocab = {cfg.vocab}")
+    _checks.check_callable(attend, "attend", "attention of q, k, v and lengths, as the "
+                                             "Generator builds it")
+    _check_mesh(mesh)
     B, T = tokens.shape
     start = cache.lengths
     positions = start[:, None] + jnp.arange(T)[None, :]
@@ -238,10 +298,33 @@ def forward(params: Params, cfg: Config, tokens: Array, cache: KVCache, attend: 
 
 
 def sample(logits: Array, key: Array, temperature: float) -> Array:
-    """Greedy (`temperature == 0`) or softmax sampling at `temperature` from `[B, vocab]`."""
+    """Greedy (`temperature == 0`) or softmax sampling at `temperature` from `[B, vocab]`.
+
+    `temperature` is a concrete number >= 0 (not NaN or inf); `key` is a PRNG key.
+    """
+    _checks.check_array(logits, "logits", rank=2, layout="[B, vocab]", kind="float")
+    temperature = _check_temperature(temperature)
+    _checks.check_prng_key(key)
     if temperature == 0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
+
+
+def _check_temperature(temperature: float) -> float:
+    return _checks.check_real(temperature, "temperature", low=0.0,
+                              hint="0 is greedy, 1 samples the model's distribution")
+
+
+def _check_params(params: Params, cfg: Config) -> None:
+    """`params` has the structure and shapes `init_params(cfg, ...)` gives."""
+    _checks.check_instance(params, dict, "params", "build them with init_params(cfg, key)")
+    want = jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))
+    got_leaves = dict(jax.tree_util.tree_flatten_with_path(params)[0])
+    for path, leaf in jax.tree_util.tree_flatten_with_path(want)[0]:
+        got = got_leaves.get(path)
+        _checks.check_params(jax.tree_util.keystr(path),
+                             None if got is None else tuple(getattr(got, "shape", ())),
+                             tuple(leaf.shape))
 
 
 class Generation(NamedTuple):
@@ -260,7 +343,7 @@ class Generator:
     """Jitted prefill and decode for one model, method and mesh; compiled once per shape.
 
     Args:
-      params: the model's weights (`init_params`).
+      params: the model's weights (`init_params(cfg, key)`; checked against `cfg`).
       cfg: the model's sizes.
       mesh: the devices the cache is sharded over (`single` uses the mesh's first device).
       method: "single", "tree" or "ring": the attention of each decode step.
@@ -271,10 +354,13 @@ class Generator:
 
     def __init__(self, params: Params, cfg: Config, mesh: Mesh, method: str = "tree",
                  prefill_chunk: int = 512, prefill_method: str | None = None):
+        _check_config(cfg)
+        _check_params(params, cfg)
+        _check_mesh(mesh)
         _checks.check_choice(method, METHODS, "method")
         prefill_method = method if prefill_method is None else prefill_method
         _checks.check_choice(prefill_method, METHODS, "prefill_method")
-        _checks.check_positive(prefill_chunk, "prefill_chunk")
+        _checks.check_int(prefill_chunk, "prefill_chunk", example="`prefill_chunk=512`")
         if method == "single":
             mesh = Mesh(np.array(mesh.devices).ravel()[:1], ("x",))
         self.cfg, self.mesh, self.method, self.chunk = cfg, mesh, method, prefill_chunk
@@ -300,21 +386,27 @@ class Generator:
         self._step = jax.jit(step, static_argnums=4, donate_argnums=1)
         self._prefill = jax.jit(prefill, donate_argnums=1)
 
+    def _padded(self, longest: int) -> int:
+        """`longest` rounded up to whole prefill chunks."""
+        return -(-longest // self.chunk) * self.chunk
+
     def prefill(self, prompts: Sequence[Sequence[int]], capacity: int,
                 progress: bool | None = False) -> tuple[Array, KVCache]:
         """Fill a fresh cache from right-padded prompts; return each prompt's last logits.
 
-        `progress` shows a bar over the prompt's chunks (`None`: when there are more than 8).
+        `prompts` are non-empty sequences of token ids in `[0, vocab)`; `capacity` must hold
+        the longest, padded to whole `prefill_chunk`s. `progress` shows a bar over the
+        prompt's chunks (`None`: when there are more than 8). Everything is checked before
+        any work is done.
         """
         from tqdm import tqdm
 
+        prompts = _checks.check_prompts(prompts, self.cfg.vocab)
+        _checks.check_int(capacity, "capacity")
+        _checks.check_bool(progress, "progress", optional=True)
         lengths = np.array([len(p) for p in prompts])
-        if lengths.min() < 1:
-            raise ValueError("every prompt needs at least one token.")
-        padded = -(-int(lengths.max()) // self.chunk) * self.chunk
-        if capacity < padded:
-            raise ValueError(f"`capacity` {capacity} is smaller than the padded prompt length "
-                             f"{padded}; raise it (it must hold prompts plus new tokens).")
+        padded = self._padded(int(lengths.max()))
+        _checks.check_capacity(capacity, int(lengths.max()), padded)
         tokens = np.zeros((len(prompts), padded), np.int32)
         for b, p in enumerate(prompts):
             tokens[b, : len(p)] = p
@@ -343,19 +435,34 @@ class Generator:
                  progress: bool | None = None) -> Generation:
         """Prefill, then decode `new_tokens` tokens per prompt (greedy at temperature 0).
 
-        `progress=None` shows progress bars for decoding more than 64 tokens and for
-        prefilling more than 8 chunks; `True` or `False` forces both on or off.
+        Args:
+          prompts: a non-empty list of non-empty sequences of token ids in `[0, vocab)`.
+          new_tokens: tokens to generate per prompt, >= 1.
+          key: a PRNG key (`jax.random.key(0)`), used when `temperature > 0`.
+          temperature: >= 0; 0 is greedy.
+          capacity: cache positions; it must hold the longest prompt padded to whole
+            `prefill_chunk`s and the longest prompt plus `new_tokens`. `None` (the default)
+            picks the padded prompt length plus `new_tokens`.
+          progress: `None` shows progress bars for decoding more than 64 tokens and for
+            prefilling more than 8 chunks; `True` or `False` forces both on or off.
+
+        Every argument is checked before any work is done.
         """
         import time
 
         from tqdm import tqdm
 
-        _checks.check_positive(new_tokens, "new_tokens")
+        prompts = _checks.check_prompts(prompts, self.cfg.vocab)
+        _checks.check_int(new_tokens, "new_tokens", example="`new_tokens=32`")
+        _checks.check_prng_key(key)
+        temperature = _check_temperature(temperature)
+        _checks.check_bool(progress, "progress", optional=True)
         longest = max(len(p) for p in prompts)
-        capacity = capacity or (-(-longest // self.chunk) * self.chunk + new_tokens)
-        if capacity < longest + new_tokens:
-            raise ValueError(f"`capacity` {capacity} cannot hold the longest prompt ({longest}) "
-                             f"plus {new_tokens} new tokens.")
+        padded = self._padded(longest)
+        if capacity is None:
+            capacity = padded + new_tokens
+        _checks.check_int(capacity, "capacity", example="`capacity=None` (the smallest that fits)")
+        _checks.check_capacity(capacity, longest, padded, new_tokens)
         t0 = time.perf_counter()
         logits, cache = self.prefill(prompts, capacity, progress=progress)
         jax.block_until_ready(logits)

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import jax.numpy as jnp
+import numpy as np
 from jax import Array, lax
 
 from . import _checks
@@ -29,10 +30,11 @@ from .attention import (
     accum_dtype,
     finite_or_zero,
     grouped_values,
-    lse_from_parts,
+    lse_pair,
     masked_softmax_parts,
-    safe_positive,
+    nonzero_or_one,
     scaled_scores,
+    select_valid_keys,
 )
 
 T = TypeVar("T")
@@ -43,19 +45,38 @@ class AttentionState(NamedTuple):
 
     Attributes:
       out: `[B, Tq, Hq, Dv]` output normalised over the chunk (zeros if nothing visible).
-      lse: `[B, Tq, Hq]` log-sum-exp of the visible scores (-inf if nothing visible).
+      lse: `[B, Tq, Hq]` natural-log log-sum-exp of the visible scores, rounded to its dtype
+        (-inf if nothing visible).
+      lse_lo: `[B, Tq, Hq]` (or a scalar 0) the rounding error of `lse`: the exact
+        log-sum-exp is `lse + lse_lo`, a double-word number. In float32 an lse near 1e8 has
+        a spacing of 8, so the log of a chunk's sum would round away and merging chunks
+        would weigh them wrongly; `lse_lo` keeps it, and makes merges as exact as a single
+        pass over the keys. `AttentionState(out, lse)` (error 0) is a valid state.
     """
 
     out: Array
     lse: Array
+    lse_lo: Array | float = 0.0
 
 
 def identity_state(batch: int, q_len: int, q_heads: int, v_dim: int, dtype=jnp.float32):
-    """The state of an empty chunk: `combine(identity, s) == s` exactly."""
+    """The state of an empty chunk, `(0, -inf)`: `combine(identity, s) == s` exactly."""
+    for name, n in (("batch", batch), ("q_len", q_len), ("q_heads", q_heads),
+                    ("v_dim", v_dim)):
+        _checks.check_size(n, name)
+    _checks.check_float_dtype(dtype, "dtype")
     return AttentionState(
         jnp.zeros((batch, q_len, q_heads, v_dim), dtype),
         jnp.full((batch, q_len, q_heads), -jnp.inf, dtype),
+        jnp.zeros((batch, q_len, q_heads), dtype),
     )
+
+
+def from_parts(out_num: Array, l: Array, m: Array) -> AttentionState:
+    """State from an unnormalised numerator `[..., Dv]`, a sum of `exp(s - m)` `[...]` and the
+    shift `m` `[...]` (finite). `l == 0` (nothing visible) gives exactly `(0, -inf, 0)`."""
+    lse, lse_lo = lse_pair(l, m)
+    return AttentionState(out_num / nonzero_or_one(l)[..., None], lse, lse_lo)
 
 
 def local_state(
@@ -77,39 +98,64 @@ def local_state(
       kv_offset: global position of the chunk's first key (may be traced, e.g. a device index
         times the shard length).
       kv_lengths: `[B]` global valid lengths. `None` means the cache ends with this chunk.
+        Keys and values past them are selected away: they may hold anything.
 
     Returns:
       `AttentionState` in the accumulation dtype (float32, or float64 for float64 inputs).
     """
-    dims = _checks.check_qkv(q, k_chunk, v_chunk, kv_lengths)
+    dims = _checks.check_qkv(q, k_chunk, v_chunk, kv_lengths, chunk=True)
     s, mask = scaled_scores(
         q,
         k_chunk,
-        scale=_checks.resolve_scale(scale, dims.head_dim),
+        scale=_checks.resolve_scale(scale, dims.head_dim, q.dtype),
         causal=causal,
         kv_lengths=kv_lengths,
         kv_offset=kv_offset,
     )
+    if kv_lengths is not None:
+        v_chunk = select_valid_keys(v_chunk, kv_lengths, kv_offset)
     p, l, m = masked_softmax_parts(s, mask)  # [B, Hq, Tq, Tc], [B, Hq, Tq], [B, Hq, Tq]
     num = grouped_values(p, v_chunk.astype(p.dtype))  # [B, Tq, Hq, Dv]
-    l = l.transpose(0, 2, 1)
-    m = m.transpose(0, 2, 1)
-    return AttentionState(num / safe_positive(l)[..., None], lse_from_parts(l, m))
+    return from_parts(num, l.transpose(0, 2, 1), m.transpose(0, 2, 1))
 
 
-def _merge(num: Array, den: Array, m: Array) -> AttentionState:
-    """State from a shared shift `m`.
-
-    `num = Σ_i e^{lse_i - m} out_i` `[..., Dv]` and `den = Σ_i e^{lse_i - m}` `[...]`.
-    """
-    return AttentionState(num / safe_positive(den)[..., None], lse_from_parts(den, m))
+def _weight(state: AttentionState, shift: Array) -> Array:
+    """`e^{lse - shift}` with the double-word lse; exactly 0 for an empty state."""
+    return jnp.exp((state.lse - shift) + state.lse_lo)
 
 
-def _weighted(state: AttentionState, m: Array) -> tuple[Array, Array]:
-    """`(e^{lse - m} · out, e^{lse - m})` for a finite shift `m`; empty states give exact zeros."""
-    w = jnp.exp(state.lse - m)
-    num = jnp.where(w[..., None] > 0, w[..., None] * state.out, 0)
-    return num, w
+def _weighted_out(w: Array, out: Array) -> Array:
+    """`w · out`, selecting 0 where the weight is exactly 0 (an empty state's out may hold
+    anything); a NaN weight stays NaN."""
+    return jnp.where(w[..., None] == 0, jnp.zeros((), out.dtype), w[..., None] * out)
+
+
+def _check_state(state: Any, name: str) -> None:
+    """An AttentionState of float arrays whose lse is never +inf (checked when concrete)."""
+    if not isinstance(state, AttentionState):
+        raise TypeError(f"`{name}` must be an AttentionState, got {type(state).__name__}; "
+                        f"make one with local_state(...) or identity_state(...).")
+    for part in ("out", "lse"):
+        _checks.check_float(getattr(state, part), f"{name}.{part}")
+    lse = _checks.concrete(state.lse)
+    if lse is not None and np.isposinf(lse).any():
+        raise ValueError(f"`{name}.lse` holds +inf, which is no log-sum-exp of finite scores; "
+                         f"an empty chunk's state has lse = -inf.")
+
+
+def _check_pair(a: AttentionState, b: AttentionState) -> None:
+    _check_state(a, "a")
+    _check_state(b, "b")
+    shapes = [(tuple(st.out.shape), tuple(jnp.shape(st.lse))) for st in (a, b)]
+    for name, (out, lse) in zip(("a", "b"), shapes, strict=True):
+        if out[:-1] != lse:
+            raise ValueError(f"`{name}` has out {out} and lse {lse}; lse must be out's shape "
+                             f"without its last axis, [B, Tq, Hq].")
+    if shapes[0] != shapes[1]:
+        raise ValueError(
+            f"`a` and `b` must have the same shapes to combine, got out {shapes[0][0]} and "
+            f"{shapes[1][0]}: they must be states of the same queries (no broadcasting)."
+        )
 
 
 def combine(a: AttentionState, b: AttentionState) -> AttentionState:
@@ -117,17 +163,37 @@ def combine(a: AttentionState, b: AttentionState) -> AttentionState:
 
     `lse = log(e^{lse_a} + e^{lse_b})` and `out = (e^{lse_a} out_a + e^{lse_b} out_b) / e^{lse}`,
     computed with the shift `m = max(lse_a, lse_b)` so that nothing overflows, and with
-    `m = 0` when both are empty so that (-inf) - (-inf) never happens.
+    `m = 0` when both are empty so that (-inf) - (-inf) never happens. The lse is carried
+    as a double word (`lse`, `lse_lo`), so merges at huge logits lose nothing.
+
+    An empty state `(0, -inf)` is the exact identity: the other state is selected, bit for
+    bit. A NaN in either state gives NaN.
     """
-    m = finite_or_zero(jnp.maximum(a.lse, b.lse))
-    num_a, w_a = _weighted(a, m)
-    num_b, w_b = _weighted(b, m)
-    return _merge(num_a + num_b, w_a + w_b, m)
+    _check_pair(a, b)
+    m = finite_or_zero(lax.stop_gradient(jnp.maximum(a.lse, b.lse)))
+    w_a, w_b = _weight(a, m), _weight(b, m)
+    merged = from_parts(_weighted_out(w_a, a.out) + _weighted_out(w_b, b.out), w_a + w_b, m)
+    a_empty, b_empty = jnp.isneginf(a.lse), jnp.isneginf(b.lse)
+
+    def pick(x_a, x_b, x_merged, empty_a, empty_b):  # select, never multiply
+        return jnp.where(empty_a, x_b, jnp.where(empty_b, x_a, x_merged))
+
+    lo_a, lo_b = (jnp.broadcast_to(x.lse_lo, x.lse.shape) for x in (a, b))
+    return AttentionState(
+        pick(a.out, b.out, merged.out, a_empty[..., None], b_empty[..., None]),
+        pick(a.lse, b.lse, merged.lse, a_empty, b_empty),
+        pick(lo_a, lo_b, merged.lse_lo, a_empty, b_empty),
+    )
 
 
 def finalize(state: AttentionState, dtype=None) -> Array:
     """The attention output of a (fully reduced) state, optionally cast to `dtype`."""
-    return state.out if dtype is None else state.out.astype(dtype)
+    if not isinstance(state, AttentionState):
+        raise TypeError(f"`state` must be an AttentionState, got {type(state).__name__}.")
+    if dtype is None:
+        return state.out
+    _checks.check_float_dtype(dtype, "dtype")
+    return state.out.astype(dtype)
 
 
 def tree_reduce(
@@ -138,8 +204,9 @@ def tree_reduce(
     `op` defaults to `combine`; any associative operation works (e.g. `max`, or a counter
     that measures the tree's depth).
     """
-    _checks.check_nonempty(states)
+    states = _checks.check_states_sequence(states)
     _checks.check_branching(branching)
+    _checks.check_callable(op, "op", "an associative function of two states, like combine")
     level = list(states)
     while len(level) > 1:
         level = [
@@ -151,7 +218,8 @@ def tree_reduce(
 
 def sequential_reduce(states: Sequence[T], op: Callable[[T, T], T] = combine) -> T:
     """Reduce one after another, left to right: the order Ring Attention visits the blocks."""
-    _checks.check_nonempty(states)
+    states = _checks.check_states_sequence(states)
+    _checks.check_callable(op, "op", "an associative function of two states, like combine")
     return functools.reduce(op, states)
 
 
@@ -170,7 +238,9 @@ def chunk_states(
     `sum(chunk_sizes)` must equal `Tk`; a size of 0 gives an identity state.
     """
     dims = _checks.check_qkv(q, k, v, kv_lengths)
-    sizes = [int(c) for c in chunk_sizes]
+    sizes = [_checks.check_int(c, "chunk_sizes", minimum=None, example="[4, 4, 5]")
+             for c in _checks.check_sequence(chunk_sizes, "chunk_sizes", "chunk sizes",
+                                             "[4, 4, 5]")]
     if sum(sizes) != dims.kv_len or min(sizes) < 0:
         raise ValueError(
             f"`chunk_sizes` {sizes} must be non-negative and sum to kv_len = {dims.kv_len}."
@@ -205,12 +275,21 @@ def allreduce_combine(state: AttentionState, axes: Sequence[str]) -> AttentionSt
     (e.g. over "gpu" inside a node, then over "node"), which is the topology-aware schedule:
     the slow inter-node links carry one already-reduced message per node position.
     """
+    if not isinstance(state, AttentionState):
+        raise TypeError(f"`state` must be an AttentionState, got {type(state).__name__}.")
+    if isinstance(axes, str) or not (isinstance(axes, list | tuple)
+                                     and all(isinstance(a, str) for a in axes)):
+        raise TypeError(f"`axes` must be a list or tuple of mesh axis names, outermost first, "
+                        f"got {axes!r}.")
     inner_first = tuple(reversed(tuple(axes)))
-    m = state.lse
+    # The shift is a constant for autodiff (pmax has no derivative, and the result does not
+    # depend on it), so gradients flow through the sums only.
+    m = lax.stop_gradient(state.lse)
     for ax in inner_first:
         m = lax.pmax(m, ax)
     m = finite_or_zero(m)
-    num, den = _weighted(state, m)
+    w = _weight(state, m)
+    num, den = _weighted_out(w, state.out), w
     for ax in inner_first:
         num, den = lax.psum((num, den), ax)
-    return _merge(num, den, m)
+    return from_parts(num, den, m)

@@ -1,0 +1,762 @@
+"""Bad input: every public function raises a ValueError or TypeError naming the argument.
+
+One table of cases, `CASES`, built by a few generators, one per family of functions (q/k/v
+attention, decoders on a mesh, partial states, Hopfield memory, the model, the cost model,
+...). Each case calls a public function with one bad argument and expects the exception type
+and a message that names that argument in backticks (`q`, `prompts[0]`, `memory.keys`).
+Validation runs before any compilation, so each case takes milliseconds: the arrays are tiny
+numpy arrays, and nothing here runs a model.
+
+`test_table_covers_every_public_function` keeps the table complete: a new public function of
+a listed module fails it until it has cases here (or a reason in `NOT_VALIDATED`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tree_attention_edu as tae
+from tree_attention_edu import (
+    bayes,
+    costmodel,
+    decode,
+    devices,
+    introspect,
+    kernels,
+    model,
+    states,
+)
+from tree_attention_edu import hopfield as hf
+
+# The package exports functions named like these two modules: import the modules by path.
+attention_module = importlib.import_module("tree_attention_edu.attention")
+energy_module = importlib.import_module("tree_attention_edu.energy")
+
+KINDS = ("rank", "dtype", "shape", "range", "type")
+
+
+@dataclass(frozen=True)
+class Case:
+    target: Callable  # the public function (or class) under test
+    kind: str  # one of KINDS
+    what: str  # what is wrong, for the test id
+    call: Callable[[], object]  # calls `target` with the bad argument
+    exc: type[Exception]  # ValueError or TypeError
+    names: tuple[str, ...]  # the message names one of these arguments
+
+    @property
+    def id(self) -> str:
+        return f"{_name(self.target)}-{self.kind}-{self.what}"
+
+
+def _name(target) -> str:
+    return f"{target.__module__.rsplit('.', 1)[-1]}.{target.__qualname__}"
+
+
+def case(target, kind, what, call, exc, *names) -> Case:
+    assert kind in KINDS and exc in (ValueError, TypeError)
+    return Case(target, kind, what, call, exc, names)
+
+
+# --- tiny inputs (numpy: validation must not need a device) ------------------------------------
+
+F32 = np.float32
+B, TQ, HQ, HKV, D, DV, TK = 2, 1, 2, 1, 4, 3, 8
+Q = np.zeros((B, TQ, HQ, D), F32)
+K = np.zeros((B, TK, HKV, D), F32)
+V = np.zeros((B, TK, HKV, DV), F32)
+LENGTHS = np.array([TK, 5], np.int32)
+OUT = np.zeros((B, TQ, HQ, DV), F32)  # shaped like attention's output (z, zeta)
+STATE = tae.AttentionState(OUT, np.zeros((B, TQ, HQ), F32))
+
+
+@functools.cache
+def mesh():
+    return tae.make_mesh(8, "x")
+
+
+@functools.cache
+def key():
+    return jax.random.key(0)
+
+
+# --- q/k/v attention ---------------------------------------------------------------------------
+
+def qkv_cases(target, call, *, with_v=True, chunk=False) -> list[Case]:
+    """`call(q, k, v, **kw)` (or `call(q, k, **kw)`) for a function of the attention inputs.
+
+    `chunk`: k/v are one chunk of a longer cache, so only `kv_lengths >= 0` is checked."""
+    def c(q=Q, k=K, v=V, **kw):
+        return (lambda: call(q, k, v, **kw)) if with_v else (lambda: call(q, k, **kw))
+
+    qk = ("q", "k")
+    out = [
+        case(target, "rank", "q", c(q=Q[0]), ValueError, "q"),
+        case(target, "rank", "k", c(k=K[0]), ValueError, "k"),
+        case(target, "dtype", "q-int", c(q=Q.astype(np.int32)), TypeError, "q"),
+        case(target, "dtype", "k-int", c(k=K.astype(np.int32)), TypeError, "k"),
+        case(target, "dtype", "kv_lengths-float", c(kv_lengths=LENGTHS.astype(F32)), TypeError,
+             "kv_lengths"),
+        case(target, "type", "q-list", c(q=Q.tolist()), TypeError, "q"),
+        case(target, "type", "k-none", c(k=None), TypeError, "k"),
+        case(target, "type", "scale-str", c(scale="0.5"), TypeError, "scale"),
+        case(target, "type", "scale-traced",
+             lambda: jax.jit(lambda s: c(scale=s)())(0.5), TypeError, "scale"),
+        case(target, "type", "kv_lengths-list", c(kv_lengths=LENGTHS.tolist()), TypeError,
+             "kv_lengths"),
+        case(target, "shape", "batch", c(q=Q[:1]), ValueError, *qk),
+        case(target, "shape", "head_dim", c(q=Q[..., :3]), ValueError, *qk),
+        case(target, "shape", "heads-not-a-multiple",
+             c(q=np.zeros((B, TQ, 3, D), F32), k=np.zeros((B, TK, 2, D), F32),
+               v=np.zeros((B, TK, 2, DV), F32)), ValueError, *qk),
+        case(target, "shape", "kv_lengths", c(kv_lengths=np.array([1, 2, 3], np.int32)),
+             ValueError, "kv_lengths"),
+        case(target, "range", "kv_lengths-negative", c(kv_lengths=np.array([-1, 2], np.int32)),
+             ValueError, "kv_lengths"),
+        case(target, "range", "scale-nan", c(scale=float("nan")), ValueError, "scale"),
+        case(target, "range", "head_dim-0", c(q=Q[..., :0], k=K[..., :0]), ValueError, *qk),
+    ]
+    if not chunk:
+        out.append(case(target, "range", "kv_lengths-above-kv_len",
+                        c(kv_lengths=np.array([TK + 1, 0], np.int32)), ValueError, "kv_lengths"))
+    if with_v:
+        out += [
+            case(target, "rank", "v", c(v=V[0]), ValueError, "v"),
+            case(target, "dtype", "v-int", c(v=V.astype(np.int32)), TypeError, "v"),
+            case(target, "type", "v-str", c(v="v"), TypeError, "v"),
+            case(target, "shape", "v-kv_len", c(v=V[:, :5]), ValueError, "v"),
+        ]
+    return out
+
+
+def like_output_cases(target, call, name) -> list[Case]:
+    """`call(x)` where `x` (a source ζ or an estimate z) must be shaped like the output."""
+    return [
+        case(target, "rank", name, lambda: call(OUT[0]), ValueError, name),
+        case(target, "shape", name, lambda: call(OUT[..., :2]), ValueError, name),
+        case(target, "dtype", f"{name}-int", lambda: call(OUT.astype(np.int32)), TypeError, name),
+        case(target, "type", f"{name}-list", lambda: call(OUT.tolist()), TypeError, name),
+    ]
+
+
+def decoder_cases(target) -> list[Case]:
+    """A sequence-parallel decoder: the attention inputs plus mesh arguments."""
+    def c(**kw):
+        kw = dict(mesh=mesh()) | kw
+        return lambda: target(Q, K, V, **kw)
+
+    return [
+        *qkv_cases(target, lambda q, k, v, **kw: target(q, k, v, mesh=mesh(), **kw)),
+        case(target, "type", "mesh", c(mesh="x"), TypeError, "mesh"),
+        case(target, "type", "seq_axes-int", c(seq_axes=5), TypeError, "seq_axes"),
+        case(target, "range", "seq_axes-repeated", c(seq_axes=("x", "x")), ValueError,
+             "seq_axes"),
+        case(target, "range", "seq_axes-unknown", c(seq_axes="y"), ValueError, "seq_axes"),
+        case(target, "range", "local_kernel", c(local_kernel="cuda"), ValueError,
+             "local_kernel"),
+        case(target, "range", "layout", c(layout="thd"), ValueError, "layout"),
+    ]
+
+
+def attention_family() -> list[Case]:
+    cases = []
+    for fn in (tae.attention, tae.attention_from_energy, tae.value_covariance,
+               tae.value_covariance_formula):
+        cases += qkv_cases(fn, fn)
+    for fn in (attention_module.weights, tae.posterior):
+        cases += qkv_cases(fn, fn, with_v=False)
+    cases += qkv_cases(tae.energy, lambda q, k, v, **kw: tae.energy(q, k, v, OUT, **kw))
+    cases += like_output_cases(tae.energy, lambda z: tae.energy(Q, K, V, z), "zeta")
+    ll = tae.log_likelihood
+    cases += qkv_cases(ll, lambda q, k, v, **kw: ll(OUT, OUT, q, k, v, **kw))
+    cases += like_output_cases(ll, lambda z: ll(z, OUT, Q, K, V), "z")
+    cases += like_output_cases(ll, lambda zeta: ll(OUT, zeta, Q, K, V), "zeta")
+    me = tae.map_estimate
+    cases += qkv_cases(me, me)
+    cases += [
+        case(me, "range", "tol", lambda: me(Q, K, V, tol=-1.0), ValueError, "tol"),
+        case(me, "type", "tol", lambda: me(Q, K, V, tol="1e-8"), TypeError, "tol"),
+        case(me, "range", "max_newton", lambda: me(Q, K, V, max_newton=0), ValueError,
+             "max_newton"),
+        case(me, "type", "max_newton", lambda: me(Q, K, V, max_newton=2.5), TypeError,
+             "max_newton"),
+        case(me, "type", "seed", lambda: me(Q, K, V, seed="0"), TypeError, "seed"),
+    ]
+    return cases
+
+
+# --- partial states ----------------------------------------------------------------------------
+
+def _state(**parts):
+    return STATE._replace(**parts)
+
+
+def states_family() -> list[Case]:
+    cs, tr, sr, fin, ids = (tae.combine, tae.tree_reduce, tae.sequential_reduce, tae.finalize,
+                            tae.identity_state)
+    other_shape = _state(out=OUT[:1], lse=STATE.lse[:1])
+    cases = [
+        case(cs, "type", "a", lambda: cs("a", STATE), TypeError, "a"),
+        case(cs, "type", "b", lambda: cs(STATE, 5), TypeError, "b"),
+        case(cs, "shape", "a-vs-b", lambda: cs(STATE, other_shape), ValueError, "a", "b"),
+        case(cs, "shape", "out-vs-lse", lambda: cs(_state(lse=STATE.lse[..., :1]), STATE),
+             ValueError, "a"),
+        case(cs, "rank", "a", lambda: cs(_state(out=OUT[0], lse=STATE.lse[0]), STATE),
+             ValueError, "a", "b"),
+        case(cs, "dtype", "int", lambda: cs(_state(out=OUT.astype(np.int32)), STATE), TypeError,
+             "a", "b"),
+        # an lse is the log-sum-exp of finite scores: +inf is no state (checked if concrete)
+        case(cs, "range", "lse-inf", lambda: cs(_state(lse=np.full_like(STATE.lse, np.inf)),
+                                                STATE), ValueError, "a"),
+        case(ids, "range", "batch", lambda: ids(-1, 1, 2, 3), ValueError, "batch"),
+        case(ids, "type", "q_len", lambda: ids(2, 1.5, 2, 3), TypeError, "q_len"),
+        case(ids, "type", "v_dim", lambda: ids(2, 1, 2, "3"), TypeError, "v_dim"),
+        case(ids, "dtype", "int", lambda: ids(2, 1, 2, 3, jnp.int32), TypeError, "dtype"),
+        case(fin, "type", "state", lambda: fin("state"), TypeError, "state"),
+        case(fin, "type", "dtype", lambda: fin(STATE, "banana"), TypeError, "dtype"),
+        case(fin, "dtype", "int", lambda: fin(STATE, jnp.int32), TypeError, "dtype"),
+        case(tr, "type", "generator", lambda: tr(s for s in [STATE, STATE]), TypeError,
+             "states"),
+        case(tr, "type", "states-int", lambda: tr(5), TypeError, "states"),
+        case(tr, "range", "empty", lambda: tr([]), ValueError, "states"),
+        case(tr, "range", "branching", lambda: tr([STATE], branching=1), ValueError,
+             "branching"),
+        case(tr, "type", "branching", lambda: tr([STATE], branching=2.5), TypeError,
+             "branching"),
+        case(tr, "type", "op", lambda: tr([STATE, STATE], op=5), TypeError, "op"),
+        case(sr, "type", "generator", lambda: sr(s for s in [STATE]), TypeError, "states"),
+        case(sr, "range", "empty", lambda: sr([]), ValueError, "states"),
+        case(sr, "type", "op", lambda: sr([STATE, STATE], op=5), TypeError, "op"),
+        case(states.allreduce_combine, "type", "state",
+             lambda: states.allreduce_combine("state", ("x",)), TypeError, "state"),
+        case(states.allreduce_combine, "type", "axes",
+             lambda: states.allreduce_combine(STATE, 5), TypeError, "axes"),
+    ]
+    ch = tae.chunk_states
+    cases += qkv_cases(ch, lambda q, k, v, **kw: ch(q, k, v, [TK], **kw))
+    cases += [
+        case(ch, "range", "chunk_sizes-sum", lambda: ch(Q, K, V, [3, 4]), ValueError,
+             "chunk_sizes"),
+        case(ch, "range", "chunk_sizes-negative", lambda: ch(Q, K, V, [-1, TK + 1]), ValueError,
+             "chunk_sizes"),
+        case(ch, "type", "chunk_sizes-str", lambda: ch(Q, K, V, "ab"), TypeError, "chunk_sizes"),
+        case(ch, "type", "chunk_sizes-float", lambda: ch(Q, K, V, [2.5, 5.5]), TypeError,
+             "chunk_sizes"),
+    ]
+    cases += qkv_cases(tae.local_state, tae.local_state, chunk=True)
+    return cases
+
+
+# --- devices, kernels, decoders ----------------------------------------------------------------
+
+def devices_family() -> list[Case]:
+    mm, sd = tae.make_mesh, tae.simulate_devices
+    return [
+        case(sd, "range", "0", lambda: sd(0), ValueError, "n"),
+        case(sd, "type", "str", lambda: sd("8"), TypeError, "n"),
+        case(sd, "type", "float", lambda: sd(2.5), TypeError, "n"),
+        case(mm, "type", "shape-float", lambda: mm(2.5, "x"), TypeError, "shape"),
+        case(mm, "type", "shape-str", lambda: mm("8", "x"), TypeError, "shape"),
+        case(mm, "type", "shape-bool", lambda: mm(True, "x"), TypeError, "shape"),
+        case(mm, "range", "shape-0", lambda: mm((0,), "x"), ValueError, "shape"),
+        case(mm, "range", "shape-too-many-devices", lambda: mm(16, "x"), ValueError, "shape"),
+        case(mm, "rank", "shape-empty", lambda: mm((), ()), ValueError, "shape"),
+        case(mm, "shape", "one-name-per-axis", lambda: mm((2, 4), "x"), ValueError, "shape",
+             "axis_names"),
+        case(mm, "range", "axis_names-repeated", lambda: mm((2, 2), ("a", "a")), ValueError,
+             "axis_names"),
+        case(mm, "type", "axis_names-int", lambda: mm(8, 5), TypeError, "axis_names"),
+        case(mm, "dtype", "devices-ints", lambda: mm(2, "x", devices=[0, 1]), TypeError,
+             "devices"),
+        case(mm, "type", "devices-int", lambda: mm(2, "x", devices=5), TypeError, "devices"),
+        case(mm, "range", "devices-too-few", lambda: mm(2, "x", devices=jax.devices()[:1]),
+             ValueError, "shape", "devices"),
+    ]
+
+
+def kernels_family() -> list[Case]:
+    xs, tl, rs, fs = kernels.xla_state, kernels.to_layout, kernels.resolve, kernels.flash_state
+    auto = dict(dtype=jnp.float32, head_dim=D, v_dim=D, needs_mask=False)
+    return [
+        *qkv_cases(xs, xs, chunk=True),
+        case(xs, "range", "block-0", lambda: xs(Q, K, V, block=0), ValueError, "block"),
+        case(xs, "type", "block-float", lambda: xs(Q, K, V, block=2.5), TypeError, "block"),
+        case(xs, "range", "layout", lambda: xs(Q, K, V, layout="thd"), ValueError, "layout"),
+        case(tl, "rank", "x", lambda: tl(K[0], "bthd", "bhtd"), ValueError, "x"),
+        case(tl, "type", "x", lambda: tl(K.tolist(), "bthd", "bhtd"), TypeError, "x"),
+        case(tl, "range", "src", lambda: tl(K, "thd", "bhtd"), ValueError, "src"),
+        case(tl, "range", "dst", lambda: tl(K, "bthd", "thd"), ValueError, "dst"),
+        case(rs, "range", "name", lambda: rs("cuda", **auto), ValueError, "name",
+             "local_kernel"),
+        case(rs, "range", "layout", lambda: rs("auto", **auto, layout="thd"), ValueError,
+             "layout"),
+        case(rs, "dtype", "dtype", lambda: rs("auto", **(auto | dict(dtype="banana"))), TypeError,
+             "dtype"),
+        case(rs, "range", "head_dim", lambda: rs("auto", **(auto | dict(head_dim=0))), ValueError,
+             "head_dim"),
+        case(rs, "type", "head_dim", lambda: rs("auto", **(auto | dict(head_dim="4"))), TypeError,
+             "head_dim"),
+        case(fs, "rank", "q", lambda: fs(Q[0], K, V), ValueError, "q"),
+        case(fs, "dtype", "q", lambda: fs(Q.astype(np.int32), K, V), TypeError, "q"),
+        case(fs, "shape", "batch", lambda: fs(Q[:1], K, V), ValueError, "q", "k"),
+        case(fs, "type", "q", lambda: fs(Q.tolist(), K, V), TypeError, "q"),
+        case(fs, "range", "layout", lambda: fs(Q, K, V, layout="bhtd"), ValueError, "layout"),
+    ]
+
+
+def decode_family() -> list[Case]:
+    fe = tae.tree_decode_from_energy
+    return [*decoder_cases(tae.tree_decode), *decoder_cases(tae.ring_decode),
+            *decoder_cases(fe),
+            case(fe, "range", "local_kernel-flash",
+                 lambda: fe(Q, K, V, mesh=mesh(), local_kernel="flash"), ValueError,
+                 "local_kernel")]
+
+
+def introspect_family() -> list[Case]:
+    cs, ms = tae.collective_stats, tae.memory_stats
+    ph, sb = introspect.parse_hlo, introspect.shape_bytes
+    return [
+        case(cs, "type", "fn", lambda: cs(42, Q), TypeError, "fn"),
+        case(cs, "type", "fn-array", lambda: cs(Q, Q), TypeError, "fn"),
+        case(ms, "type", "fn", lambda: ms(42, Q), TypeError, "fn"),
+        case(ph, "type", "text", lambda: ph(42), TypeError, "text"),
+        case(ph, "range", "text-not-hlo", lambda: ph("hello"), ValueError, "text"),
+        case(sb, "type", "shape_text", lambda: sb(42), TypeError, "shape_text"),
+    ]
+
+
+# --- associative memory ------------------------------------------------------------------------
+
+MEM = hf.Memory(np.ones((4, 8), F32), np.ones((4, 6), F32))
+IDX = np.array([0, 3])
+XI = np.ones((2, 8), F32)
+
+
+def hopfield_family() -> list[Case]:
+    mk, nq, rt, rd = hf.make_memory, hf.noisy_queries, hf.retrieve, hf.retrieved
+    en, st, ag = hf.hopfield_energy, hf.hopfield_step, hf.accuracy_grid
+    ints = IDX.astype(np.int32)
+    cases = [
+        case(mk, "range", "num_patterns", lambda: mk(key(), 0, 8), ValueError, "num_patterns"),
+        case(mk, "type", "dim", lambda: mk(key(), 4, 2.5), TypeError, "dim"),
+        case(mk, "range", "value_dim-0", lambda: mk(key(), 4, 8, 0), ValueError, "value_dim"),
+        case(mk, "type", "key-int", lambda: mk(0, 4, 8), TypeError, "key"),
+        case(mk, "rank", "key-batch", lambda: mk(jax.random.split(key()), 4, 8), ValueError,
+             "key"),
+        case(mk, "dtype", "key-float", lambda: mk(np.zeros(2, F32), 4, 8), TypeError, "key"),
+        case(mk, "shape", "key-legacy-3", lambda: mk(np.zeros(3, np.uint32), 4, 8), TypeError,
+             "key"),
+        case(nq, "range", "indices-above", lambda: nq(key(), MEM, np.array([0, 4]), 0.1),
+             ValueError, "indices"),
+        case(nq, "range", "indices-negative", lambda: nq(key(), MEM, np.array([-1]), 0.1),
+             ValueError, "indices"),
+        case(nq, "range", "flip", lambda: nq(key(), MEM, ints, 0.7), ValueError, "flip"),
+        case(nq, "range", "flip-nan", lambda: nq(key(), MEM, ints, float("nan")), ValueError,
+             "flip"),
+        case(nq, "type", "flip-str", lambda: nq(key(), MEM, ints, "0.1"), TypeError, "flip"),
+        case(nq, "dtype", "indices-float", lambda: nq(key(), MEM, IDX.astype(F32), 0.1),
+             TypeError, "indices"),
+        case(nq, "rank", "indices", lambda: nq(key(), MEM, ints[None], 0.1), ValueError,
+             "indices"),
+        case(nq, "type", "memory-tuple", lambda: nq(key(), tuple(MEM), ints, 0.1), TypeError,
+             "memory"),
+        case(nq, "shape", "memory-values", lambda: nq(key(), MEM._replace(values=MEM.values[:3]),
+                                                      ints, 0.1), ValueError, "memory"),
+        case(rt, "type", "beta-str", lambda: rt(XI, MEM, "8"), TypeError, "beta"),
+        case(rt, "range", "beta-negative", lambda: rt(XI, MEM, -1.0), ValueError, "beta"),
+        case(rt, "range", "beta-nan", lambda: rt(XI, MEM, float("nan")), ValueError, "beta"),
+        case(rt, "type", "beta-traced", lambda: jax.jit(lambda b: rt(XI, MEM, b))(8.0),
+             TypeError, "beta"),
+        case(rt, "rank", "queries", lambda: rt(XI[0], MEM, 8.0), ValueError, "queries"),
+        case(rt, "shape", "queries-dim", lambda: rt(XI[:, :5], MEM, 8.0), ValueError, "queries"),
+        case(rt, "dtype", "queries-int", lambda: rt(XI.astype(np.int32), MEM, 8.0), TypeError,
+             "queries"),
+        case(rt, "dtype", "memory-int", lambda: rt(XI, MEM._replace(keys=MEM.keys.astype(int)),
+                                                   8.0), TypeError, "memory"),
+        case(rt, "rank", "memory-keys", lambda: rt(XI, MEM._replace(keys=MEM.keys[0]), 8.0),
+             ValueError, "memory"),
+        case(rt, "type", "mesh", lambda: rt(XI, MEM, 8.0, mesh="x"), TypeError, "mesh"),
+        case(rd, "shape", "out", lambda: rd(np.ones((3, 6), F32), MEM, ints), ValueError, "out"),
+        case(rd, "rank", "out", lambda: rd(np.ones(6, F32), MEM, ints), ValueError, "out"),
+        case(rd, "dtype", "out", lambda: rd(np.ones((2, 6), np.int32), MEM, ints), TypeError,
+             "out"),
+        case(rd, "range", "indices", lambda: rd(np.ones((2, 6), F32), MEM, ints + 3),
+             ValueError, "indices"),
+        case(rd, "type", "memory", lambda: rd(np.ones((2, 6), F32), None, ints), TypeError,
+             "memory"),
+    ]
+    for fn in (en, st):
+        cases += [
+            case(fn, "rank", "xi", lambda fn=fn: fn(XI, MEM.keys, 8.0), ValueError, "xi"),
+            case(fn, "shape", "xi-dim", lambda fn=fn: fn(XI[0, :5], MEM.keys, 8.0), ValueError,
+                 "xi"),
+            case(fn, "dtype", "xi-int", lambda fn=fn: fn(XI[0].astype(int), MEM.keys, 8.0),
+                 TypeError, "xi"),
+            case(fn, "rank", "keys", lambda fn=fn: fn(XI[0], MEM.keys[0], 8.0), ValueError,
+                 "keys"),
+            case(fn, "range", "beta-0", lambda fn=fn: fn(XI[0], MEM.keys, 0.0), ValueError,
+                 "beta"),
+            case(fn, "type", "beta-str", lambda fn=fn: fn(XI[0], MEM.keys, "8"), TypeError,
+                 "beta"),
+        ]
+    cases += [
+        case(ag, "range", "sizes-0", lambda: ag(key(), [16, 0], [1.0]), ValueError, "sizes"),
+        case(ag, "type", "sizes-int", lambda: ag(key(), 16, [1.0]), TypeError, "sizes"),
+        case(ag, "dtype", "sizes-float", lambda: ag(key(), [16.5], [1.0]), TypeError, "sizes"),
+        case(ag, "range", "betas-empty", lambda: ag(key(), [16], []), ValueError, "betas"),
+        case(ag, "range", "betas-negative", lambda: ag(key(), [16], [-1.0]), ValueError,
+             "betas"),
+        case(ag, "range", "flip", lambda: ag(key(), [16], [1.0], flip=0.9), ValueError, "flip"),
+        case(ag, "range", "queries", lambda: ag(key(), [16], [1.0], queries=0), ValueError,
+             "queries"),
+        case(ag, "type", "key", lambda: ag(1, [16], [1.0]), TypeError, "key"),
+        case(ag, "type", "mesh", lambda: ag(key(), [16], [1.0], mesh="x"), TypeError, "mesh"),
+        case(ag, "rank", "sizes-2d", lambda: ag(key(), np.ones((1, 1), int), [1.0]), ValueError,
+             "sizes"),
+        case(ag, "range", "dim-0", lambda: ag(key(), [16], [1.0], dim=0), ValueError, "dim"),
+        case(ag, "shape", "key-batch", lambda: ag(jax.random.split(key()), [16], [1.0]),
+             ValueError, "key"),
+    ]
+    return cases
+
+
+# --- the model ---------------------------------------------------------------------------------
+
+CFG = model.Config(vocab=16, dim=8, layers=1, q_heads=2, kv_heads=1, head_dim=4, hidden=8)
+CACHE = model.KVCache(((np.zeros((1, 1, 8, 4), F32), np.zeros((1, 1, 8, 4), F32)),),
+                      np.zeros((1,), np.int32))
+
+
+@functools.cache
+def params():
+    """Zero weights of the right shapes, without running (or compiling) `init_params`."""
+    shapes = jax.eval_shape(functools.partial(model.init_params, CFG), jax.random.key(0))
+    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
+
+@functools.cache
+def generator():
+    return model.Generator(params(), CFG, mesh(), "tree", prefill_chunk=4)
+
+
+def model_family() -> list[Case]:
+    Gen, C = model.Generator, model.Config
+
+    def gen(**kw):
+        kw = dict(prompts=[[1, 2]], new_tokens=2, key=key()) | kw
+        return lambda: generator().generate(kw.pop("prompts"), kw.pop("new_tokens"), **kw)
+
+    def pre(prompts=([1, 2],), capacity=8, **kw):
+        return lambda: generator().prefill(list(prompts), capacity, **kw)
+
+    def new(**kw):
+        kw = dict(params=params(), cfg=CFG, mesh=mesh()) | kw
+        return lambda: Gen(**kw)
+
+    kv = np.zeros((1, 1, 8, 4), F32)
+    one = np.zeros((1, 1, 1, 4), F32)
+
+    def write(**kw):
+        kw = dict(cache_k=kv, cache_v=kv, k=one, v=one, start=np.zeros(1, np.int32),
+                  mesh=mesh()) | kw
+        return lambda: model.write(**kw)
+
+    def fwd(**kw):
+        kw = dict(params=params(), cfg=CFG, tokens=np.zeros((1, 1), np.int32), cache=CACHE,
+                  attend=lambda *a: None, mesh=mesh()) | kw
+        return lambda: model.forward(**kw)
+
+    x4, pos = np.zeros((1, 2, 1, 4), F32), np.zeros((1, 2), np.int32)
+    wr, fw, rn, ro, sa = model.write, model.forward, model.rms_norm, model.rope, model.sample
+    ip, cs, ec = model.init_params, model.cache_sharding, model.empty_cache
+    g, p = Gen.generate, Gen.prefill
+    return [
+        # §8: the Generator
+        case(g, "range", "token-above-vocab", gen(prompts=[[1, 16]]), ValueError, "prompts"),
+        case(g, "range", "token-negative", gen(prompts=[[-1, 3]]), ValueError, "prompts"),
+        case(g, "range", "no-prompts", gen(prompts=[]), ValueError, "prompts"),
+        case(g, "range", "empty-prompt", gen(prompts=[[1], []]), ValueError, "prompts"),
+        case(g, "type", "prompts-str", gen(prompts="hello"), TypeError, "prompts"),
+        case(g, "type", "prompt-int", gen(prompts=[5]), TypeError, "prompts"),
+        case(g, "dtype", "token-float", gen(prompts=[[1.5]]), TypeError, "prompts"),
+        case(g, "rank", "prompt-nested", gen(prompts=[[[1, 2]]]), ValueError, "prompts"),
+        case(g, "range", "temperature-negative", gen(temperature=-1.0), ValueError,
+             "temperature"),
+        case(g, "range", "temperature-nan", gen(temperature=float("nan")), ValueError,
+             "temperature"),
+        case(g, "range", "temperature-inf", gen(temperature=float("inf")), ValueError,
+             "temperature"),
+        case(g, "type", "temperature-str", gen(temperature="1"), TypeError, "temperature"),
+        case(g, "range", "capacity-0", gen(capacity=0), ValueError, "capacity"),
+        case(g, "type", "capacity-float", gen(capacity=8.0), TypeError, "capacity"),
+        case(g, "shape", "prompt-longer-than-capacity", gen(prompts=[[1] * 9], capacity=8),
+             ValueError, "capacity"),
+        case(g, "shape", "new-tokens-do-not-fit", gen(new_tokens=9, capacity=8), ValueError,
+             "capacity"),
+        case(g, "range", "new_tokens-0", gen(new_tokens=0), ValueError, "new_tokens"),
+        case(g, "range", "new_tokens-negative", gen(new_tokens=-3), ValueError, "new_tokens"),
+        case(g, "type", "new_tokens-float", gen(new_tokens=2.5), TypeError, "new_tokens"),
+        case(g, "type", "new_tokens-bool", gen(new_tokens=True), TypeError, "new_tokens"),
+        case(g, "type", "key-int", gen(key=0), TypeError, "key"),
+        case(g, "rank", "key-batch", gen(key=jax.random.split(jax.random.key(0))), ValueError,
+             "key"),
+        case(g, "type", "progress", gen(progress="yes"), TypeError, "progress"),
+        case(p, "range", "no-prompts", pre(prompts=()), ValueError, "prompts"),
+        case(p, "range", "token", pre(prompts=([99],)), ValueError, "prompts"),
+        case(p, "shape", "capacity", pre(capacity=2, prompts=([1] * 5,)), ValueError,
+             "capacity"),
+        case(p, "type", "capacity", pre(capacity="8"), TypeError, "capacity"),
+        case(p, "type", "progress", pre(progress=1), TypeError, "progress"),
+        case(Gen, "type", "params", new(params=[1]), TypeError, "params"),
+        case(Gen, "shape", "params-of-another-config",
+             new(cfg=model.Config(vocab=32, dim=8, layers=1, q_heads=2, kv_heads=1, head_dim=4,
+                                  hidden=8)), ValueError, "params"),
+        case(Gen, "range", "params-missing", new(params={}), ValueError, "params"),
+        case(Gen, "type", "cfg", new(cfg={}), TypeError, "cfg"),
+        case(Gen, "type", "mesh", new(mesh=None), TypeError, "mesh"),
+        case(Gen, "range", "method", new(method="star"), ValueError, "method"),
+        case(Gen, "range", "prefill_method", new(prefill_method="flash"), ValueError,
+             "prefill_method"),
+        case(Gen, "range", "prefill_chunk", new(prefill_chunk=0), ValueError, "prefill_chunk"),
+        case(Gen, "type", "prefill_chunk", new(prefill_chunk=2.5), TypeError, "prefill_chunk"),
+        # the model's parts
+        case(C, "range", "vocab", lambda: C(vocab=0), ValueError, "vocab"),
+        case(C, "type", "dim", lambda: C(dim=2.5), TypeError, "dim"),
+        case(C, "shape", "heads", lambda: C(q_heads=3, kv_heads=2), ValueError, "q_heads"),
+        case(C, "shape", "head_dim-odd", lambda: C(head_dim=5), ValueError, "head_dim"),
+        case(C, "range", "rope_theta", lambda: C(rope_theta=0.0), ValueError, "rope_theta"),
+        case(C, "range", "norm_eps", lambda: C(norm_eps=-1.0), ValueError, "norm_eps"),
+        case(C, "range", "init_scale", lambda: C(init_scale=float("nan")), ValueError,
+             "init_scale"),
+        case(C, "type", "tie_embeddings", lambda: C(tie_embeddings="no"), TypeError,
+             "tie_embeddings"),
+        case(ip, "type", "cfg", lambda: ip({}, key()), TypeError, "cfg"),
+        case(ip, "type", "key", lambda: ip(CFG, 0), TypeError, "key"),
+        case(ip, "shape", "key-batch", lambda: ip(CFG, jax.random.split(key())), ValueError,
+             "key"),
+        case(rn, "rank", "x", lambda: rn(np.float32(1.0), np.ones(1, F32), 1e-5), ValueError,
+             "x"),
+        case(rn, "dtype", "x", lambda: rn(np.ones((2, 4), np.int32), np.ones(4, F32), 1e-5),
+             TypeError, "x"),
+        case(rn, "shape", "gain", lambda: rn(np.ones((2, 4), F32), np.ones(3, F32), 1e-5),
+             ValueError, "gain"),
+        case(rn, "range", "eps", lambda: rn(np.ones((2, 4), F32), np.ones(4, F32), -1.0),
+             ValueError, "eps"),
+        case(rn, "type", "x", lambda: rn([[1.0]], np.ones(1, F32), 1e-5), TypeError, "x"),
+        case(ro, "rank", "x", lambda: ro(x4[0], pos, 1e4), ValueError, "x"),
+        case(ro, "dtype", "x", lambda: ro(x4.astype(np.int32), pos, 1e4), TypeError, "x"),
+        case(ro, "shape", "positions", lambda: ro(x4, pos[:, :1], 1e4), ValueError, "positions"),
+        case(ro, "shape", "x-odd-head_dim", lambda: ro(x4[..., :3], pos, 1e4), ValueError, "x"),
+        case(ro, "dtype", "positions", lambda: ro(x4, pos.astype(F32), 1e4), TypeError,
+             "positions"),
+        case(ro, "range", "theta", lambda: ro(x4, pos, 0.0), ValueError, "theta"),
+        case(ro, "type", "theta", lambda: ro(x4, pos, "1e4"), TypeError, "theta"),
+        case(cs, "type", "mesh", lambda: cs("x"), TypeError, "mesh"),
+        case(ec, "range", "batch", lambda: ec(CFG, 0, 8, mesh()), ValueError, "batch"),
+        case(ec, "range", "capacity", lambda: ec(CFG, 1, 0, mesh()), ValueError, "capacity"),
+        case(ec, "type", "capacity", lambda: ec(CFG, 1, 8.5, mesh()), TypeError, "capacity"),
+        case(ec, "type", "cfg", lambda: ec("tiny", 1, 8, mesh()), TypeError, "cfg"),
+        case(ec, "type", "mesh", lambda: ec(CFG, 1, 8, None), TypeError, "mesh"),
+        case(wr, "rank", "cache_k", write(cache_k=kv[0]), ValueError, "cache_k"),
+        case(wr, "dtype", "cache_k", write(cache_k=kv.astype(np.int32)), TypeError, "cache_k"),
+        case(wr, "shape", "cache_v", write(cache_v=kv[..., :2]), ValueError, "cache_v"),
+        case(wr, "shape", "k-heads", write(k=np.zeros((1, 2, 1, 4), F32)), ValueError, "k"),
+        case(wr, "shape", "v", write(v=np.zeros((1, 1, 2, 4), F32)), ValueError, "v"),
+        case(wr, "shape", "start", write(start=np.zeros(2, np.int32)), ValueError, "start"),
+        case(wr, "dtype", "start", write(start=np.zeros(1, F32)), TypeError, "start"),
+        case(wr, "range", "start", write(start=np.array([-1], np.int32)), ValueError, "start"),
+        case(wr, "type", "mesh", write(mesh="x"), TypeError, "mesh"),
+        case(fw, "range", "tokens", fwd(tokens=np.array([[16]], np.int32)), ValueError,
+             "tokens"),
+        case(fw, "rank", "tokens", fwd(tokens=np.zeros(1, np.int32)), ValueError, "tokens"),
+        case(fw, "dtype", "tokens", fwd(tokens=np.zeros((1, 1), F32)), TypeError, "tokens"),
+        case(fw, "shape", "tokens-batch", fwd(tokens=np.zeros((2, 1), np.int32)), ValueError,
+             "tokens"),
+        case(fw, "type", "attend", fwd(attend=5), TypeError, "attend"),
+        case(fw, "type", "cache", fwd(cache=(1, 2)), TypeError, "cache"),
+        case(fw, "type", "params", fwd(params=[1]), TypeError, "params"),
+        case(sa, "range", "temperature", lambda: sa(np.zeros((1, 4), F32), key(), -1.0),
+             ValueError, "temperature"),
+        case(sa, "type", "temperature", lambda: sa(np.zeros((1, 4), F32), key(), "1"),
+             TypeError, "temperature"),
+        case(sa, "rank", "logits", lambda: sa(np.zeros(4, F32), key(), 0.0), ValueError,
+             "logits"),
+        case(sa, "dtype", "logits", lambda: sa(np.zeros((1, 4), np.int32), key(), 0.0),
+             TypeError, "logits"),
+        case(sa, "type", "key", lambda: sa(np.zeros((1, 4), F32), 0, 1.0), TypeError, "key"),
+        case(sa, "shape", "key-batch",
+             lambda: sa(np.zeros((1, 4), F32), jax.random.split(key()), 1.0), ValueError, "key"),
+    ]
+
+
+# --- the cost model ----------------------------------------------------------------------------
+
+LINK = costmodel.Link(1e-6, 1e9)
+TOPO = costmodel.Topology(2, 4, LINK, LINK, mem_Bps=1e12, flops=1e15)
+
+COST_CALLS = (
+    (costmodel.reduction_steps, dict(n=16, p=4, branching=2)),
+    (costmodel.tree_depth, dict(p=4, branching=2)),
+    (costmodel.tree_payload_bytes, dict(batch=1, q_len=1, q_heads=2, v_dim=4, itemsize=4,
+                                        levels=1)),
+    (costmodel.ring_payload_bytes, dict(batch=1, kv_len=64, kv_heads=2, head_dim=4, v_dim=4,
+                                        p=4, itemsize=4)),
+    (costmodel.paper_volume_tree, dict(b=1, n_h=2, d_h=4, p=4)),
+    (costmodel.paper_volume_ring, dict(b=1, t=8, n_h=2, d_h=4, p=4)),
+    (costmodel.paper_memory_tree, dict(b=1, t=8, n_h=2, d_h=4)),
+    (costmodel.paper_memory_ring, dict(b=1, t=8, n_h=2, d_h=4)),
+    (costmodel.peak_memory_tree, dict(batch=1, t=8, n_h=2, d_h=4, itemsize=2)),
+    (costmodel.peak_memory_ring, dict(batch=1, t=8, n_h=2, d_h=4, itemsize=2)),
+    (costmodel.Link, dict(alpha_s=1e-6, beta_Bps=1e9)),
+    (costmodel.Link.send, dict(self=LINK, nbytes=1e3)),
+    (costmodel.Topology, dict(nodes=2, devices_per_node=4, intra=LINK, inter=LINK, mem_Bps=1e12,
+                              flops=1e15, overhead_s=0.0, overlap=True)),
+    (costmodel.Topology.with_devices, dict(self=TOPO, p=4)),
+    (costmodel.ring_allreduce_time, dict(nbytes=1e3, p=4, link=LINK)),
+    (costmodel.tree_allreduce_time, dict(nbytes=1e3, p=4, link=LINK)),
+    (costmodel.allreduce_time, dict(nbytes=1e3, p=4, link=LINK)),
+    (costmodel.hierarchical_allreduce_time, dict(nbytes=1e3, topo=TOPO)),
+    (costmodel.local_decode_time, dict(batch=1, kv_len=64, kv_heads=2, head_dim=4, v_dim=4,
+                                       q_heads=4, topo=TOPO, itemsize=2, q_len=1)),
+    (costmodel.predict_tree, dict(seq_len=1024, topo=TOPO, batch=1, q_heads=4, kv_heads=2,
+                                  head_dim=8, itemsize=2, q_len=1, stat_itemsize=4)),
+    (costmodel.predict_ring, dict(seq_len=1024, topo=TOPO, batch=1, q_heads=4, kv_heads=2,
+                                  head_dim=8, itemsize=2, q_len=1, overlap=True)),
+)
+
+
+def _bad_values(name, good) -> list[tuple[str, object, type[Exception]]]:
+    """(kind, value, exception) for one argument, from the type of its good value."""
+    if isinstance(good, bool):
+        return [("type", "yes", TypeError)]
+    if isinstance(good, int):
+        low = 1 if name == "branching" else 0  # branching must be >= 2, sizes >= 1
+        return [("range", low, ValueError), ("range", -1, ValueError),
+                ("type", 2.5, TypeError), ("type", str(good), TypeError)]
+    if isinstance(good, float):
+        return [("range", -1.0, ValueError), ("range", float("nan"), ValueError),
+                ("type", str(good), TypeError)]
+    return [("type", "nvlink", TypeError)]  # a Link or a Topology
+
+
+def costmodel_family() -> list[Case]:
+    cases = []
+    for fn, good in COST_CALLS:
+        for name, value in good.items():
+            if name == "self":
+                continue
+            for kind, bad, exc in _bad_values(name, value):
+                kw = good | {name: bad}
+                cases.append(case(fn, kind, f"{name}={bad!r}", lambda fn=fn, kw=kw: fn(**kw),
+                                  exc, name))
+    for fn, good in COST_CALLS:
+        if {"q_heads", "kv_heads"} <= set(good):
+            kw = good | dict(q_heads=4, kv_heads=3)
+            cases.append(case(fn, "shape", "heads", lambda fn=fn, kw=kw: fn(**kw), ValueError,
+                              "q_heads", "kv_heads"))
+    wd = costmodel.Topology.with_devices
+    cases.append(case(wd, "shape", "not-whole-nodes", lambda: TOPO.with_devices(6), ValueError,
+                      "p"))
+    return cases
+
+
+CASES = (attention_family() + states_family() + devices_family() + kernels_family()
+         + decode_family() + introspect_family() + hopfield_family() + model_family()
+         + costmodel_family())
+
+
+@pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
+def test_bad_input_names_the_argument(c: Case):
+    names = "|".join(re.escape(n) for n in c.names)
+    with pytest.raises(c.exc, match=rf"`(?:{names})(?:`|\[|\.)"):
+        c.call()
+
+
+# --- the table is complete ---------------------------------------------------------------------
+
+MODULES = (attention_module, states, energy_module, bayes, devices, kernels, decode, introspect,
+           costmodel, model, hf)
+
+NOT_VALIDATED = {
+    # Numerics that every checked entry point shares; only ever called on validated arrays.
+    "attention": {"accum_dtype", "grouped_scores", "grouped_values", "finite_or_zero",
+                  "nonzero_or_one", "two_sum", "masked_softmax_parts", "lse_from_parts",
+                  "lse_pair", "select_valid_keys", "scaled_scores"},
+    "energy": {"energy_terms"},  # unchecked by design: called inside shard_map by `decode`
+    "states": {"AttentionState",  # a container; the functions that take one check it
+               "from_parts"},  # builds a state from a kernel's internal sums
+    "devices": {"mesh_devices", "axis_size", "shard_index"},  # helpers of make_mesh/decode
+    "kernels": {"bthd_view", "flash_available", "flash_unsupported_reason"},  # helpers of
+    "decode": {"kv_spec"},  # resolve/decode: they only see validated arguments
+    "introspect": {"Collective", "CollectiveStats", "MemoryStats"},  # results, not inputs
+    "costmodel": {"Prediction"},  # a result
+    "model": {"swiglu",  # one block of forward, on the model's own activations
+              "KVCache", "Generation"},  # containers; forward / generate check them
+    "hopfield": {"Memory"},  # a container; every function taking one checks it
+}
+"""Public names of the listed modules that have no cases, and why. `symbolic` (sympy, no
+arrays), `plots` (figures from plain data) and the tools (`benchmark`, `calibrate`, `cli`,
+`launch`) are not listed."""
+
+
+def _public(obj, module: str) -> bool:
+    return (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == module
+
+
+def test_table_covers_all_exports():
+    covered = {c.target for c in CASES}
+    functions = [n for n in tae.__all__ if inspect.isfunction(getattr(tae, n))]
+    assert functions and [n for n in functions if getattr(tae, n) not in covered] == []
+
+
+def test_table_covers_every_public_function():
+    covered = {c.target for c in CASES}
+    missing = []
+    for mod in MODULES:
+        short = mod.__name__.rsplit(".", 1)[-1]
+        for name, obj in vars(mod).items():
+            if name.startswith("_") or not _public(obj, mod.__name__):
+                continue
+            if name in NOT_VALIDATED.get(short, ()):
+                assert obj not in covered, f"{short}.{name} has cases: drop it from NOT_VALIDATED"
+                continue
+            if obj not in covered:
+                missing.append(f"{short}.{name}")
+            if inspect.isclass(obj):  # and the public methods of a covered class
+                missing += [f"{short}.{name}.{m}" for m, f in vars(obj).items()
+                            if inspect.isfunction(f) and not m.startswith("_")
+                            and f not in covered]
+    assert missing == [], f"public functions without bad-input cases: {missing}"
+
+
+FEWER_KINDS = {
+    "kernels.to_layout": "moves any one array between layouts: no dtype, nothing to match",
+}
+
+
+def test_array_functions_cover_every_kind():
+    """Every function has a wrong-type case; one taking arrays (it has a rank case) has
+    cases of each kind: rank, dtype, shape, range, type."""
+    kinds: dict = {}
+    for c in CASES:
+        kinds.setdefault(_name(c.target), set()).add(c.kind)
+    assert [t for t, k in kinds.items() if "type" not in k] == []
+    partial = {t: sorted(set(KINDS) - k) for t, k in kinds.items()
+               if "rank" in k and set(KINDS) - k and t not in FEWER_KINDS}
+    assert partial == {}
+
+
+def test_case_ids_are_unique():
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids))
