@@ -1,5 +1,8 @@
-"""The command line, the main demonstration and the real multi-process launch."""
+"""The command line: argument checks (in-process, no JAX work), help, version, the main
+demonstration and generation. The multi-process launcher is tested in test_launch.py."""
 
+import argparse
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -7,14 +10,268 @@ import sys
 
 import pytest
 
-from tree_attention_edu import benchmark, launch
+from tree_attention_edu import benchmark, cli
 
 ENV = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
 
 
 def run_cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "tree_attention_edu.cli", *args],
+    return subprocess.run([sys.executable, "-m", "tree_attention_edu", *args],
                           capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """Run in a scratch folder: checking a default output path may create its folder."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def call(argv, capsys):
+    """`cli.main(argv)` in-process: (exit status, stderr lines)."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    return code, [line for line in err.splitlines() if line.strip()]
+
+
+# (argv, the text the one error line must contain). Every case exits with status 2 before
+# any work starts. `{file}` is an existing file and `{dir}` an existing folder.
+BAD_FLAGS = [
+    # demo (the problem flags are shared with bench)
+    ("demo --devices 0", "--devices"),
+    ("demo --devices -1", "--devices"),
+    ("demo --devices 100000", "--devices"),
+    ("demo --devices many", "--devices"),
+    ("demo --seq-len 0", "--seq-len"),
+    ("demo --seq-len -5", "--seq-len"),
+    ("demo --seq-len 1.5", "--seq-len"),
+    ("demo --seq-len 1e12", "GB of memory"),
+    ("demo --heads 0", "--heads"),
+    ("demo --heads 1e12", "GB of memory"),
+    ("demo --head-dim 0", "--head-dim"),
+    ("demo --batch 0", "--batch"),
+    ("demo --repeats 0", "--repeats"),
+    ("demo --dtype float64", "--dtype"),
+    ("demo --mesh 3d", "--mesh"),
+    ("demo --mesh 2level --devices 3", "--mesh 2level needs an even --devices"),
+    ("demo --figure fig.nope", "--figure"),
+    ("demo --figure {dir}", "--figure"),
+    ("demo --figure {file}/fig.png", "--figure"),
+    ("demo --no-such-flag", "--no-such-flag"),
+    # bench
+    ("bench --methods foo", "--methods"),
+    ("bench --methods tree,foo", "'foo'"),
+    ("bench --methods ,", "--methods"),
+    ("bench --seq-lens ''", "--seq-lens"),
+    ("bench --seq-lens 1,,2", "--seq-lens"),
+    ("bench --seq-lens 0,5", "--seq-lens"),
+    ("bench --seq-lens 1e12", "--seq-lens: needs about"),
+    ("bench --seq-len 1e12", "--seq-len: needs about"),
+    ("bench --seq-len 5 --seq-lens 4,5", "--seq-lens"),
+    ("bench --sections foo", "--sections"),
+    ("bench --sections bandwidth,calibrate", "'calibrate'"),
+    ("bench --calibration-seq-lens -1", "--calibration-seq-lens"),
+    ("bench --calibration-seq-lens 1e11", "--calibration-seq-lens: needs about"),
+    ("bench --json {file}/bench.json", "--json"),
+    ("bench --json {dir}", "--json"),
+    ("bench --repeats -3", "--repeats"),
+    # generate
+    ("generate --method foo", "--method"),
+    ("generate --method ''", "--method"),
+    ("generate --prefill-method foo", "--prefill-method"),
+    ("generate --prompt-len 0", "--prompt-len"),
+    ("generate --prompt-len 1e9 --batch 100", "--prompt-len"),
+    ("generate --new-tokens 0", "--new-tokens"),
+    ("generate --batch 0", "--batch"),
+    ("generate --prefill-chunk 0", "--prefill-chunk"),
+    ("generate --temperature -1", "--temperature"),
+    ("generate --temperature nan", "--temperature"),
+    ("generate --temperature inf", "--temperature"),
+    ("generate --temperature hot", "--temperature"),
+    ("generate --seed -1", "--seed"),
+    ("generate --vocab 0", "--vocab"),
+    ("generate --vocab 1e9", "--vocab"),
+    ("generate --preset huge", "--preset"),
+    ("generate --devices 0", "--devices"),
+    ("generate --mesh 2level --devices 5", "--mesh 2level"),
+    # launch
+    ("launch --processes 0", "--processes"),
+    ("launch --devices-per-process 0", "--devices-per-process"),
+    ("launch --processes 100 --devices-per-process 100", "--devices-per-process"),
+    ("launch --seq-len 0", "--seq-len"),
+    ("launch --seq-len 1e12", "--seq-len"),
+    ("launch --timeout 0", "--timeout"),
+    ("launch --timeout nan", "--timeout"),
+    ("launch --port 70000", "--port"),
+    ("launch --cluster --port 1234", "--port"),
+    # the command itself
+    ("", "COMMAND"),
+    ("frobnicate", "frobnicate"),
+]
+
+
+@pytest.mark.parametrize("argv, names", BAD_FLAGS, ids=[a or "(none)" for a, _ in BAD_FLAGS])
+def test_bad_flags_fail_in_one_line(argv, names, in_tmp, capsys):
+    (in_tmp / "a_file").write_text("x")
+    (in_tmp / "a_dir").mkdir()
+    args = [a.replace("{file}", str(in_tmp / "a_file")).replace("{dir}", str(in_tmp / "a_dir"))
+            for a in argv.split()]
+    args = ["" if a == "''" else a for a in args]
+    code, lines = call(args, capsys)
+    assert code == 2, lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("tree-attention-edu") and ": error: " in lines[0], lines
+    assert names in lines[0], lines
+    assert "Traceback" not in lines[0]
+    assert sorted(in_tmp.iterdir()) == [in_tmp / "a_dir", in_tmp / "a_file"]  # nothing written
+
+
+def test_bad_flags_as_a_real_process():
+    """The console entry point prints one line and exits 2, no traceback."""
+    r = run_cli("demo", "--devices", "0", timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "tree-attention-edu demo: error: argument --devices: must be a positive integer, "
+        "got '0' (see 'tree-attention-edu demo --help')"]
+
+
+@pytest.mark.parametrize("exc, code, text", [
+    (ValueError("`scale` must be a finite number, got nan.\nmore detail"), 1,
+     "tree-attention-edu: error: `scale` must be a finite number, got nan."),
+    (TypeError("`mesh` must be a jax.sharding.Mesh"), 1,
+     "tree-attention-edu: error: `mesh` must be a jax.sharding.Mesh"),
+    (RuntimeError("RESOURCE_EXHAUSTED: out of memory"), 1,
+     "tree-attention-edu: error: RuntimeError: RESOURCE_EXHAUSTED: out of memory (set "
+     "TREE_ATTENTION_EDU_TRACEBACK=1 for the traceback)"),
+    (cli.CommandFailed("three-way agreement FAILED"), 1,
+     "tree-attention-edu: error: three-way agreement FAILED"),
+    (KeyboardInterrupt(), 130, "tree-attention-edu: interrupted"),
+])
+def test_run_time_errors_are_one_line(exc, code, text, monkeypatch, capsys, in_tmp):
+    def boom(args):
+        raise exc
+
+    monkeypatch.delenv(cli.TRACEBACK_ENV, raising=False)
+    monkeypatch.setattr(cli, "cmd_demo", boom)
+    assert call(["demo"], capsys) == (code, [text])
+
+
+def test_traceback_on_request(monkeypatch, in_tmp):
+    monkeypatch.setenv(cli.TRACEBACK_ENV, "1")
+    monkeypatch.setattr(cli, "cmd_demo", lambda args: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["demo"])
+
+
+def test_too_many_devices_for_a_started_jax_is_one_line(capsys, in_tmp):
+    """JAX already runs with 8 devices here, so 16 cannot be simulated: a run-time error."""
+    import jax
+
+    jax.devices()  # start the backends
+    code, lines = call(["demo", "--devices", "16", "--figure", ""], capsys)
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("tree-attention-edu: error:")
+    assert "Traceback" not in lines[0]
+
+
+def parsed(argv, monkeypatch) -> argparse.Namespace:
+    """The arguments a subcommand would run with (checked), without running it."""
+    seen = {}
+    name = f"cmd_{argv[0]}"
+    monkeypatch.setattr(cli, name, lambda args: seen.setdefault("args", args) and 0)
+    assert cli.main(argv) == 0
+    return seen["args"]
+
+
+def test_bench_honours_seq_len(monkeypatch, in_tmp):
+    assert parsed(["bench"], monkeypatch).seq_lens == [65536]
+    assert parsed(["bench", "--seq-len", "1024"], monkeypatch).seq_lens == [1024]
+    assert parsed(["bench", "--seq-lens", "1024,2048"], monkeypatch).seq_lens == [1024, 2048]
+    assert parsed(["bench", "--seq-len", "512", "--seq-lens", "512"],
+                  monkeypatch).seq_lens == [512]
+    args = parsed(["bench", "--sections", "", "--methods", "tree,ring,tree"], monkeypatch)
+    assert args.sections == [] and args.methods == ["tree", "ring"]
+    assert parsed(["bench"], monkeypatch).calibration_seq_lens == [16384, 32768, 65536, 131072]
+
+
+def test_generate_and_launch_defaults(monkeypatch, in_tmp):
+    args = parsed(["generate", "--temperature", "0.5", "--seed", "7"], monkeypatch)
+    assert args.method == ["tree"] and args.temperature == 0.5 and args.seed == 7
+    args = parsed(["launch", "--timeout", "30", "--port", "0"], monkeypatch)
+    assert (args.processes, args.devices_per_process, args.timeout, args.cluster) == (
+        2, 4, 30.0, False)
+
+
+def test_launch_cluster_is_reachable(monkeypatch, in_tmp):
+    from tree_attention_edu import launch
+
+    seen = []
+    monkeypatch.setattr(launch, "main", lambda argv: seen.append(argv) or 0)
+    assert cli.main(["launch", "--cluster", "--seq-len", "1048576"]) == 0
+    assert seen == [["--cluster", "--seq-len", "1048576"]]
+
+
+def test_output_paths_are_checked_without_leaving_files(in_tmp, monkeypatch):
+    args = parsed(["bench", "--json", "deep/er/bench.json"], monkeypatch)
+    assert args.json == "deep/er/bench.json"
+    assert (in_tmp / "deep" / "er").is_dir() and not (in_tmp / "deep/er/bench.json").exists()
+    (in_tmp / "old.json").write_text("keep")
+    parsed(["bench", "--json", "old.json"], monkeypatch)
+    assert (in_tmp / "old.json").read_text() == "keep"
+
+
+def test_every_option_has_help_and_help_shows_defaults(capsys):
+    parser = cli.build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(subs.choices) == {"demo", "bench", "generate", "launch"}
+    for name, sub in [("", parser), *subs.choices.items()]:
+        for action in sub._actions:
+            assert action.help, (name, action.option_strings or action.dest)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["demo", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "(default: 8)" in out and "(default: 65536)" in out and "(default: float32)" in out
+    with pytest.raises(SystemExit):
+        cli.main(["launch", "--help"])
+    out = capsys.readouterr().out
+    assert "--cluster" in out and "--port" in out and "(default: 120.0)" in out
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    want = importlib.metadata.version("tree_attention_edu")
+    assert capsys.readouterr().out.strip() == f"tree-attention-edu {want}"
+
+
+def test_python_dash_m_runs_the_cli():
+    r = run_cli("--version", timeout=120)
+    assert r.returncode == 0, r.stderr
+    want = importlib.metadata.version("tree_attention_edu")
+    assert r.stdout.strip() == f"tree-attention-edu {want}"
+
+
+def test_method_lists_match_the_package():
+    from tree_attention_edu import model
+
+    assert sorted(cli.GENERATE_METHODS) == sorted(model.METHODS)
+    assert cli.BENCH_METHODS == benchmark.METHODS
+
+
+def test_benchmark_pads_a_length_the_devices_do_not_divide():
+    """`demo --devices 3` used to fail placing K/V (IndivisibleError): 100 keys on 3 devices."""
+    import tree_attention_edu as tae
+
+    problem = benchmark.Problem(seq_len=100, q_heads=2, kv_heads=2, head_dim=8)
+    records = benchmark.run(tae.make_mesh(3, "x"), problem, methods=("tree", "xla_auto"),
+                            repeats=1)
+    assert [r.method for r in records] == ["tree", "xla_auto"]
+    for r in records:
+        assert r.devices == 3 and r.seq_len == 100 and r.max_abs_err < 1e-5, r
 
 
 @pytest.mark.slow
@@ -73,33 +330,3 @@ def test_generate_checks_tokens():
     assert "tokens identical to single-device generation: True" in r.stdout
     assert "prefill (tree)" in r.stdout and "prefill (single)" in r.stdout
     assert "tokens/s" in r.stdout and "per-token latency" in r.stdout
-
-
-@pytest.mark.slow
-def test_multi_process_launch():
-    code = launch.run_local(processes=2, devices_per_process=4, seq_len=1000, timeout=240)
-    assert code == 0
-
-
-def test_launch_reports_a_failing_worker(monkeypatch):
-    """A worker that dies makes the launcher stop the others and exit non-zero."""
-    real_popen = subprocess.Popen
-
-    def popen(cmd, **kw):
-        if "--process-id" in cmd and cmd[cmd.index("--process-id") + 1] == "1":
-            cmd = [sys.executable, "-c", "import sys; sys.exit(3)"]
-        return real_popen(cmd, **kw)
-
-    monkeypatch.setattr(launch.subprocess, "Popen", popen)
-    assert launch.run_local(processes=2, devices_per_process=1, seq_len=64, timeout=60) == 1
-
-
-def test_bad_launch_arguments():
-    with pytest.raises(ValueError, match="must be >= 1"):
-        launch.run_local(processes=0)
-
-
-def test_generate_methods_match_the_model():
-    from tree_attention_edu import cli, model
-
-    assert sorted(cli.GENERATE_METHODS) == sorted(model.METHODS)

@@ -42,8 +42,11 @@ def test_executed_without_errors(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_device_setup_comes_first(path):
+    """Devices are set up before JAX starts, and on the CPU whatever the runtime: on a GPU
+    machine the course still runs on its 8 simulated CPU devices, and says so."""
     first = next(c for c in jupytext.read(path).cells if c.cell_type == "code").source
     assert "simulate_devices(" in first and "assert jax.device_count()" in first
+    assert 'jax.config.update("jax_platforms", "cpu")' in first
     assert first.index("simulate_devices(") < first.index("import jax\n")
 
 

@@ -100,20 +100,31 @@ def describe(stats: CollectiveStats) -> str:
     return ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) or "none"
 
 
-def method_fns(mesh: Mesh) -> dict[str, tuple[Callable, tuple]]:
-    """Each method as a jitted function and the shardings of its `(q, k, v)`."""
+def method_fns(mesh: Mesh, kv_len: int | None = None) -> dict[str, tuple[Callable, tuple]]:
+    """Each method as a jitted function and the shardings of its `(q, k, v)`.
+
+    `kv_len`: the sharded methods' K/V carry padding after this many keys (so that their
+    length is a multiple of the device count) and mask it; `None`: no padding.
+    """
     axes = tuple(mesh.axis_names)
     rep = NamedSharding(mesh, P())
     kv = NamedSharding(mesh, P(None, axes))
     one = NamedSharding(Mesh(np.array(mesh.devices).ravel()[:1], ("one",)), P())
     dpa = jax.nn.dot_product_attention
+
+    def lengths(q):  # a trace-time constant, or None when there is no padding
+        return None if kv_len is None else jnp.full((q.shape[0],), kv_len, jnp.int32)
+
     return {
         "single": (jax.jit(dpa), (one, one, one)),
-        "tree": (jax.jit(lambda q, k, v: tree_decode(q, k, v, mesh=mesh)), (rep, kv, kv)),
-        "tree_energy": (jax.jit(lambda q, k, v: tree_decode_from_energy(q, k, v, mesh=mesh)),
-                        (rep, kv, kv)),
-        "ring": (jax.jit(lambda q, k, v: ring_decode(q, k, v, mesh=mesh)), (rep, kv, kv)),
-        "xla_auto": (jax.jit(dpa, in_shardings=(rep, kv, kv), out_shardings=rep), (rep, kv, kv)),
+        "tree": (jax.jit(lambda q, k, v: tree_decode(q, k, v, mesh=mesh,
+                                                     kv_lengths=lengths(q))), (rep, kv, kv)),
+        "tree_energy": (jax.jit(lambda q, k, v: tree_decode_from_energy(
+            q, k, v, mesh=mesh, kv_lengths=lengths(q))), (rep, kv, kv)),
+        "ring": (jax.jit(lambda q, k, v: ring_decode(q, k, v, mesh=mesh,
+                                                     kv_lengths=lengths(q))), (rep, kv, kv)),
+        "xla_auto": (jax.jit(lambda q, k, v: dpa(q, k, v, key_value_seq_lengths=lengths(q)),
+                             in_shardings=(rep, kv, kv), out_shardings=rep), (rep, kv, kv)),
     }
 
 
@@ -129,15 +140,21 @@ def run(
     """Measure each method on the same inputs; see the module docstring for what is measured."""
     q, k, v = make_inputs(problem, seed)
     want = np.asarray(attention(*(jnp.asarray(x, jnp.float64) for x in (q, k, v))))
-    fns = method_fns(mesh)
+    # K/V are placed on the mesh along the sequence, which needs a multiple of the device
+    # count: pad with masked keys when it is not (as tree_decode does inside).
+    pad = (-problem.seq_len) % mesh.size
+    widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+    sharded_qkv = (q, np.pad(k, widths), np.pad(v, widths)) if pad else (q, k, v)
+    fns = method_fns(mesh, problem.seq_len if pad else None)
     records = []
     for name in methods:
         if progress:
             progress(name)
         fn, shardings = fns[name]
-        args = [jax.device_put(x, s) for x, s in zip((q, k, v), shardings, strict=True)]
+        qkv = (q, k, v) if name == "single" else sharded_qkv
+        args = [jax.device_put(x, s) for x, s in zip(qkv, shardings, strict=True)]
         structs = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
-                   for x, s in zip((q, k, v), shardings, strict=True)]
+                   for x, s in zip(qkv, shardings, strict=True)]
         stats = collective_stats(fn, *structs)
         got = np.asarray(fn(*args), np.float64)
         records.append(Record(

@@ -2,29 +2,295 @@
 
 Device setup must happen before JAX initialises, so every subcommand parses its arguments,
 calls `simulate_devices`, and only then computes anything.
+
+Every argument is checked before any work starts: a bad flag, an unwritable output path or
+a size this machine cannot hold ends in one line on stderr and exit status 2; a failure
+while running ends in one line and exit status 1 (set `TREE_ATTENTION_EDU_TRACEBACK=1` to
+see the traceback instead).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
+PROG = "tree-attention-edu"
+TRACEBACK_ENV = "TREE_ATTENTION_EDU_TRACEBACK"
+MAX_DEVICES = 1024  # simulated CPU devices: 1024 already take ~30 s and 1.3 GB to sum a vector
+MAX_POSITION = 2**31 - 1  # positions and lengths are int32
 
-def _problem_args(p: argparse.ArgumentParser, seq_len: int = 65536) -> None:
-    p.add_argument("--devices", type=int, default=8, help="simulated CPU devices (default 8)")
-    p.add_argument("--seq-len", type=int, default=seq_len, help="KV length Tk")
-    p.add_argument("--heads", type=int, default=16, help="query (and kv) heads")
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--repeats", type=int, default=5, help="timed calls per method (median)")
-    p.add_argument("--mesh", default="1d", choices=["1d", "2level"],
-                   help="1d: one 'x' axis; 2level: ('node', 'gpu') with 2 nodes")
+# `benchmark.METHODS` and `model.METHODS`, spelled here so that parsing arguments does not
+# import JAX before `_setup` has set the device count (tests keep them equal).
+BENCH_METHODS = ("single", "tree", "tree_energy", "ring", "xla_auto")
+GENERATE_METHODS = ("tree", "ring", "single")
+SECTIONS = ("bandwidth", "calibration")
+
+
+class CommandFailed(Exception):
+    """A subcommand ran but its check failed; the message is the one line to print."""
+
+
+# ---------------------------------------------------------------------------------------
+# Argument types: each raises ArgumentTypeError, which argparse turns into one usage line.
+
+
+def _int(text: str) -> int:
+    """An integer; also accepts integral floats such as 1e6 and underscores (65_536)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not (math.isfinite(value) and value.is_integer()):
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+    return int(value)
+
+
+def _positive(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _devices(text: str) -> int:
+    value = _positive(text)
+    if value > MAX_DEVICES:
+        raise argparse.ArgumentTypeError(
+            f"{value} simulated devices is more than the {MAX_DEVICES} this command allows "
+            "(each one is an XLA CPU device with its own threads and buffers)")
+    return value
+
+
+def _seed(text: str) -> int:
+    value = _int(text)
+    if not 0 <= value < 2**63 - 1:
+        raise argparse.ArgumentTypeError(f"must be in 0..{2**63 - 2}, got {text!r}")
+    return value
+
+
+def _lengths(text: str) -> list[int]:
+    parts = [s.strip() for s in text.split(",")]
+    if not text.strip() or any(not s for s in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated positive integers, got {text!r}")
+    return [_positive(s) for s in parts]
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number >= 0 (0 is greedy), got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535 (0: pick a free one), got {text!r}")
+    return value
+
+
+def _names(known: tuple[str, ...], allow_empty: bool = False):
+    """A comma list of names from `known` (repeats dropped, order kept)."""
+    def parse(text: str) -> list[str]:
+        names = [s.strip() for s in text.split(",") if s.strip()]
+        bad = [n for n in names if n not in known]
+        if bad or not (names or allow_empty):
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(map(repr, bad)) or 'empty list ' + repr(text)}; use one or "
+                f"more of {','.join(known)}, comma-separated" + (" ('' for none)" if allow_empty
+                                                                  else ""))
+        return list(dict.fromkeys(names))
+    return parse
+
+
+def _method_list(text: str) -> list[str]:
+    return _names(GENERATE_METHODS)(text)
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors are one line (the usage itself is one `--help` away), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except where there is none to show (None, or a flag)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.nargs == 0:  # flags: --no-check, --version, ...
+            return action.help
+        return super()._get_help_string(action)
+
+
+# ---------------------------------------------------------------------------------------
+# Checks after parsing, before any work
+
+
+def _ram_bytes() -> int | None:
+    """This machine's physical memory, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.0f} GB" if n >= 1e11 else f"{n / 1e9:.3g} GB"
+
+
+def _check_memory(parser, flag: str, need: int, what: str) -> None:
+    ram = _ram_bytes()
+    if ram and need > ram:
+        parser.error(f"{flag}: needs about {_gb(need)} of memory ({need:,} bytes), more than "
+                     f"this machine's {_gb(ram)} of RAM: {what}")
+
+
+def _itemsize(dtype: str) -> int:
+    return {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+
+
+def _check_positions(parser, flag: str, n: int) -> None:
+    if n > MAX_POSITION:
+        parser.error(f"{flag}: {n} is more than {MAX_POSITION} positions (they are int32)")
+
+
+def _check_decode_memory(parser, args, flag: str, seq_len: int) -> None:
+    """K/V of `2·B·Tk·H·D·itemsize` bytes, held on the host, once more on the devices, and
+    in float64 for the reference: `(2 + 8 / itemsize)` times K/V in all."""
+    item = _itemsize(args.dtype)
+    kv = 2 * args.batch * seq_len * args.heads * args.head_dim * item
+    need = kv * (2 + 8 // item)
+    _check_memory(parser, flag, need,
+                  f"Tk={seq_len} with batch {args.batch}, {args.heads} heads x {args.head_dim}, "
+                  f"{args.dtype} (K and V alone are 2·B·Tk·H·D·itemsize = {kv:,} bytes)")
+    _check_positions(parser, flag, seq_len)
+
+
+def _check_generate_memory(parser, args) -> None:
+    from .model import PRESETS  # imports JAX, but does not start it
+
+    cfg = PRESETS[args.preset]
+    dim, vocab = cfg.dim, args.vocab
+    qd, kd = cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    params = 4 * (2 * vocab * dim + cfg.layers * (dim * (qd + 2 * kd) + qd * dim
+                                                  + 3 * dim * cfg.hidden + 2 * dim) + dim)
+    capacity = -(-args.prompt_len // args.prefill_chunk) * args.prefill_chunk + args.new_tokens
+    capacity = -(-capacity // args.devices) * args.devices
+    cache = 4 * cfg.layers * 2 * args.batch * capacity * cfg.kv_heads * cfg.head_dim
+    logits = 4 * args.batch * vocab * (args.new_tokens * (len(args.method) + 1)
+                                       + args.prefill_chunk)
+    # Weights are replicated on every device; the cache may exist twice while it is updated.
+    need = params * (args.devices + 1) + 2 * cache + logits
+    flag = max((params * (args.devices + 1), "--vocab"), (2 * cache, "--prompt-len/--batch"),
+               (logits, "--vocab/--new-tokens/--prefill-chunk"))[1]
+    _check_memory(parser, flag, need,
+                  f"the {args.preset} model with vocab {vocab} (weights {params:,} bytes, "
+                  f"replicated on {args.devices} devices) and a KV cache of {capacity} positions "
+                  f"x batch {args.batch} ({cache:,} bytes)")
+    _check_positions(parser, "--prompt-len + --new-tokens", capacity)
+
+
+def _check_launch_memory(parser, args) -> None:
+    """Each worker holds the launch problem's q, K, V (float32, padded) and a float64 copy."""
+    kv = 2 * 2 * args.seq_len * 2 * 64 * 4  # batch 2, 2 kv heads x 64 (launch.worker)
+    per_process = 4 * kv + 400 * 2**20  # + the JAX runtime of one process
+    processes = 1 if args.cluster else args.processes
+    _check_memory(parser, "--seq-len/--processes", processes * per_process,
+                  f"{processes} process(es) at Tk={args.seq_len} (K and V: {kv:,} bytes in "
+                  "each, with copies)")
+    _check_positions(parser, "--seq-len", args.seq_len)
+
+
+def _check_output(parser, flag: str, path: str, formats: set[str] | None = None) -> None:
+    """Fail now, not after the run, if `path` cannot be written."""
+    p = Path(path)
+    if formats is not None and p.suffix and p.suffix[1:].lower() not in formats:
+        parser.error(f"{flag} {path}: unknown image format {p.suffix!r}; use one of "
+                     f"{', '.join(sorted(formats))}")
+    if p.is_dir():
+        parser.error(f"{flag} {path}: is a directory; give a file name")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if p.exists():
+            open(p, "ab").close()  # append mode: the file is not truncated
+        else:
+            open(p, "xb").close()
+            p.unlink()
+    except OSError as e:
+        parser.error(f"{flag} {path}: cannot write there ({e.strerror or e})")
+
+
+def _figure_formats() -> set[str]:
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return set(FigureCanvasBase.get_supported_filetypes())
+
+
+def _validate(args) -> None:
+    """Checks that need several arguments together; each failure is one usage line."""
+    sub = args.subparser
+    if getattr(args, "mesh", "1d") == "2level" and args.devices % 2:
+        sub.error(f"--mesh 2level needs an even --devices (2 nodes), got {args.devices}")
+    if args.command == "demo":
+        _check_decode_memory(sub, args, "--seq-len", args.seq_len)
+    elif args.command == "bench":  # --seq-len N is --seq-lens N
+        flag = "--seq-lens" if args.seq_lens is not None else "--seq-len"
+        if args.seq_lens is None:
+            args.seq_lens = [args.seq_len or 65536]
+        elif args.seq_len is not None and args.seq_lens != [args.seq_len]:
+            sub.error(f"--seq-len {args.seq_len} and --seq-lens "
+                      f"{','.join(map(str, args.seq_lens))} disagree; give one of them")
+        args.seq_len = max(args.seq_lens)
+        _check_decode_memory(sub, args, flag, args.seq_len)
+        if "calibration" in args.sections:
+            _check_decode_memory(sub, args, "--calibration-seq-lens",
+                                 max(args.calibration_seq_lens))
+    elif args.command == "generate":
+        _check_generate_memory(sub, args)
+    elif args.command == "launch":
+        if args.cluster and args.port:
+            sub.error("--port is for local runs; with --cluster the coordinator comes from "
+                      "SLURM")
+        total = args.processes * args.devices_per_process
+        if not args.cluster and total > MAX_DEVICES:
+            sub.error(f"--processes x --devices-per-process = {total} devices is more than "
+                      f"{MAX_DEVICES}")
+        _check_launch_memory(sub, args)
+    # Output paths last: checking them may create their folder.
+    if getattr(args, "json", None):
+        _check_output(sub, "--json", args.json)
+    if getattr(args, "figure", None):
+        _check_output(sub, "--figure", args.figure, _figure_formats())
+
+
+# ---------------------------------------------------------------------------------------
+# Running
 
 
 def _setup(args) -> None:
@@ -39,9 +305,7 @@ def _setup(args) -> None:
 def _mesh(args):
     from .devices import make_mesh
 
-    if args.mesh == "2level":
-        if args.devices % 2:
-            raise SystemExit("--mesh 2level needs an even --devices")
+    if args.mesh == "2level":  # `_validate` made sure --devices is even
         return make_mesh((2, args.devices // 2), ("node", "gpu"))
     return make_mesh(args.devices, "x")
 
@@ -63,10 +327,12 @@ def _measure(args, seq_len: int, methods):
         bar.set_postfix_str(name)
         bar.update(0)
 
-    records = benchmark.run(_mesh(args), _problem(args, seq_len), methods=methods,
-                            repeats=args.repeats, progress=lambda n: (progress(n), bar.update(1)))
-    bar.close()
-    return records
+    try:
+        return benchmark.run(_mesh(args), _problem(args, seq_len), methods=methods,
+                             repeats=args.repeats,
+                             progress=lambda n: (progress(n), bar.update(1)))
+    finally:
+        bar.close()
 
 
 def three_way_agreement() -> float:
@@ -94,7 +360,8 @@ def three_way_agreement() -> float:
     ok = symbolic.verify_all()
     print(f"   sympy identities that hold:       {sum(ok.values())}/{len(ok)}")
     if max(e1, e2) > 1e-10 or not all(ok.values()):
-        raise SystemExit("three-way agreement FAILED")
+        raise CommandFailed(f"three-way agreement FAILED (max |diff| {max(e1, e2):.1e}; "
+                            f"{sum(ok.values())}/{len(ok)} sympy identities hold)")
     return max(e1, e2)
 
 
@@ -119,16 +386,19 @@ def cmd_demo(args) -> int:
         message_patterns({r.method: r.collective_bytes for r in records if r.method != "single"},
                          p=args.devices, path=args.figure)
         print(f"   figure: {args.figure}")
-    return 0 if worst <= tol else 1
+    if worst > tol:
+        raise CommandFailed(f"the methods disagree with float64 attention: max |err| = "
+                            f"{worst:.1e} > tol {tol:g}")
+    return 0
 
 
 def cmd_bench(args) -> int:
     _setup(args)
-    from .benchmark import METHODS, table
+    from .benchmark import table
 
     out = []
     for seq_len in args.seq_lens:
-        records = _measure(args, seq_len, list(args.methods or METHODS))
+        records = _measure(args, seq_len, list(args.methods or BENCH_METHODS))
         print(table(records))
         by = {r.method: r for r in records}
         if {"tree", "ring", "single"} <= set(by):
@@ -153,7 +423,8 @@ def cmd_bench(args) -> int:
 def _bandwidth(args) -> dict:
     from . import calibrate
 
-    seq_len = max(args.seq_lens)
+    # The kernels' K/V are placed on the mesh along the sequence: a multiple of --devices.
+    seq_len = -(-max(args.seq_lens) // args.devices) * args.devices
     print(f"\nBandwidth: one decode step at Tk={seq_len}, {args.heads} heads x {args.head_dim}, "
           f"{args.dtype}; effective GB/s = (K + V bytes) / median time")
     with tqdm(desc="bandwidth", unit="kernel", file=sys.stderr, disable=None) as bar:
@@ -186,21 +457,6 @@ def _prompts(args) -> list[list[int]]:
     return [rng.integers(0, args.vocab, n).tolist() for n in lens]
 
 
-# `model.METHODS`, spelled here so that parsing arguments does not import JAX before
-# `_setup` has set the XLA flags (a test keeps the two equal).
-GENERATE_METHODS = ("tree", "ring", "single")
-
-
-def _method_list(text: str) -> list[str]:
-    methods = [m for m in text.split(",") if m]
-    bad = sorted(set(methods) - set(GENERATE_METHODS))
-    if bad or not methods:
-        raise argparse.ArgumentTypeError(
-            f"unknown method(s) {bad or text!r}; use one of {', '.join(GENERATE_METHODS)} "
-            "or a comma list")
-    return list(dict.fromkeys(methods))  # drop repeats, keep order
-
-
 def cmd_generate(args) -> int:
     _setup(args)
     import dataclasses
@@ -226,7 +482,7 @@ def cmd_generate(args) -> int:
         out = gen.generate(prompts, args.new_tokens, key=jax.random.key(args.seed + 1),
                            temperature=args.temperature, progress=True)
         steady = out.step_s[1:] or out.step_s  # the first decode step compiles
-        per_tok = statistics.median(steady)
+        per_tok = statistics.median(steady) if steady else float("nan")
         results[method] = out
         print(f"{method:>7}: median per-token latency {per_tok * 1e3:.1f} ms, "
               f"{len(prompts) / per_tok:.1f} tokens/s (batch {len(prompts)}), "
@@ -235,7 +491,7 @@ def cmd_generate(args) -> int:
     print("first tokens:", results[args.method[0]].tokens[:, :8].tolist())
     if "single" not in results:
         return 0
-    code = 0
+    differ = []
     for method in args.method:
         if method == "single":
             continue
@@ -243,78 +499,165 @@ def cmd_generate(args) -> int:
         diff = float(np.abs(results[method].logits - results["single"].logits).max())
         print(f"{method}: tokens identical to single-device generation: {same}; "
               f"max |logit difference| {diff:.1e}")
-        code |= 0 if same else 1
-    return code
+        if not same:
+            differ.append(method)
+    if differ:
+        raise CommandFailed(f"tokens of {', '.join(differ)} differ from single-device "
+                            "generation")
+    return 0
 
 
 def cmd_launch(args) -> int:
-    from .launch import run_local
+    from . import launch
 
-    code = run_local(args.processes, args.devices_per_process, args.seq_len, args.timeout)
-    print("launch: all processes agree with the single-device answer" if code == 0
-          else "launch: FAILED", file=sys.stderr if code else sys.stdout)
-    return code
+    if args.cluster:
+        return launch.main(["--cluster", "--seq-len", str(args.seq_len)])
+    code = launch.run_local(args.processes, args.devices_per_process, args.seq_len,
+                            args.timeout, port=args.port, init_timeout=args.init_timeout)
+    if code == 0:
+        print("launch: all processes agree with the single-device answer")
+    return code  # on failure run_local has printed its one line
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tree-attention-edu", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+# ---------------------------------------------------------------------------------------
+# Parser and entry point
 
-    demo = sub.add_parser("demo", help="three-way agreement, then tree vs ring on 8 devices")
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tree_attention_edu")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _problem_args(p: argparse.ArgumentParser, seq_len: int | None = 65536) -> None:
+    p.add_argument("--devices", type=_devices, default=8,
+                   help=f"simulated CPU devices (at most {MAX_DEVICES})")
+    p.add_argument("--seq-len", type=_positive, default=seq_len,
+                   help="KV length Tk" + ("" if seq_len else
+                                          " (default 65536; the same as --seq-lens N)"))
+    p.add_argument("--heads", type=_positive, default=16, help="query (and kv) heads")
+    p.add_argument("--head-dim", type=_positive, default=128, help="size of each head")
+    p.add_argument("--batch", type=_positive, default=1, help="sequences decoded together")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of q, K and V")
+    p.add_argument("--repeats", type=_positive, default=5, help="timed calls per method (median)")
+    p.add_argument("--mesh", default="1d", choices=["1d", "2level"],
+                   help="1d: one 'x' axis; 2level: ('node', 'gpu') with 2 nodes")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog=PROG, description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+                        help="show the installed version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="what to run; 'COMMAND --help' lists its options")
+
+    def add(name: str, help: str, func) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter)
+        p.set_defaults(func=func, subparser=p)
+        return p
+
+    demo = add("demo", "three-way agreement, then tree vs ring on 8 devices", cmd_demo)
     _problem_args(demo)
     demo.add_argument("--figure", default="out/demo_message_patterns.png",
                       help="where to save the message-pattern figure ('' to skip)")
-    demo.set_defaults(func=cmd_demo)
 
-    bench = sub.add_parser("bench", help="measure every method; write JSON records")
-    _problem_args(bench)
-    bench.add_argument("--seq-lens", type=lambda s: [int(x) for x in s.split(",")],
-                       default=[65536], help="comma-separated KV lengths")
-    bench.add_argument("--methods", type=lambda s: s.split(","), default=None,
-                       help="comma-separated subset of single,tree,tree_energy,ring,xla_auto")
+    bench = add("bench", "measure every method; write JSON records", cmd_bench)
+    _problem_args(bench, seq_len=None)
+    bench.add_argument("--seq-lens", type=_lengths, default=None,
+                       help="comma-separated KV lengths (default: --seq-len, else 65536)")
+    bench.add_argument("--methods", type=_names(BENCH_METHODS), default=None,
+                       help=f"comma-separated subset of {','.join(BENCH_METHODS)} (default: all)")
     bench.add_argument("--json", default=None, help="write records to this path")
-    bench.add_argument("--sections", type=lambda s: s.split(",") if s else [],
-                       default=["bandwidth", "calibration"],
-                       help="extra sections after the method table: bandwidth,calibration "
-                            "(default both; '' for none)")
-    bench.add_argument("--calibration-seq-lens", type=lambda s: [int(x) for x in s.split(",")],
-                       default=[16384, 32768, 65536, 131072],
+    bench.add_argument("--sections", type=_names(SECTIONS, allow_empty=True),
+                       default=",".join(SECTIONS),
+                       help="extra sections after the method table, comma-separated ('' for "
+                            "none)")
+    bench.add_argument("--calibration-seq-lens", type=_lengths,
+                       default="16384,32768,65536,131072",
                        help="KV lengths at which the cost model is checked")
-    bench.set_defaults(func=cmd_bench)
 
-    gen = sub.add_parser("generate", help="generate with a sharded KV cache; check tokens")
-    gen.add_argument("--devices", type=int, default=8, help="simulated CPU devices (default 8)")
-    gen.add_argument("--mesh", default="1d", choices=["1d", "2level"])
-    gen.add_argument("--method", type=_method_list, default=["tree"],
+    gen = add("generate", "generate with a sharded KV cache; check tokens", cmd_generate)
+    gen.add_argument("--devices", type=_devices, default=8,
+                     help=f"simulated CPU devices (at most {MAX_DEVICES})")
+    gen.add_argument("--mesh", default="1d", choices=["1d", "2level"],
+                     help="1d: one 'x' axis; 2level: ('node', 'gpu') with 2 nodes")
+    gen.add_argument("--method", type=_method_list, default="tree",
                      help="tree, ring or single, or several comma-separated (timed one after "
                           "another in the same run)")
-    gen.add_argument("--preset", default="tiny", choices=["tiny", "small"])
-    gen.add_argument("--vocab", type=int, default=256)
-    gen.add_argument("--prompt-len", type=int, default=1024,
+    gen.add_argument("--preset", default="tiny", choices=["tiny", "small"],
+                     help="model size")
+    gen.add_argument("--vocab", type=_positive, default=256, help="vocabulary size")
+    gen.add_argument("--prompt-len", type=_positive, default=1024,
                      help="longest prompt; the batch's others are 3/4, 1/2, 1/4 of it")
-    gen.add_argument("--new-tokens", type=int, default=32)
-    gen.add_argument("--batch", type=int, default=3)
-    gen.add_argument("--prefill-chunk", type=int, default=512)
+    gen.add_argument("--new-tokens", type=_positive, default=32,
+                     help="tokens generated per prompt")
+    gen.add_argument("--batch", type=_positive, default=3, help="prompts generated together")
+    gen.add_argument("--prefill-chunk", type=_positive, default=512,
+                     help="prompt tokens per prefill step")
     gen.add_argument("--prefill-method", default=None, choices=GENERATE_METHODS,
                      help="attention that fills the cache (default: --method); e.g. tree "
                           "prefill before ring decoding on long prompts")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--temperature", type=_temperature, default=0.0,
+                     help="sampling temperature, >= 0; 0 is greedy")
+    gen.add_argument("--seed", type=_seed, default=0, help="seed of the weights and prompts")
     gen.add_argument("--no-check", dest="check", action="store_false",
                      help="skip the single-device generation the tokens are checked against")
-    gen.set_defaults(func=cmd_generate)
 
-    launch = sub.add_parser("launch", help="tree and ring decoding across real processes")
-    launch.add_argument("--processes", type=int, default=2)
-    launch.add_argument("--devices-per-process", type=int, default=4)
-    launch.add_argument("--seq-len", type=int, default=4096)
-    launch.add_argument("--timeout", type=float, default=300.0)
-    launch.set_defaults(func=cmd_launch)
+    launch = add("launch", "tree and ring decoding across real processes (jax.distributed)",
+                 cmd_launch)
+    launch.add_argument("--processes", type=_positive, default=2,
+                        help="local processes, one mesh 'node' each")
+    launch.add_argument("--devices-per-process", type=_positive, default=4,
+                        help="simulated CPU devices per process")
+    launch.add_argument("--seq-len", type=_positive, default=4096, help="KV length Tk")
+    launch.add_argument("--timeout", type=_seconds, default=120.0,
+                        help="seconds for the whole run; then every worker is killed")
+    launch.add_argument("--init-timeout", type=_positive, default=None,
+                        help="seconds jax.distributed start-up waits for the other workers "
+                             "(default: 30, or --timeout if shorter)")
+    launch.add_argument("--port", type=_port, default=0,
+                        help="coordinator port on 127.0.0.1 (0: pick a free one)")
+    launch.add_argument("--cluster", action="store_true",
+                        help="be one process of a cluster run (e.g. under srun): "
+                             "jax.distributed.initialize() reads SLURM's environment; "
+                             "--processes, --devices-per-process, --port and the timeouts "
+                             "are not used")
+    return parser
 
+
+def _one_line(e: BaseException) -> str:
+    text = next((s.strip() for s in str(e).splitlines() if s.strip()), "")
+    if isinstance(e, ValueError | TypeError | CommandFailed):
+        return text or type(e).__name__
+    return (f"{type(e).__name__}: {text}" if text else type(e).__name__) + \
+        f" (set {TRACEBACK_ENV}=1 for the traceback)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse and check every argument, then run the subcommand.
+
+    Returns the exit status: 0, or 1 when the run fails (one line on stderr). Bad arguments
+    raise `SystemExit(2)` after one usage line, as argparse does.
+    """
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if os.environ.get("XLA_FLAGS", "").find("xla_force_host_platform_device_count") >= 0:
+    _validate(args)
+    if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
         print("note: XLA_FLAGS sets a device count; --devices is applied on top", file=sys.stderr)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
