@@ -523,6 +523,29 @@ def cmd_launch(args) -> int:
 # Parser and entry point
 
 
+def launch_args(p: argparse.ArgumentParser) -> None:
+    """The options of a multi-process run, shared by `launch` and `python -m ...launch`."""
+    from .launch import INIT_TIMEOUT_S
+
+    p.add_argument("--processes", type=_positive, default=2,
+                   help="local processes, one mesh 'node' each")
+    p.add_argument("--devices-per-process", type=_positive, default=4,
+                   help="simulated CPU devices per process")
+    p.add_argument("--seq-len", type=_positive, default=4096, help="KV length Tk")
+    p.add_argument("--timeout", type=_seconds, default=120.0,
+                   help="seconds for the whole run; then every worker is killed")
+    p.add_argument("--init-timeout", type=_positive, default=None,
+                   help=f"seconds jax.distributed start-up waits for the other workers "
+                        f"(default: {INIT_TIMEOUT_S}, or --timeout if shorter)")
+    p.add_argument("--port", type=_port, default=0,
+                   help="coordinator port on 127.0.0.1 (0: pick a free one)")
+    p.add_argument("--cluster", action="store_true",
+                   help="be one process of a cluster run (e.g. under srun): "
+                        "jax.distributed.initialize() reads SLURM's environment; "
+                        "--processes, --devices-per-process, --port and the timeouts "
+                        "are not used")
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -609,23 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     launch = add("launch", "tree and ring decoding across real processes (jax.distributed)",
                  cmd_launch)
-    launch.add_argument("--processes", type=_positive, default=2,
-                        help="local processes, one mesh 'node' each")
-    launch.add_argument("--devices-per-process", type=_positive, default=4,
-                        help="simulated CPU devices per process")
-    launch.add_argument("--seq-len", type=_positive, default=4096, help="KV length Tk")
-    launch.add_argument("--timeout", type=_seconds, default=120.0,
-                        help="seconds for the whole run; then every worker is killed")
-    launch.add_argument("--init-timeout", type=_positive, default=None,
-                        help="seconds jax.distributed start-up waits for the other workers "
-                             "(default: 30, or --timeout if shorter)")
-    launch.add_argument("--port", type=_port, default=0,
-                        help="coordinator port on 127.0.0.1 (0: pick a free one)")
-    launch.add_argument("--cluster", action="store_true",
-                        help="be one process of a cluster run (e.g. under srun): "
-                             "jax.distributed.initialize() reads SLURM's environment; "
-                             "--processes, --devices-per-process, --port and the timeouts "
-                             "are not used")
+    launch_args(launch)
     return parser
 
 

@@ -30,7 +30,6 @@ Each failure ends in one line on stderr that says what happened; the workers' ow
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import functools
@@ -463,39 +462,9 @@ def run_local(processes: int = 2, devices_per_process: int = 4, seq_len: int = 4
             shutil.rmtree(logdir, ignore_errors=True)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in 0..65535 (0: pick a free one), got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     """`python -m tree_attention_edu.launch`: a local run, a worker, or a cluster process."""
-    from .cli import HelpFormatter, Parser  # one-line usage errors, defaults in --help
+    from .cli import HelpFormatter, Parser, launch_args  # one-line usage errors
 
     parser = Parser(
         prog="python -m tree_attention_edu.launch",
@@ -505,20 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", action="store_true",
                         help="internal: run as one worker of a local launch")
     parser.add_argument("--process-id", type=int, default=0, help="internal: this worker's id")
-    parser.add_argument("--processes", type=_positive_int, default=2,
-                        help="local processes (one mesh 'node' each)")
-    parser.add_argument("--devices-per-process", type=_positive_int, default=4,
-                        help="simulated CPU devices per process")
-    parser.add_argument("--port", type=_port, default=0,
-                        help="coordinator port on 127.0.0.1 (0: pick a free one)")
-    parser.add_argument("--seq-len", type=_positive_int, default=4096, help="KV length Tk")
-    parser.add_argument("--timeout", type=_seconds, default=120.0,
-                        help="seconds for the whole local run before the workers are killed")
-    parser.add_argument("--init-timeout", type=_positive_int, default=None,
-                        help=f"seconds jax.distributed start-up waits for the other workers "
-                             f"(default: {INIT_TIMEOUT_S}, or --timeout if shorter)")
-    parser.add_argument("--cluster", action="store_true",
-                        help="use jax.distributed.initialize() auto-detection (SLURM)")
+    launch_args(parser)
     args = parser.parse_args(argv)
     if args.init_timeout is None:
         args.init_timeout = min(INIT_TIMEOUT_S, math.ceil(args.timeout))

@@ -3,7 +3,9 @@
 A state summarises attention over a chunk of keys:
 
 * `out [B, Tq, Hq, Dv]`: the output normalised over the chunk alone;
-* `lse [B, Tq, Hq]`: log-sum-exp of the chunk's visible scores.
+* `lse [B, Tq, Hq]`: log-sum-exp of the chunk's visible scores, carried as a double word
+  (`lse`, and its rounding error `lse_lo`) so that merging chunks at huge logits is as exact
+  as one pass over all keys.
 
 `combine` merges two states into the state of the union of their chunks. It is
 associative and commutative, and the state of an empty (fully masked) chunk,
