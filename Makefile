@@ -1,4 +1,5 @@
-# Two commands do everything on a fresh machine: `make demo` and `make test`.
+# Two commands do everything on a fresh machine: `make demo` and `make test`; `make lab`
+# opens the course.
 # The environment is .venv/ with the exact versions of requirements-lock.txt.
 
 PYTHON ?= python3
@@ -7,10 +8,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: help setup demo test lint unit nbval docs browser-check bench launch notebooks clean
+.PHONY: help setup demo lab test lint unit nbval docs browser-check bench launch notebooks clean
 
 help:
 	@echo "make demo   set up .venv and run the main demonstration (8 simulated devices)"
+	@echo "make lab    set up .venv, register its Jupyter kernel, open the course in JupyterLab"
 	@echo "make test   set up .venv and run every check (ruff, pytest + hypothesis, nbval, docs)"
 	@echo "make docs   build the documentation site into site/"
 	@echo "make bench  run the benchmark and write out/bench.json"
@@ -27,6 +29,12 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/tree-attention-edu demo
+
+# The course: a named kernel for this environment (for any Jupyter front end), then JupyterLab.
+KERNEL := tree-attention-edu
+lab: $(STAMP)
+	$(PY) -m ipykernel install --user --name $(KERNEL) --display-name "Python ($(KERNEL))"
+	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

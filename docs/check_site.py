@@ -1,13 +1,18 @@
 """Headless-browser check of the built site, as a reader sees it.
 
-Serves `site/` on localhost, opens every page in headless Chromium, and fails if:
+Serves `site/` on localhost, opens every page in headless Chromium at 1400 px wide, and fails if:
 
 * a page logs a JavaScript console error (level SEVERE), a failed resource load included;
 * a page that contains math has no MathJax-typeset elements, or has MathJax errors;
 * a notebook page shows fewer loaded figures (PNG images with a non-zero natural width)
-  than its notebook has PNG outputs.
+  than its notebook has PNG outputs;
+* a notebook page's content is narrower than `MIN_NOTEBOOK_WIDTH` of the window, its printed
+  output may break inside a word (a number), or it has no working link to its `.ipynb`;
+* a page lacks its previous/next links, or they do not follow the navigation's order;
+* the sidebar's course labels differ from the labels of the home page's table.
 
-It writes screenshots of the home page and of one notebook page.
+At 800 px it checks again that no page scrolls sideways. It writes screenshots of the home
+page, of a notebook page and of an API page at both widths.
 
 Usage: python docs/check_site.py [--site site] [--out out/screenshots]
 Needs Debian's `chromium` and `chromium-driver` (installed by .ci/run).
@@ -22,18 +27,26 @@ import json
 import sys
 import tempfile
 import threading
+import urllib.request
 from pathlib import Path
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
 ROOT = Path(__file__).resolve().parent.parent
+WIDE, NARROW, HEIGHT = 1400, 800, 900
+MIN_NOTEBOOK_WIDTH = 0.75  # of the window, at WIDE: the navigation takes the rest
+SCREENSHOTS = {"": "home", "notebooks/04_tree_decoding_on_devices/": "notebook_04",
+               "api/states/": "api_states"}
 WAIT_FOR_MATHJAX = """
 const done = arguments[arguments.length - 1];
 if (!window.MathJax || !MathJax.Hub) { done(false); return; }
 MathJax.Hub.Queue(() => done(true));
 """
 COUNT = """
+const out = document.querySelector('.jp-OutputArea-output pre');
+const style = out ? getComputedStyle(out) : null;
+const link = (sel) => { const a = document.querySelector(sel); return a ? a.href : null; };
 return {
   typeset: document.querySelectorAll(
     '.MathJax, .MathJax_Display, .MathJax_MathML, .MathJax_CHTML, mjx-container').length,
@@ -41,13 +54,34 @@ return {
   raw_math: document.querySelectorAll('.arithmatex, script[type^="math/tex"]').length,
   figures: Array.from(document.images).filter(
       i => i.src.startsWith('data:image/png') && i.complete && i.naturalWidth > 0).length,
+  window: window.innerWidth,
+  content: document.querySelector('.md-content').getBoundingClientRect().width,
+  scroll_width: document.documentElement.scrollWidth,
+  output_wrap: style ? [style.whiteSpace, style.wordBreak, style.overflowWrap] : null,
+  prev: link('.md-footer__link--prev'),
+  next: link('.md-footer__link--next'),
+  download: link('.nb-download a'),
 };
+"""
+NAV = """
+const links = document.querySelectorAll('.md-nav--primary > .md-nav__list a.md-nav__link');
+return Array.from(links).filter(a => !a.getAttribute('href').includes('#'))
+    .map(a => [a.href, a.textContent.trim()]);
+"""
+TABLE_LABELS = """
+return Array.from(document.querySelectorAll('.md-content table a'))
+    .filter(a => a.getAttribute('href').startsWith('notebooks/'))
+    .map(a => [a.href, a.textContent.trim()]);
 """
 
 
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
 def serve(site: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
-    handler.log_message = lambda *a, **k: None
+    handler = functools.partial(QuietHandler, directory=str(site))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/"
@@ -58,8 +92,8 @@ def browser(profile: str) -> webdriver.Chrome:
     opts.binary_location = "/usr/bin/chromium"
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--window-size=1280,900",
-                 f"--user-data-dir={profile}"):
+                 "--disable-component-update", "--disable-sync",
+                 f"--window-size={WIDE},{HEIGHT}", f"--user-data-dir={profile}"):
         opts.add_argument(flag)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=opts, service=Service("/usr/bin/chromedriver"))
@@ -67,10 +101,61 @@ def browser(profile: str) -> webdriver.Chrome:
     return driver
 
 
+def set_width(driver: webdriver.Chrome, width: int) -> None:
+    """An exact viewport, whatever the window decorations."""
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+        "width": width, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False})
+
+
 def png_outputs(notebook: Path) -> int:
     nb = json.loads(notebook.read_text())
     return sum("image/png" in o.get("data", {}) for c in nb["cells"] if c["cell_type"] == "code"
                for o in c.get("outputs", []))
+
+
+def is_notebook(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url) as r:
+            return "cells" in json.loads(r.read())
+    except (OSError, ValueError):
+        return False
+
+
+def check_page(driver, base: str, url: str, notebook: Path | None, order: list[str]) -> list:
+    """Open one page at WIDE and return what is wrong with it."""
+    driver.get(base + url)
+    mathjax = driver.execute_async_script(WAIT_FOR_MATHJAX)
+    c = driver.execute_script(COUNT)
+    errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    want_figs = png_outputs(notebook) if notebook else 0
+    status = []
+    if errors:
+        status.append(f"console errors: {errors}")
+    if c["raw_math"] or notebook:
+        if not mathjax or c["typeset"] == 0:
+            status.append("math present but not typeset by MathJax")
+        if c["errors"]:
+            status.append(f"{c['errors']} MathJax errors")
+    if c["figures"] < want_figs:
+        status.append(f"{c['figures']} figures shown, notebook has {want_figs}")
+    if notebook:
+        if c["content"] < MIN_NOTEBOOK_WIDTH * c["window"]:
+            status.append(f"content {c['content']:.0f} px wide in a {c['window']} px window")
+        if c["output_wrap"] and c["output_wrap"] != ["pre-wrap", "normal", "normal"]:
+            status.append(f"output white-space/word-break/overflow-wrap {c['output_wrap']}")
+        if not c["download"] or not c["download"].endswith(f"/{notebook.name}"):
+            status.append(f"no download link to {notebook.name}: {c['download']}")
+        elif not is_notebook(c["download"]):
+            status.append(f"download link {c['download']} is not the notebook")
+    i = order.index(base + url)
+    want_prev = order[i - 1] if i > 0 else None
+    want_next = order[i + 1] if i + 1 < len(order) else None
+    if (c["prev"], c["next"]) != (want_prev, want_next):
+        status.append(f"previous/next {c['prev']}, {c['next']}; want {want_prev}, {want_next}")
+    print(f"{'FAIL' if status else 'ok  '} /{url:<42} math {c['typeset']:>4}, figures "
+          f"{c['figures']}/{want_figs}, content {c['content']:.0f}/{c['window']} px, "
+          f"console errors {len(errors)}")
+    return [f"/{url}: {s}" for s in status]
 
 
 def main(argv=None) -> int:
@@ -80,40 +165,42 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     site, out = Path(args.site), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
-    pages = {"": None, "api/": None}
-    pages.update({f"notebooks/{nb.stem}/": nb for nb in notebooks})
+    notebooks = {f"notebooks/{nb.stem}/": nb for nb in sorted((ROOT / "notebooks").glob("*.ipynb"))}
 
     server, base = serve(site)
     failures = []
     with tempfile.TemporaryDirectory() as profile:
         driver = browser(profile)
         try:
-            for url, notebook in pages.items():
+            set_width(driver, WIDE)
+            driver.get(base)
+            nav = driver.execute_script(NAV)  # every page, in the navigation's order
+            order = [href for href, _ in nav]
+            labels = dict(nav)
+            for href, label in driver.execute_script(TABLE_LABELS):
+                if labels.get(href) != label:
+                    failures.append(f"sidebar says {labels.get(href)!r} for {href}, the home "
+                                    f"page's table {label!r}")
+            pages = [href.removeprefix(base) for href in order]
+            missing = set(notebooks) - set(pages)
+            if missing or "api/" not in pages:
+                failures.append(f"pages missing from the navigation: {sorted(missing)}")
+            for url in pages:
+                failures += check_page(driver, base, url, notebooks.get(url), order)
+                if url in SCREENSHOTS:
+                    driver.save_screenshot(str(out / f"{SCREENSHOTS[url]}_{WIDE}.png"))
+            set_width(driver, NARROW)
+            for url in pages:
                 driver.get(base + url)
-                mathjax = driver.execute_async_script(WAIT_FOR_MATHJAX)
-                counts = driver.execute_script(COUNT)
-                errors = [e["message"] for e in driver.get_log("browser")
-                          if e["level"] == "SEVERE"]
-                want_figs = png_outputs(notebook) if notebook else 0
-                status = []
-                if errors:
-                    status.append(f"console errors: {errors}")
-                if counts["raw_math"] or notebook:
-                    if not mathjax or counts["typeset"] == 0:
-                        status.append("math present but not typeset by MathJax")
-                    if counts["errors"]:
-                        status.append(f"{counts['errors']} MathJax errors")
-                if counts["figures"] < want_figs:
-                    status.append(f"{counts['figures']} figures shown, notebook has {want_figs}")
-                print(f"{'FAIL' if status else 'ok  '} /{url:<45} math elements "
-                      f"{counts['typeset']:>4}, figures {counts['figures']}/{want_figs}, "
-                      f"console errors {len(errors)}")
-                failures += [f"/{url}: {s}" for s in status]
-                if url == "":
-                    driver.save_screenshot(str(out / "home.png"))
-                if notebook is not None and notebook.stem.startswith("04_"):
-                    driver.save_screenshot(str(out / "notebook_04.png"))
+                c = driver.execute_script(COUNT)
+                if c["scroll_width"] > c["window"]:
+                    failures.append(f"/{url}: scrolls sideways at {NARROW} px "
+                                    f"({c['scroll_width']} px wide)")
+                if url in SCREENSHOTS:
+                    driver.execute_async_script(WAIT_FOR_MATHJAX)
+                    driver.save_screenshot(str(out / f"{SCREENSHOTS[url]}_{NARROW}.png"))
+            print(f"{len(pages)} pages at {NARROW} px: "
+                  f"{sum(f.endswith('px wide)') for f in failures)} scroll sideways")
         finally:
             driver.quit()
             server.shutdown()

@@ -73,7 +73,8 @@ def test_every_prose_number_is_computed_or_sourced(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_allow_list_has_no_stale_entries(path):
     stale = sorted(set(allowed(path)) - set(prose_numbers(path)))
-    assert not stale, f"tests/prose_numbers/{path.stem}.txt lists {stale}, which the notebook no longer states"
+    assert not stale, (f"tests/prose_numbers/{path.stem}.txt lists {stale}, which the "
+                       f"notebook no longer states")
 
 
 def test_the_scan_catches_a_claim(tmp_path):

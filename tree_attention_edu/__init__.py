@@ -1,7 +1,8 @@
 """tree_attention_edu: teach, prove and run Tree Attention (arXiv 2408.04093).
 
 Single device: `attention`, `energy`, `attention_from_energy`, `value_covariance`,
-`posterior`, `log_likelihood`, `map_estimate`, and the partial-state algebra
+`posterior`, `log_likelihood`, `stationary_point`, `conjugate_energy`, `rate_function`,
+`hard_attention`, `gamma_hessian`, and the partial-state algebra
 (`AttentionState`, `local_state`, `combine`, `finalize`, `tree_reduce`, `sequential_reduce`).
 
 Many devices: `simulate_devices`, `make_mesh`, `tree_decode`, `tree_decode_from_energy`,
@@ -13,7 +14,16 @@ model and its calibration), `model` (a decoder with a sharded KV cache), `hopfie
 """
 
 from .attention import attention
-from .bayes import log_likelihood, map_estimate, posterior
+from .bayes import (
+    conjugate_energy,
+    gamma_hessian,
+    hard_attention,
+    log_likelihood,
+    map_estimate,
+    posterior,
+    rate_function,
+    stationary_point,
+)
 from .decode import ring_decode, tree_decode, tree_decode_from_energy
 from .devices import make_mesh, simulate_devices
 from .energy import attention_from_energy, energy, value_covariance, value_covariance_formula
@@ -29,7 +39,24 @@ from .states import (
     tree_reduce,
 )
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The installed distribution's version; pyproject.toml's in an uninstalled checkout."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("tree_attention_edu")
+    except metadata.PackageNotFoundError:
+        import tomllib
+        from pathlib import Path
+
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        if not pyproject.is_file():
+            return "0+unknown"
+        return tomllib.loads(pyproject.read_text())["project"]["version"]
+
+
+__version__ = _version()  # defined once, in pyproject.toml
 
 __all__ = [
     "AttentionState",
@@ -38,8 +65,11 @@ __all__ = [
     "chunk_states",
     "collective_stats",
     "combine",
+    "conjugate_energy",
     "energy",
     "finalize",
+    "gamma_hessian",
+    "hard_attention",
     "identity_state",
     "local_state",
     "log_likelihood",
@@ -47,9 +77,11 @@ __all__ = [
     "map_estimate",
     "memory_stats",
     "posterior",
+    "rate_function",
     "ring_decode",
     "sequential_reduce",
     "simulate_devices",
+    "stationary_point",
     "tree_decode",
     "tree_decode_from_energy",
     "tree_reduce",

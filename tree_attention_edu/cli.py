@@ -20,6 +20,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from . import __version__
+
 PROG = "tree-attention-edu"
 TRACEBACK_ENV = "TREE_ATTENTION_EDU_TRACEBACK"
 MAX_DEVICES = 1024  # simulated CPU devices: 1024 already take ~30 s and 1.3 GB to sum a vector
@@ -546,15 +548,6 @@ def launch_args(p: argparse.ArgumentParser) -> None:
                         "are not used")
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("tree_attention_edu")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
-
-
 def _problem_args(p: argparse.ArgumentParser, seq_len: int | None = 65536) -> None:
     p.add_argument("--devices", type=_devices, default=8,
                    help=f"simulated CPU devices (at most {MAX_DEVICES})")
@@ -573,7 +566,7 @@ def _problem_args(p: argparse.ArgumentParser, seq_len: int | None = 65536) -> No
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
                         help="show the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 help="what to run; 'COMMAND --help' lists its options")

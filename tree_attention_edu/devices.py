@@ -13,15 +13,9 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
-from jax._src import xla_bridge
 from jax.sharding import AxisType, Mesh
 
 from . import _checks
-
-
-def backends_initialised() -> bool:
-    """True once JAX has created its backends (after which the device count is fixed)."""
-    return bool(xla_bridge.backends_are_initialized())
 
 
 def simulate_devices(n: int) -> None:
@@ -29,15 +23,26 @@ def simulate_devices(n: int) -> None:
 
     If JAX has already started with at least `n` devices, this does nothing. If it started
     with fewer, it raises a `RuntimeError` that says how to restart with `n`.
+
+    Example:
+        ```python
+        import tree_attention_edu as tae
+        tae.simulate_devices(8)   # first thing, before any JAX computation
+
+        import jax
+        assert jax.device_count() == 8
+        ```
     """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"`n` must be a positive integer number of devices, got {n!r}.")
-    if backends_initialised():
-        have = jax.device_count()
+    try:
+        # Public API only: JAX accepts this option until its backends exist, and afterwards
+        # raises RuntimeError for any value other than the one it started with.
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:
+        have = jax.device_count()  # JAX has started; its device count is fixed
         if have < n:
-            raise _checks.simulate_too_late(n, have, jax.default_backend())
-        return
-    jax.config.update("jax_num_cpu_devices", n)
+            raise _checks.simulate_too_late(n, have, jax.default_backend()) from None
 
 
 def mesh_devices(n: int, devices: Sequence[jax.Device] | None = None) -> list[jax.Device]:
@@ -64,10 +69,11 @@ def make_mesh(
         fastest, so the devices of one node are neighbours.
       devices: devices to use (default: all of them, in process order).
     """
-    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
-    names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+    shape = _checks.mesh_shape(shape)
+    names = _checks.mesh_axis_names(axis_names)
+    devices = _checks.mesh_device_list(devices)
     available = len(jax.devices() if devices is None else devices)
-    _checks.check_mesh_shape(shape, names, available)
+    _checks.check_mesh_shape(shape, names, available, devices_given=devices is not None)
     devs = np.array(mesh_devices(math.prod(shape), devices), dtype=object).reshape(shape)
     return Mesh(devs, names, axis_types=(AxisType.Auto,) * len(shape))
 

@@ -392,7 +392,9 @@ def run_local(processes: int = 2, devices_per_process: int = 4, seq_len: int = 4
     """Start `processes` workers on localhost, wait, and return 0 only if all succeed.
 
     Args:
-      processes, devices_per_process: the mesh is `(processes, devices_per_process)`.
+      processes: worker processes, one mesh "node" each.
+      devices_per_process: simulated CPU devices per worker: the mesh is
+        `(processes, devices_per_process)`.
       seq_len: KV length of the decoded problem.
       timeout: seconds for the whole run, after which the workers are killed.
       port: the coordinator's port; `None` or 0 picks a free one (and retries if another
