@@ -61,6 +61,7 @@ return {
   prev: link('.md-footer__link--prev'),
   next: link('.md-footer__link--next'),
   download: link('.nb-download a'),
+  folded: document.querySelectorAll('details.solution:not([open]) .celltag_solution').length,
 };
 """
 NAV = """
@@ -113,6 +114,12 @@ def png_outputs(notebook: Path) -> int:
                for o in c.get("outputs", []))
 
 
+def solution_cells(notebook: Path) -> int:
+    """Cells tagged "solution": exercise answers, which the site folds away."""
+    nb = json.loads(notebook.read_text())
+    return sum("solution" in c.get("metadata", {}).get("tags", []) for c in nb["cells"])
+
+
 def is_notebook(url: str) -> bool:
     try:
         with urllib.request.urlopen(url) as r:
@@ -147,6 +154,9 @@ def check_page(driver, base: str, url: str, notebook: Path | None, order: list[s
             status.append(f"no download link to {notebook.name}: {c['download']}")
         elif not is_notebook(c["download"]):
             status.append(f"download link {c['download']} is not the notebook")
+        if c["folded"] != solution_cells(notebook):
+            status.append(f"{c['folded']} folded answers, notebook has "
+                          f"{solution_cells(notebook)} cells tagged 'solution'")
     i = order.index(base + url)
     want_prev = order[i - 1] if i > 0 else None
     want_next = order[i + 1] if i + 1 < len(order) else None
