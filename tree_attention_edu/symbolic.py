@@ -80,6 +80,38 @@ def hessian_is_covariance(n: int = 3, d: int = 2) -> list[Identity]:
     return out
 
 
+def third_cumulant(n: int = 3) -> list[Identity]:
+    """d³F/dζ³ at ζ = 0 (one value dimension) equals the third central moment E[(v − E v)³].
+
+    F is a cumulant-generating function: its first three derivatives at 0 are the mean, the
+    variance and the third central moment of v under the attention weights.
+    """
+    s, v, zeta = symbols(n, 1)
+    F = energy_expr(s, v, zeta)
+    mean = softmax_mean(s, v, 0)
+    den = sum(sp.exp(x) for x in s)
+    third = sum(sp.exp(s[a]) * (v[a][0] - mean) ** 3 for a in range(n)) / den
+    return [Identity("d3F/dzeta^3", _at_zero(sp.diff(F, zeta[0], 3), zeta), third)]
+
+
+def value_shift(n: int = 3, d: int = 2) -> list[Identity]:
+    """Adding a constant c to every component of every value.
+
+    The source term becomes Σ_j ζ_j (v_{a,j} + c) = ζ·v_a + c Σ_j ζ_j, the same for every key
+    `a`, so it leaves the log: F_{v+c}(ζ) = F_v(ζ) + c Σ_j ζ_j, and every component of the
+    gradient at 0 (attention) shifts by exactly c.
+    """
+    s, v, zeta = symbols(n, d)
+    c = sp.Symbol("c", real=True)
+    shifted = [[x + c for x in row] for row in v]
+    F, F_c = energy_expr(s, v, zeta), energy_expr(s, shifted, zeta)
+    out = [Identity("F(v + c) = F(v) + c sum_j zeta_j", F_c, F + c * sum(zeta))]
+    out += [Identity(f"dF(v + c)/dzeta_{j} = attention_{j} + c",
+                     _at_zero(sp.diff(F_c, zeta[j]), zeta), softmax_mean(s, v, j) + c)
+            for j in range(d)]
+    return out
+
+
 def shift_invariance(n: int = 3) -> list[Identity]:
     """log Σ exp(s_a) = c + log Σ exp(s_a − c) for any c: the safe-max trick (c = max s)."""
     s = sp.symbols(f"s0:{n}", real=True)
