@@ -28,6 +28,7 @@ import pytest
 import tree_attention_edu as tae
 from tree_attention_edu import (
     bayes,
+    checkpoint,
     costmodel,
     decode,
     devices,
@@ -192,6 +193,60 @@ def attention_family() -> list[Case]:
              "max_newton"),
         case(me, "type", "seed", lambda: me(Q, K, V, seed="0"), TypeError, "seed"),
     ]
+    return cases
+
+
+
+def bayes_family() -> list[Case]:
+    """The corrected Bayesian reading (issue 11 §1): saddle, conjugate, rate function."""
+    cases = []
+    sp_ = bayes.stationary_point
+    cases += qkv_cases(sp_, sp_)
+    cases += [
+        case(sp_, "range", "tol", lambda: sp_(Q, K, V, tol=0.0), ValueError, "tol"),
+        case(sp_, "type", "max_newton", lambda: sp_(Q, K, V, max_newton=2.5), TypeError,
+             "max_newton"),
+        case(sp_, "range", "seed", lambda: sp_(Q, K, V, seed=-1), ValueError, "seed"),
+    ]
+    gh = bayes.gamma_hessian
+    cases += qkv_cases(gh, gh)
+    cases += like_output_cases(gh, lambda zeta: gh(Q, K, V, zeta=zeta), "zeta")
+    for fn in (bayes.conjugate_energy, bayes.rate_function, bayes.min_kl_with_mean):
+        cases += qkv_cases(fn, lambda q, k, v, fn=fn, **kw: fn(OUT, q, k, v, **kw))
+        cases += like_output_cases(fn, lambda z, fn=fn: fn(z, Q, K, V), "z")
+        cases += [
+            case(fn, "range", "tol", lambda fn=fn: fn(OUT, Q, K, V, tol=-1.0), ValueError,
+                 "tol"),
+            case(fn, "type", "tol", lambda fn=fn: fn(OUT, Q, K, V, tol="1e-9"), TypeError,
+                 "tol"),
+            case(fn, "range", "max_newton", lambda fn=fn: fn(OUT, Q, K, V, max_newton=0),
+                 ValueError, "max_newton"),
+        ]
+    sd = bayes.saddlepoint_density
+    cases += qkv_cases(sd, lambda q, k, v, **kw: sd(OUT, 4, q, k, v, **kw))
+    cases += like_output_cases(sd, lambda z: sd(z, 4, Q, K, V), "z")
+    cases += [
+        case(sd, "range", "n", lambda: sd(OUT, 0, Q, K, V), ValueError, "n"),
+        case(sd, "type", "n", lambda: sd(OUT, 2.5, Q, K, V), TypeError, "n"),
+    ]
+    sm = bayes.sample_means
+    cases += qkv_cases(sm, lambda q, k, v, **kw: sm(key(), 4, 8, q, k, v, **kw))
+    cases += [
+        case(sm, "type", "key-int", lambda: sm(0, 4, 8, Q, K, V), TypeError, "key"),
+        case(sm, "range", "n", lambda: sm(key(), 0, 8, Q, K, V), ValueError, "n"),
+        case(sm, "type", "num_samples", lambda: sm(key(), 4, "8", Q, K, V), TypeError,
+             "num_samples"),
+        case(sm, "range", "num_samples", lambda: sm(key(), 4, -1, Q, K, V), ValueError,
+             "num_samples"),
+    ]
+    tp = bayes.tilted_posterior
+    cases += qkv_cases(tp, lambda q, k, v, **kw: tp(OUT, q, k, v, **kw))
+    cases += like_output_cases(tp, lambda zeta: tp(zeta, Q, K, V), "zeta")
+    pr = bayes.posterior_risk
+    cases += qkv_cases(pr, lambda q, k, v, **kw: pr(OUT, q, k, v, **kw))
+    cases += like_output_cases(pr, lambda z: pr(z, Q, K, V), "z")
+    ha = bayes.hard_attention
+    cases += qkv_cases(ha, ha)
     return cases
 
 
@@ -604,6 +659,7 @@ def model_family() -> list[Case]:
 
 LINK = costmodel.Link(1e-6, 1e9)
 TOPO = costmodel.Topology(2, 4, LINK, LINK, mem_Bps=1e12, flops=1e15)
+SHAPE = costmodel.ModelShape(2, 16, 4, 2, 4, 32, 64)
 
 COST_CALLS = (
     (costmodel.reduction_steps, dict(n=16, p=4, branching=2)),
@@ -633,6 +689,14 @@ COST_CALLS = (
                                   head_dim=8, itemsize=2, q_len=1, stat_itemsize=4)),
     (costmodel.predict_ring, dict(seq_len=1024, topo=TOPO, batch=1, q_heads=4, kv_heads=2,
                                   head_dim=8, itemsize=2, q_len=1, overlap=True)),
+    (costmodel.kv_read_bytes, dict(batch=1, kv_len=64, kv_heads=2, head_dim=4, v_dim=4,
+                                   itemsize=2)),
+    (costmodel.decode_flops, dict(batch=1, kv_len=64, q_heads=4, head_dim=4, v_dim=4, q_len=1)),
+    (costmodel.decode_intensity, dict(group=4, itemsize=2, q_len=1)),
+    (costmodel.paper_microbenchmark, dict(seq_len=1024, p=4, topo=TOPO)),
+    (costmodel.ModelShape, dict(layers=2, dim=16, q_heads=4, kv_heads=2, head_dim=4, hidden=32,
+                                vocab=64, tie_embeddings=False, itemsize=2)),
+    (costmodel.generation_time, dict(seq_len=1024, topo=TOPO, model=SHAPE, tokens=2)),
 )
 
 
@@ -674,6 +738,60 @@ def costmodel_family() -> list[Case]:
 CASES = (attention_family() + states_family() + devices_family() + kernels_family()
          + decode_family() + introspect_family() + hopfield_family() + model_family()
          + costmodel_family())
+CASES = CASES + bayes_family()
+
+
+def checkpoint_family() -> list[Case]:
+    """Hugging Face checkpoints (issue 15): paths, dtypes, configs; nothing is read or written
+    (a path that does not exist, or a check that fails before the folder is touched)."""
+    ic, lc, lt, sc = (checkpoint.inspect_checkpoint, checkpoint.load_checkpoint,
+                      checkpoint.load_tokenizer, checkpoint.save_checkpoint)
+    cf, ct, rs = checkpoint.config_from_hf, checkpoint.config_to_hf, model.RopeScaling
+    nowhere = "/nonexistent/checkpoint"
+    other = model.Config(vocab=32, dim=8, layers=1, q_heads=2, kv_heads=1, head_dim=4, hidden=8)
+    x4, pos = np.zeros((1, 2, 1, 4), F32), np.zeros((1, 2), np.int32)
+    return [
+        case(ic, "type", "path-int", lambda: ic(42), TypeError, "path"),
+        case(ic, "range", "path-missing", lambda: ic(nowhere), ValueError, "path"),
+        case(lc, "type", "path-none", lambda: lc(None), TypeError, "path"),
+        case(lc, "range", "path-missing", lambda: lc(nowhere), ValueError, "path"),
+        case(lc, "dtype", "dtype-int", lambda: lc(nowhere, dtype=np.int8), TypeError, "dtype"),
+        case(lc, "type", "dtype-str", lambda: lc(nowhere, dtype="banana"), TypeError, "dtype"),
+        case(lc, "type", "mesh", lambda: lc(nowhere, mesh="x"), TypeError, "mesh"),
+        case(lt, "type", "path-float", lambda: lt(3.5), TypeError, "path"),
+        case(lt, "range", "path-missing", lambda: lt(nowhere), ValueError, "path"),
+        case(sc, "type", "path-int", lambda: sc(5, params(), CFG), TypeError, "path"),
+        case(sc, "type", "cfg", lambda: sc(nowhere, params(), {}), TypeError, "cfg"),
+        case(sc, "shape", "params-of-another-config", lambda: sc(nowhere, params(), other),
+             ValueError, "params"),
+        case(sc, "dtype", "dtype-int", lambda: sc(nowhere, params(), CFG, dtype=np.int32),
+             TypeError, "dtype"),
+        case(sc, "range", "max_shard_bytes-0",
+             lambda: sc(nowhere, params(), CFG, max_shard_bytes=0), ValueError,
+             "max_shard_bytes"),
+        case(sc, "type", "max_shard_bytes-float",
+             lambda: sc(nowhere, params(), CFG, max_shard_bytes=1.5), TypeError,
+             "max_shard_bytes"),
+        case(cf, "type", "config-list", lambda: cf([]), TypeError, "config"),
+        case(cf, "range", "config-empty", lambda: cf({}), ValueError, "config.json"),
+        case(cf, "shape", "heads", lambda: cf({"num_attention_heads": 4, "num_key_value_heads": 3,
+                                                "hidden_size": 32}), ValueError, "config.json"),
+        case(cf, "type", "where", lambda: cf({}, 5), TypeError, "where"),
+        case(ct, "type", "cfg", lambda: ct("tiny"), TypeError, "cfg"),
+        case(rs, "range", "factor", lambda: rs(factor=0.5), ValueError, "factor"),
+        case(rs, "range", "high_freq_factor", lambda: rs(high_freq_factor=0.5), ValueError,
+             "high_freq_factor"),
+        case(rs, "type", "original_max_position_embeddings",
+             lambda: rs(original_max_position_embeddings=1.5), TypeError,
+             "original_max_position_embeddings"),
+        case(model.Config, "type", "rope_scaling", lambda: model.Config(rope_scaling=8.0),
+             TypeError, "rope_scaling"),
+        case(model.rope, "type", "scaling", lambda: model.rope(x4, pos, 1e4, scaling=8.0),
+             TypeError, "scaling"),
+    ]
+
+
+CASES = CASES + checkpoint_family()
 
 
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
@@ -687,6 +805,7 @@ def test_bad_input_names_the_argument(c: Case):
 
 MODULES = (attention_module, states, energy_module, bayes, devices, kernels, decode, introspect,
            costmodel, model, hf)
+MODULES = (*MODULES, checkpoint)
 
 NOT_VALIDATED = {
     # Numerics that every checked entry point shares; only ever called on validated arrays.
@@ -705,6 +824,7 @@ NOT_VALIDATED = {
               "KVCache", "Generation"},  # containers; forward / generate check them
     "hopfield": {"Memory"},  # a container; every function taking one checks it
 }
+NOT_VALIDATED["checkpoint"] = {"TensorInfo", "CheckpointInfo"}  # results, not inputs
 """Public names of the listed modules that have no cases, and why. `symbolic` (sympy, no
 arrays), `plots` (figures from plain data) and the tools (`benchmark`, `calibrate`, `cli`,
 `launch`) are not listed."""

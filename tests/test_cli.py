@@ -97,6 +97,21 @@ BAD_FLAGS = [
     ("generate --preset huge", "--preset"),
     ("generate --devices 0", "--devices"),
     ("generate --mesh 2level --devices 5", "--mesh 2level"),
+    # generate with a checkpoint (issue 15)
+    ("generate --checkpoint {dir} --prompt-ids 1,2", "has no config.json"),
+    ("generate --checkpoint {file} --prompt-ids 1", "is not a folder"),
+    ("generate --checkpoint {dir}", "give the prompts"),
+    ("generate --prompt-ids 1,2", "--prompt-ids: needs --checkpoint"),
+    ("generate --prompt hello", "--prompt: needs --checkpoint"),
+    ("generate --prompt-ids 1,x", "--prompt-ids"),
+    ("generate --prompt-ids ''", "--prompt-ids"),
+    ("generate --prompt-ids -1", "--prompt-ids"),
+    ("generate --prompt a --prompt-ids 1", "not allowed with"),
+    ("generate --checkpoint {dir} --prompt-ids 1 --vocab 5", "--vocab: sets the random"),
+    ("generate --checkpoint {dir} --prompt-ids 1 --preset tiny", "--preset"),
+    ("generate --dtype bfloat16", "--dtype: is the dtype of a checkpoint"),
+    ("generate --dtype float16", "--dtype"),
+    ("generate --json {dir}", "--json"),
     # launch
     ("launch --processes 0", "--processes"),
     ("launch --devices-per-process 0", "--devices-per-process"),
@@ -330,3 +345,81 @@ def test_generate_checks_tokens():
     assert "tokens identical to single-device generation: True" in r.stdout
     assert "prefill (tree)" in r.stdout and "prefill (single)" in r.stdout
     assert "tokens/s" in r.stdout and "per-token latency" in r.stdout
+
+
+# --- generate --checkpoint (issue 15) ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    """A bf16, tied, llama3-scaled checkpoint in two shards, with a tokenizer of its vocab."""
+    import llama_reference as ref
+
+    path = tmp_path_factory.mktemp("ckpt")
+    config = ref.tiny_config(tied=True, llama3=True)
+    ref.write_checkpoint(path, config, ref.random_weights(config, 7), "bfloat16", 2)
+    ref.write_tokenizer(path, 64)
+    return path
+
+
+def test_generate_from_a_checkpoint_matches_the_reference(tiny_checkpoint, in_tmp, capsys):
+    """Ragged --prompt-ids, --json: the tokens and first logits of the float64 reference."""
+    import llama_reference as ref
+    import numpy as np
+
+    prompts = [[1, 5, 9, 3, 7, 20, 33, 40, 2, 11], [4, 8, 15]]
+    argv = ["generate", "--checkpoint", str(tiny_checkpoint), "--method", "tree",
+            "--no-check", "--new-tokens", "5", "--prefill-chunk", "8", "--json", "out.json"]
+    for p in prompts:
+        argv += ["--prompt-ids", ",".join(map(str, p))]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "prompt 2: [" in out and "wrote out.json" in out
+    report = json.loads((in_tmp / "out.json").read_text())
+    assert report["prompts"] == prompts and report["method"] == "tree"
+    config, weights = ref.read_checkpoint(tiny_checkpoint)
+    for b, prompt in enumerate(prompts):
+        tokens, logits = ref.greedy(config, weights, prompt, 5)
+        assert report["tokens"][b] == tokens.tolist()
+        assert len(report["logits_last"][b]) == 64
+        err = np.abs(np.array(report["logits_last"][b]) - logits[0]).max()
+        assert err < 3e-6 * np.abs(logits[0]).max(), err
+    assert report["methods"]["tree"]["tokens"] == report["tokens"]
+
+
+def test_generate_text_through_the_tokenizer(tiny_checkpoint, in_tmp, capsys):
+    assert cli.main(["generate", "--checkpoint", str(tiny_checkpoint), "--prompt",
+                     "w5 w17 w63 w8", "--new-tokens", "3", "--method", "single",
+                     "--prefill-chunk", "8", "--json", "out.json"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads((in_tmp / "out.json").read_text())
+    assert report["prompts"] == [[1, 5, 17, 63, 8]]  # <s> prepended by the tokenizer
+    text = " ".join(f"w{t}" for t in report["tokens"][0] if t >= 3)
+    assert report["text"] == [text] and f"'<s> w5 w17 w63 w8' -> '{text}'" not in out
+    assert f"'w5 w17 w63 w8' -> '{text}'" in out
+
+
+@pytest.mark.parametrize("name, change, message", [
+    ("heads", lambda c, w: c.update(num_key_value_heads=3),
+     "num_attention_heads (4) must be a multiple of num_key_value_heads (3)"),
+    ("missing-tensor", lambda c, w: w.pop("model.norm.weight"),
+     "`model.norm.weight` is missing from the checkpoint"),
+    ("dtype", lambda c, w: w.update({"model.norm.weight": w["model.norm.weight"].astype("i1")}),
+     "has dtype I8, which the loader cannot read"),
+    ("token-id", lambda c, w: None, "token id 64 (prompt 1, position 1) is outside the "
+                                    "checkpoint's vocabulary [0, 64)"),
+])
+def test_generate_refuses_a_malformed_checkpoint_in_one_line(name, change, message, tmp_path,
+                                                             capsys):
+    import llama_reference as ref
+
+    config = ref.tiny_config()
+    weights = ref.random_weights(config, 0)
+    change(config, weights)
+    extra = {k: v for k, v in weights.items() if v.dtype.kind == "i"}
+    ref.write_checkpoint(tmp_path, config, {k: v for k, v in weights.items() if k not in extra},
+                         extra=extra)
+    code, lines = call(["generate", "--checkpoint", str(tmp_path), "--prompt-ids", "1,64"
+                        if name == "token-id" else "1,2"], capsys)
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("tree-attention-edu generate: error: ") and message in lines[0]
+    assert "Traceback" not in lines[0]

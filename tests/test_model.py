@@ -277,3 +277,39 @@ def test_forward_rejects_out_of_vocab_tokens(mesh8):
                           np.zeros(1, np.int32))
     with pytest.raises(ValueError, match=r"`tokens` must lie in \[0, 256\)"):
         model.forward(params, CFG, np.array([[300]], np.int32), cache, lambda *a: None, mesh8)
+
+
+# --- Hugging Face conventions (issue 15) -------------------------------------------------------
+
+@pytest.mark.parametrize("scaling", [None, model.RopeScaling(8.0, 1.0, 4.0, 16)])
+def test_rope_is_hugging_faces_rotate_half(scaling):
+    """`rope` equals transformers' `apply_rotary_pos_emb` with `rotate_half`, default and
+    llama3 frequencies (the float64 reference follows transformers line by line)."""
+    import llama_reference as ref
+
+    B, T, H, D = 2, 40, 3, 16
+    x = np.random.default_rng(0).standard_normal((B, T, H, D)).astype(np.float32)
+    positions = np.stack([np.arange(T), np.arange(T) + 1000])  # llama3's three bands
+    config = ref.standardize(ref.tiny_config(llama3=scaling is not None, dim=H * D, heads=H))
+    cos, sin = ref.LlamaRotaryEmbedding(config, positions)
+    xt = x.transpose(0, 2, 1, 3).astype(np.float64)  # transformers' [B, H, T, D]
+    want, _ = ref.apply_rotary_pos_emb(xt, xt, cos, sin)
+    got = model.rope(jnp.asarray(x), jnp.asarray(positions), 10000.0, scaling)
+    assert got.dtype == jnp.float32
+    # float32 angles at positions up to ~1000: |error| <= ~1000 * eps32 relative
+    np.testing.assert_allclose(np.asarray(got).transpose(0, 2, 1, 3), want, rtol=0, atol=2e-4)
+    if scaling is not None:  # and the scaling matters: plain RoPE differs at these positions
+        plain = model.rope(jnp.asarray(x), jnp.asarray(positions), 10000.0)
+        assert np.abs(np.asarray(plain) - np.asarray(got)).max() > 0.1
+
+
+def test_rope_scaling_rejects_bad_values():
+    with pytest.raises(ValueError, match=r"`factor` must be >= 1"):
+        model.RopeScaling(factor=0.5)
+    with pytest.raises(ValueError, match=r"`high_freq_factor` must be > 1"):
+        model.RopeScaling(low_freq_factor=1.0, high_freq_factor=1.0)
+    with pytest.raises(TypeError, match=r"`original_max_position_embeddings` must be an int"):
+        model.RopeScaling(original_max_position_embeddings=8192.0)
+    with pytest.raises(TypeError, match=r"`rope_scaling` must be a RopeScaling"):
+        model.Config(rope_scaling={"factor": 8.0})
+

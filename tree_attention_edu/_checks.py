@@ -712,3 +712,154 @@ def check_params(path: str, got: Any, want: Any) -> None:
     if got != want:
         raise ValueError(f"`params` {path} has shape {got} but `cfg` implies {want}; params "
                          f"and cfg must come from the same Config (`init_params(cfg, key)`).")
+
+
+# checkpoint (Hugging Face Llama checkpoints on disk)
+
+_CHECKPOINT_HINT = ("a Hugging Face checkpoint folder holds config.json and the weights "
+                    "(model.safetensors, or shards listed in model.safetensors.index.json)")
+
+
+def check_path(path: Any, name: str = "path") -> Any:
+    """A filesystem path (str or os.PathLike), returned as a `pathlib.Path`."""
+    import os
+    from pathlib import Path
+
+    if isinstance(path, bool) or not isinstance(path, str | os.PathLike):
+        raise TypeError(f"`{name}` must be a folder path (str or pathlib.Path), got "
+                        f"{_describe(path)}.")
+    return Path(path)
+
+
+def check_checkpoint_dir(path: Any, name: str = "path") -> Any:
+    """An existing folder with a config.json; returns it as a `pathlib.Path`."""
+    p = check_path(path, name)
+    if not p.is_dir():
+        raise ValueError(f"`{name}` {str(p)!r} is not a folder; {_CHECKPOINT_HINT}.")
+    if not (p / "config.json").is_file():
+        raise ValueError(f"`{name}` {str(p)!r} has no config.json; {_CHECKPOINT_HINT}.")
+    return p
+
+
+def checkpoint_json(file: Any, err: Exception | None = None, what: str = "a JSON object"
+                    ) -> ValueError:
+    """`file` (config.json or the shard index) could not be read as `what`."""
+    why = f" ({' '.join(str(err).split())})" if err is not None else ""
+    return ValueError(f"`{file.name}` in {str(file.parent)!r} is not {what}{why}; it must be "
+                      f"the file a Hugging Face checkpoint saves.")
+
+
+def config_value(config: dict, key: str, where: str, kind: str, default: Any = None,
+                 minimum: float | None = None) -> Any:
+    """`config[key]` of a config.json as `kind` ("int", "real", "bool" or "str"); `default`
+    when absent (None: the key is required). Ints must be >= `minimum` (default 1); reals
+    > `minimum` when it is given."""
+    if key not in config or config[key] is None:
+        if default is None:
+            raise ValueError(f"`config.json` in {where!r} lacks \"{key}\"; a Llama config "
+                             f"names vocab_size, hidden_size, intermediate_size, "
+                             f"num_hidden_layers and num_attention_heads.")
+        return default
+    value = config[key]
+    ok = {"int": isinstance(value, int) and not isinstance(value, bool),
+          "real": isinstance(value, int | float) and not isinstance(value, bool)
+          and math.isfinite(value),
+          "bool": isinstance(value, bool), "str": isinstance(value, str)}[kind]
+    if kind == "int" and ok:
+        ok = value >= (1 if minimum is None else minimum)
+    elif kind == "real" and ok and minimum is not None:
+        ok = value > minimum
+    if not ok:
+        want = {"int": f"an int >= {1 if minimum is None else int(minimum)}",
+                "real": "a finite number" + (f" > {minimum:g}" if minimum is not None else ""),
+                "bool": "true or false", "str": "a string"}[kind]
+        raise ValueError(f"`config.json` in {where!r}: \"{key}\" must be {want}, got "
+                         f"{value!r}.")
+    return value
+
+
+def config_invalid(where: str, err: Exception) -> ValueError:
+    """A config.json value that `model.Config` or `model.RopeScaling` refused."""
+    return ValueError(f"`config.json` in {where!r}: {err}")
+
+
+def config_unsupported(where: str, key: str, value: Any, supported: str) -> ValueError:
+    return ValueError(f"`config.json` in {where!r}: \"{key}\" is {value!r}, which this "
+                      f"loader does not support; it reads {supported}.")
+
+
+def check_config_heads(where: str, q_heads: int, kv_heads: int, hidden: int,
+                       head_dim_given: bool) -> None:
+    """Grouped-query attention needs kv heads dividing the query heads; without an explicit
+    head_dim, the heads must divide hidden_size."""
+    if q_heads % kv_heads:
+        raise ValueError(f"`config.json` in {where!r}: num_attention_heads ({q_heads}) must be "
+                         f"a multiple of num_key_value_heads ({kv_heads}) (grouped-query "
+                         f"attention: each kv head serves a whole group of query heads).")
+    if not head_dim_given and hidden % q_heads:
+        raise ValueError(f"`config.json` in {where!r}: hidden_size ({hidden}) is not a "
+                         f"multiple of num_attention_heads ({q_heads}), and no head_dim is "
+                         f"given; add \"head_dim\" or fix the head count.")
+
+
+def checkpoint_no_weights(path: Any) -> ValueError:
+    return ValueError(f"`path` {str(path)!r} has no weights: no model.safetensors, no "
+                      f"model.safetensors.index.json and no other *.safetensors file.")
+
+
+def checkpoint_shard_missing(index: Any, shard: str) -> ValueError:
+    return ValueError(f"`{index.name}` in {str(index.parent)!r} lists the shard {shard!r}, "
+                      f"which is not there; copy the whole checkpoint folder.")
+
+
+def checkpoint_unreadable(file: Any, err: Exception) -> ValueError:
+    return ValueError(f"`{file.name}` in {str(file.parent)!r} is not a readable safetensors "
+                      f"file ({' '.join(str(err).split())}).")
+
+
+def checkpoint_tensor_missing(name: str, path: Any, shape: tuple[int, ...]) -> ValueError:
+    return ValueError(f"`{name}` is missing from the checkpoint {str(path)!r}; config.json "
+                      f"implies a tensor of shape {list(shape)} under that name.")
+
+
+def checkpoint_tensor_misplaced(name: str, index: Any, shard: str) -> ValueError:
+    return ValueError(f"`{name}` is listed in {index.name} under {shard!r} but that file does "
+                      f"not hold it; the index and the shards disagree.")
+
+
+def checkpoint_tensor_unexpected(name: str, file: Any) -> ValueError:
+    return ValueError(f"`{name}` in {file.name} is not a weight of the Llama model that "
+                      f"config.json describes (a bias, an extra layer, another architecture?); "
+                      f"the loader will not guess what it is for.")
+
+
+def check_checkpoint_tensor(name: str, file: Any, dtype: str, shape: list[int],
+                            want: tuple[int, ...], readable: tuple[str, ...]) -> None:
+    """A stored tensor's safetensors dtype and shape against what the loader reads."""
+    if dtype not in readable:
+        raise ValueError(f"`{name}` in {file.name} has dtype {dtype}, which the loader cannot "
+                         f"read as weights; it reads {', '.join(readable)} (dequantise the "
+                         f"checkpoint first).")
+    if tuple(shape) != tuple(want):
+        raise ValueError(f"`{name}` in {file.name} has shape {list(shape)}, but config.json "
+                         f"implies {list(want)} (Hugging Face stores Linear weights as "
+                         f"[out, in]).")
+
+
+def checkpoint_no_tokenizer(path: Any) -> ValueError:
+    return ValueError(f"`path` {str(path)!r} has no tokenizer.json, so text cannot be turned "
+                      f"into token ids; pass token ids instead.")
+
+
+def check_weight_dtype(dtype: Any, name: str = "dtype") -> Any:
+    """None (keep the checkpoint's dtype) or a floating dtype, as a numpy dtype."""
+    if dtype is None:
+        return None
+    check_float_dtype(dtype, name)
+    return np.dtype(jnp.dtype(dtype))
+
+
+def check_shard_bytes(value: Any, name: str = "max_shard_bytes") -> Any:
+    if value is None:
+        return None
+    return check_int(value, name, example="`max_shard_bytes=2_000_000_000` (2 GB files)")

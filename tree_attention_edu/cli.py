@@ -88,6 +88,18 @@ def _lengths(text: str) -> list[int]:
     return [_positive(s) for s in parts]
 
 
+def _token_ids(text: str) -> list[int]:
+    """A prompt as comma-separated token ids (non-negative integers)."""
+    parts = [s.strip() for s in text.split(",")]
+    if not text.strip() or any(not s for s in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token ids such as 1,2,3, got {text!r}")
+    ids = [_int(s) for s in parts]
+    if min(ids) < 0 or max(ids) > MAX_POSITION:
+        raise argparse.ArgumentTypeError(f"token ids must be non-negative integers, got {text!r}")
+    return ids
+
+
 def _temperature(text: str) -> float:
     try:
         value = float(text)
@@ -194,6 +206,82 @@ def _check_decode_memory(parser, args, flag: str, seq_len: int) -> None:
     _check_positions(parser, flag, seq_len)
 
 
+RANDOM_MODEL_DEFAULTS = {"preset": "tiny", "vocab": 256, "prompt_len": 1024, "batch": 3}
+"""`generate`'s flags for the random-weights model, and their defaults (None in the parser,
+so that giving one together with --checkpoint can be refused)."""
+
+
+def _check_generate(parser, args) -> None:
+    """`generate`: the random model's flags, or a checkpoint, its prompts and its memory."""
+    random_flags = {f"--{k.replace('_', '-')}": getattr(args, k) for k in RANDOM_MODEL_DEFAULTS}
+    if args.checkpoint is None:
+        for flag, value in (("--prompt", args.prompt), ("--prompt-ids", args.prompt_ids)):
+            if value:
+                parser.error(f"{flag}: needs --checkpoint DIR; without a checkpoint the model "
+                             "has random weights and random prompts (--prompt-len, --batch)")
+        if args.dtype != "float32":
+            parser.error("--dtype: is the dtype of a checkpoint's weights; it needs "
+                         "--checkpoint DIR")
+        for key, default in RANDOM_MODEL_DEFAULTS.items():
+            if getattr(args, key) is None:
+                setattr(args, key, default)
+        _check_generate_memory(parser, args)
+        return
+    given = [flag for flag, value in random_flags.items() if value is not None]
+    if given:
+        parser.error(f"{given[0]}: sets the random-weights model; with --checkpoint the "
+                     "checkpoint sets the model, and --prompt or --prompt-ids the prompts")
+    if not (args.prompt or args.prompt_ids):
+        parser.error("--checkpoint: give the prompts, as text with --prompt TEXT or as token "
+                     "ids with --prompt-ids 1,2,3 (each flag repeatable for a batch)")
+    from .checkpoint import inspect_checkpoint, load_tokenizer  # imports JAX, does not start it
+
+    flag = f"--checkpoint {args.checkpoint}"
+    try:
+        args.info = info = inspect_checkpoint(args.checkpoint)
+        args.tokenizer = load_tokenizer(args.checkpoint) if info.tokenizer else None
+    except (ValueError, TypeError) as e:
+        parser.error(f"{flag}: {_one_line(e)}")
+    vocab = info.cfg.vocab
+    if args.prompt:
+        if args.tokenizer is None:
+            parser.error(f"--prompt: {flag} has no tokenizer.json to turn text into token ids; "
+                         "pass token ids with --prompt-ids 1,2,3")
+        args.prompts = [args.tokenizer.encode(text).ids for text in args.prompt]
+        for text, ids in zip(args.prompt, args.prompts, strict=True):
+            if not ids:
+                parser.error(f"--prompt: {text!r} encodes to no tokens")
+    else:
+        args.prompts = args.prompt_ids
+    for i, ids in enumerate(args.prompts):
+        bad = [t for t in ids if t >= vocab]
+        if bad:
+            parser.error(f"{'--prompt' if args.prompt else '--prompt-ids'}: token id {bad[0]} "
+                         f"(prompt {i + 1}, position {ids.index(bad[0])}) is outside the "
+                         f"checkpoint's vocabulary [0, {vocab})")
+    _check_checkpoint_memory(parser, args, info)
+
+
+def _check_checkpoint_memory(parser, args, info) -> None:
+    """Weights once (on CPU the simulated devices share one host copy; `single` takes a
+    second), the cache twice while it is updated, and the logits kept."""
+    cfg = info.cfg
+    weights = info.num_params * _itemsize(args.dtype)
+    longest = max(len(p) for p in args.prompts)
+    capacity = -(-longest // args.prefill_chunk) * args.prefill_chunk + args.new_tokens
+    capacity = -(-capacity // args.devices) * args.devices
+    batch = len(args.prompts)
+    cache = 4 * cfg.layers * 2 * batch * capacity * cfg.kv_heads * cfg.head_dim
+    logits = 4 * batch * cfg.vocab * (args.new_tokens * (len(args.method) + 1) + 1)
+    single = "single" in args.method or args.check
+    need = weights * (2 if single else 1) + 2 * cache + logits
+    _check_memory(parser, f"--checkpoint {args.checkpoint}", need,
+                  f"weights of {weights:,} bytes as {args.dtype}"
+                  f"{' (twice: single-device generation copies them)' if single else ''}, "
+                  f"and a KV cache of {capacity} positions x batch {batch} ({cache:,} bytes)")
+    _check_positions(parser, "--prompt-ids/--new-tokens", capacity)
+
+
 def _check_generate_memory(parser, args) -> None:
     from .model import PRESETS  # imports JAX, but does not start it
 
@@ -274,7 +362,7 @@ def _validate(args) -> None:
             _check_decode_memory(sub, args, "--calibration-seq-lens",
                                  max(args.calibration_seq_lens))
     elif args.command == "generate":
-        _check_generate_memory(sub, args)
+        _check_generate(sub, args)
     elif args.command == "launch":
         if args.cluster and args.port:
             sub.error("--port is for local runs; with --cluster the coordinator comes from "
@@ -459,9 +547,35 @@ def _prompts(args) -> list[list[int]]:
     return [rng.integers(0, args.vocab, n).tolist() for n in lens]
 
 
+def _model(args):
+    """(params, cfg, prompts, tokenizer) of `generate`: a checkpoint, or random weights."""
+    import dataclasses
+
+    import jax
+
+    from . import model
+
+    if args.checkpoint is None:
+        cfg = dataclasses.replace(model.PRESETS[args.preset], vocab=args.vocab)
+        print(f"model {args.preset} (random weights): ", end="")
+        return model.init_params(cfg, jax.random.key(args.seed)), cfg, _prompts(args), None
+    import jax.numpy as jnp
+
+    from .checkpoint import load_checkpoint
+
+    dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
+    params, cfg = load_checkpoint(args.checkpoint, dtype=dtype, mesh=_mesh(args))
+    print(f"checkpoint {args.checkpoint} ({args.info.num_params:,} weights as {args.dtype}): ",
+          end="")
+    return params, cfg, args.prompts, args.tokenizer
+
+
+def _show(tokens: list[int], limit: int = 24) -> str:
+    return str(tokens) if len(tokens) <= limit else f"{tokens[:limit]}"[:-1] + ", ...]"
+
+
 def cmd_generate(args) -> int:
     _setup(args)
-    import dataclasses
     import statistics
 
     import jax
@@ -469,14 +583,12 @@ def cmd_generate(args) -> int:
 
     from . import model
 
-    cfg = dataclasses.replace(model.PRESETS[args.preset], vocab=args.vocab)
-    params = model.init_params(cfg, jax.random.key(args.seed))
-    prompts = _prompts(args)
-    print(f"model {args.preset}: {cfg.layers} layers, dim {cfg.dim}, {cfg.q_heads} q heads / "
-          f"{cfg.kv_heads} kv heads x {cfg.head_dim}; prompts of {[len(p) for p in prompts]} "
-          f"tokens; {args.new_tokens} new tokens; {args.devices} devices ({args.mesh} mesh)")
+    params, cfg, prompts, tokenizer = _model(args)
+    print(f"{cfg.layers} layers, dim {cfg.dim}, {cfg.q_heads} q heads / {cfg.kv_heads} kv heads "
+          f"x {cfg.head_dim}, vocab {cfg.vocab}; prompts of {[len(p) for p in prompts]} tokens; "
+          f"{args.new_tokens} new tokens; {args.devices} devices ({args.mesh} mesh)")
     methods = args.method + (["single"] if args.check and "single" not in args.method else [])
-    results = {}
+    results, timing = {}, {}
     for method in methods:
         prefill = args.prefill_method if method in args.method else None
         gen = model.Generator(params, cfg, _mesh(args), method, prefill_chunk=args.prefill_chunk,
@@ -485,24 +597,43 @@ def cmd_generate(args) -> int:
                            temperature=args.temperature, progress=True)
         steady = out.step_s[1:] or out.step_s  # the first decode step compiles
         per_tok = statistics.median(steady) if steady else float("nan")
-        results[method] = out
+        results[method], timing[method] = out, (per_tok, out.prefill_s)
         print(f"{method:>7}: median per-token latency {per_tok * 1e3:.1f} ms, "
               f"{len(prompts) / per_tok:.1f} tokens/s (batch {len(prompts)}), "
               f"compiled the step {gen.traces}x; prefill ({gen.prefill_method}) "
               f"{out.prefill_s:.1f} s")
-    print("first tokens:", results[args.method[0]].tokens[:, :8].tolist())
-    if "single" not in results:
-        return 0
+    first = results[args.method[0]]
+    if args.checkpoint is None:
+        print("first tokens:", first.tokens[:, :8].tolist())
+    else:
+        for b, row in enumerate(first.tokens.tolist()):
+            print(f"prompt {b + 1}: {_show(row)}")
+            if tokenizer is not None:
+                print(f"   {tokenizer.decode(list(prompts[b]))!r} -> {tokenizer.decode(row)!r}")
+    report = {"checkpoint": args.checkpoint, "method": args.method[0],
+              "prompts": [list(map(int, p)) for p in prompts],
+              "tokens": first.tokens.tolist(), "logits_last": first.logits[:, 0].tolist(),
+              "methods": {}}
+    if tokenizer is not None:
+        report["text"] = [tokenizer.decode(row) for row in first.tokens.tolist()]
     differ = []
     for method in args.method:
-        if method == "single":
+        entry = {"tokens": results[method].tokens.tolist(), "per_token_s": timing[method][0],
+                 "prefill_s": timing[method][1]}
+        report["methods"][method] = entry
+        if method == "single" or "single" not in results:
             continue
         same = np.array_equal(results[method].tokens, results["single"].tokens)
         diff = float(np.abs(results[method].logits - results["single"].logits).max())
+        entry |= {"tokens_identical_to_single": bool(same), "max_abs_logit_diff_vs_single": diff}
         print(f"{method}: tokens identical to single-device generation: {same}; "
               f"max |logit difference| {diff:.1e}")
         if not same:
             differ.append(method)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report))
+        print(f"wrote {args.json}")
     if differ:
         raise CommandFailed(f"tokens of {', '.join(differ)} differ from single-device "
                             "generation")
@@ -597,6 +728,21 @@ def build_parser() -> argparse.ArgumentParser:
                        help="KV lengths at which the cost model is checked")
 
     gen = add("generate", "generate with a sharded KV cache; check tokens", cmd_generate)
+    gen.add_argument("--checkpoint", default=None, metavar="DIR",
+                     help="a Hugging Face Llama checkpoint folder (config.json, *.safetensors, "
+                          "optionally tokenizer.json); without one the model has random "
+                          "weights (--preset, --vocab) and random prompts (--prompt-len, "
+                          "--batch)")
+    prompts = gen.add_mutually_exclusive_group()
+    prompts.add_argument("--prompt", action="append", default=None, metavar="TEXT",
+                         help="a text prompt, turned into token ids by the checkpoint's "
+                              "tokenizer.json; repeat for a batch")
+    prompts.add_argument("--prompt-ids", action="append", type=_token_ids, default=None,
+                         metavar="1,2,3",
+                         help="a prompt as comma-separated token ids; repeat for a ragged batch")
+    gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                     help="the checkpoint's weights in memory: float32 converts bf16 weights, "
+                          "bfloat16 keeps them (compute is float32 either way)")
     gen.add_argument("--devices", type=_devices, default=8,
                      help=f"simulated CPU devices (at most {MAX_DEVICES})")
     gen.add_argument("--mesh", default="1d", choices=["1d", "2level"],
@@ -604,14 +750,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--method", type=_method_list, default="tree",
                      help="tree, ring or single, or several comma-separated (timed one after "
                           "another in the same run)")
-    gen.add_argument("--preset", default="tiny", choices=["tiny", "small"],
-                     help="model size")
-    gen.add_argument("--vocab", type=_positive, default=256, help="vocabulary size")
-    gen.add_argument("--prompt-len", type=_positive, default=1024,
-                     help="longest prompt; the batch's others are 3/4, 1/2, 1/4 of it")
+    gen.add_argument("--preset", default=None, choices=["tiny", "small"],
+                     help="size of the random-weights model (default: tiny)")
+    gen.add_argument("--vocab", type=_positive, default=None,
+                     help="vocabulary of the random-weights model (default: 256)")
+    gen.add_argument("--prompt-len", type=_positive, default=None,
+                     help="longest random prompt; the batch's others are 3/4, 1/2, 1/4 of it "
+                          "(default: 1024)")
     gen.add_argument("--new-tokens", type=_positive, default=32,
                      help="tokens generated per prompt")
-    gen.add_argument("--batch", type=_positive, default=3, help="prompts generated together")
+    gen.add_argument("--batch", type=_positive, default=None,
+                     help="random prompts generated together (default: 3)")
     gen.add_argument("--prefill-chunk", type=_positive, default=512,
                      help="prompt tokens per prefill step")
     gen.add_argument("--prefill-method", default=None, choices=GENERATE_METHODS,
@@ -619,9 +768,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "prefill before ring decoding on long prompts")
     gen.add_argument("--temperature", type=_temperature, default=0.0,
                      help="sampling temperature, >= 0; 0 is greedy")
-    gen.add_argument("--seed", type=_seed, default=0, help="seed of the weights and prompts")
+    gen.add_argument("--seed", type=_seed, default=0,
+                     help="seed of the random weights and prompts, and of sampling")
     gen.add_argument("--no-check", dest="check", action="store_false",
                      help="skip the single-device generation the tokens are checked against")
+    gen.add_argument("--json", default=None, metavar="OUT",
+                     help="write the prompts, the generated tokens and the logits of the "
+                          "first generated position (per prompt, and per method) to this path")
 
     launch = add("launch", "tree and ring decoding across real processes (jax.distributed)",
                  cmd_launch)

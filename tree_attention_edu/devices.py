@@ -33,8 +33,7 @@ def simulate_devices(n: int) -> None:
         assert jax.device_count() == 8
         ```
     """
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"`n` must be a positive integer number of devices, got {n!r}.")
+    _checks.check_int(n, "n", example="`simulate_devices(8)`")
     try:
         # Public API only: JAX accepts this option until its backends exist, and afterwards
         # raises RuntimeError for any value other than the one it started with.

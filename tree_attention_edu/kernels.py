@@ -255,7 +255,7 @@ def flash_unsupported_reason(
 
 
 def _flash_layout_reason(layout: str) -> str:
-    return (f"local_kernel='flash' reads the 'bthd' layout, got layout={layout!r}; "
+    return (f"local_kernel='flash' reads the 'bthd' `layout`, got layout={layout!r}; "
             f"use local_kernel='xla'.")
 
 
@@ -294,8 +294,10 @@ def flash_state(
     `kv_lengths` are accepted for a uniform signature and ignored (`resolve` only picks flash
     when no mask applies)."""
     del kv_offset, causal, kv_lengths
+    _checks.check_qkv(q, k_chunk, v_chunk)
     if layout != "bthd":
         raise ValueError(_flash_layout_reason(layout))
+    scale = _checks.resolve_scale(scale, q.shape[-1], q.dtype)
     reason = _flash_version_reason()
     if reason:
         raise RuntimeError(reason)
@@ -310,7 +312,6 @@ def flash_state(
             f"{'.'.join(FLASH_TESTED)}.x), and the installed flash-attn-jax has no such name; "
             "`pip install 'tree_attention_edu[flash]'` installs the tested release, or use "
             "local_kernel='xla'.")
-    scale = 1.0 / float(q.shape[-1]) ** 0.5 if scale is None else float(scale)
     out, lse = forward(q, k_chunk, v_chunk, softmax_scale=scale, is_causal=False,
                        window_size=(-1, -1))
     # flash returns out [B, Tq, Hq, D] in the input dtype and lse float32 [B, Hq, Tq].

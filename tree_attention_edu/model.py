@@ -2,8 +2,15 @@
 
 Architecture (Llama 3 style): token embedding, `layers` × [RMSNorm → grouped-query
 attention with rotary position embeddings → residual, RMSNorm → SwiGLU MLP → residual],
-final RMSNorm, output projection (tied to the embedding by default). Weights come from an
-explicit PRNG key; nothing is trained or downloaded.
+final RMSNorm, output projection (untied by default, as in Llama 3.1-8B). Weights come
+from an explicit PRNG key (`init_params`), or from a Hugging Face Llama checkpoint on disk
+(`tree_attention_edu.checkpoint.load_checkpoint`); nothing is trained or downloaded.
+
+**Numerics.** Activations, the KV cache and every accumulation are float32, whatever the
+weights' dtype: bfloat16 weights (a checkpoint loaded with `dtype=jnp.bfloat16`) are promoted
+to float32 inside each matrix product. Rotary embeddings follow Hugging Face's
+`rotate_half` convention (feature `i` pairs with `i + D/2`), with Llama 3.1's `"llama3"`
+frequency scaling when `Config.rope_scaling` is set.
 
 **KV-cache partitioning rule.** Each layer's cache is `k, v [B, Hkv, S, D]` (head-major, the
 layout `kernels.xla_state` streams fastest) with a fixed capacity `S`, a multiple of the
@@ -16,6 +23,9 @@ device in mesh order (first mesh axis outermost): global position `pos` lives on
   chunk's k/v are written into the shards that own their positions, then its queries attend
   to the cache with the causal mask, by `prefill_method`: by default the decoding method, so
   prefill is sequence-parallel with the same tree (or ring, or single-device) attention.
+  The chunk's tokens are also split across the devices for the projections and the MLP
+  (when the device count divides `prefill_chunk`), so no device recomputes another's rows,
+  and only each prompt's last position is projected onto the vocabulary.
   `prefill_method="tree"` with `method="ring"` fills the cache with tree attention and
   decodes with ring: ring prefill passes every K/V shard around the ring once per chunk
   and layer, which is slow on long prompts, and the cache it leaves is the same.
@@ -51,8 +61,38 @@ METHODS = ("single", "tree", "ring")
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's `"llama3"` rescaling of the rotary frequencies (Hugging Face's
+    `rope_scaling` / `rope_parameters` with `rope_type: "llama3"`).
+
+    With wavelength `λ = 2π / f` of each inverse frequency `f` and `L` =
+    `original_max_position_embeddings`: `f` is kept where `λ < L / high_freq_factor`, divided
+    by `factor` where `λ > L / low_freq_factor`, and interpolated between the two in between
+    (smoothly in `L / λ`). Llama 3.1 uses factor 8, low 1, high 4, L = 8192.
+    """
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self):
+        _checks.check_real(self.factor, "factor", low=1.0, hint="Llama 3.1 uses 8.0")
+        _checks.check_real(self.low_freq_factor, "low_freq_factor", low=0.0, low_open=True,
+                           hint="Llama 3.1 uses 1.0")
+        _checks.check_real(self.high_freq_factor, "high_freq_factor",
+                           low=float(self.low_freq_factor), low_open=True,
+                           hint="it must exceed low_freq_factor; Llama 3.1 uses 4.0")
+        _checks.check_int(self.original_max_position_embeddings,
+                          "original_max_position_embeddings", example="8192")
+
+
+@dataclass(frozen=True)
 class Config:
-    """Model sizes. `hidden` is the SwiGLU width; `q_heads` must be a multiple of `kv_heads`."""
+    """Model sizes. `hidden` is the SwiGLU width; `q_heads` must be a multiple of `kv_heads`.
+
+    `rope_scaling` is None (plain RoPE) or a `RopeScaling` (Llama 3.1's long-context
+    frequencies)."""
 
     vocab: int = 256
     dim: int = 128
@@ -65,6 +105,7 @@ class Config:
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     init_scale: float = 1.0
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self):
         for name in ("vocab", "dim", "layers", "q_heads", "kv_heads", "head_dim", "hidden"):
@@ -77,6 +118,9 @@ class Config:
         _checks.check_real(self.init_scale, "init_scale", low=0.0, low_open=True,
                            hint="e.g. 1.0")
         _checks.check_bool(self.tie_embeddings, "tie_embeddings")
+        if self.rope_scaling is not None:
+            _checks.check_instance(self.rope_scaling, RopeScaling, "rope_scaling",
+                                   "None, or RopeScaling(factor=8.0, ...) for Llama 3.1")
 
 
 PRESETS = {
@@ -133,15 +177,44 @@ def rms_norm(x: Array, gain: Array, eps: float) -> Array:
     return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * gain
 
 
-def rope(x: Array, positions: Array, theta: float) -> Array:
-    """Rotary embedding of `x [B, T, H, D]` at integer `positions [B, T]` (pairs i, i + D/2)."""
+def _inverse_frequencies(head_dim: int, theta: float,
+                         scaling: RopeScaling | None) -> np.ndarray:
+    """`1 / theta^(2i / D)` for `i < D/2`, in float64, then Llama 3.1's rescaling (the steps
+    of transformers' `_compute_llama3_parameters`)."""
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if scaling is None:
+        return inv_freq
+    low_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
+    wavelen = 2 * np.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = ((scaling.original_max_position_embeddings / wavelen - scaling.low_freq_factor)
+              / (scaling.high_freq_factor - scaling.low_freq_factor))
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled)
+
+
+def rope(x: Array, positions: Array, theta: float, scaling: RopeScaling | None = None
+         ) -> Array:
+    """Rotary embedding of `x [B, T, H, D]` at integer `positions [B, T]`.
+
+    Feature `i` is rotated together with feature `i + D/2` by the angle `pos · f_i`, with
+    `f_i = theta^(-2i/D)` (rescaled by `scaling`, Llama 3.1's `"llama3"` rule): this is
+    Hugging Face's `rotate_half` convention, `x · cos + rotate_half(x) · sin`, so Llama
+    checkpoints need no permutation of their q/k weights. The frequencies are computed in
+    float64 and rounded once to float32; angles and the rotation are float32.
+    """
     s = _checks.check_array(x, "x", rank=4, layout="[B, T, H, D]", kind="float")
     _checks.check_even_head_dim(s[3], "x")
     _checks.check_shape(_checks.check_array(positions, "positions", kind="int"), s[:2],
                         "positions", "[B, T] (x's first two axes)", "one position per token")
     _checks.check_real(theta, "theta", low=0.0, low_open=True, hint="the RoPE base, e.g. 1e4")
+    if scaling is not None:
+        _checks.check_instance(scaling, RopeScaling, "scaling",
+                               "None, or RopeScaling(factor=8.0, ...) for Llama 3.1")
     half = x.shape[-1] // 2
-    freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    freqs = jnp.asarray(_inverse_frequencies(2 * half, float(theta), scaling), jnp.float32)
     angles = positions[..., None].astype(jnp.float32) * freqs  # [B, T, D/2]
     cos, sin = jnp.cos(angles)[:, :, None], jnp.sin(angles)[:, :, None]
     x1, x2 = x[..., :half], x[..., half:]
@@ -263,6 +336,13 @@ def forward(params: Params, cfg: Config, tokens: Array, cache: KVCache, attend: 
     and the cache with their k/v written (lengths advanced by `T`).
 
     Token ids must lie in `[0, vocab)` (checked where `tokens` is concrete)."""
+    x, cache = _trunk(params, cfg, tokens, cache, attend, mesh)
+    return _unembed(params, cfg, x), cache
+
+
+def _trunk(params: Params, cfg: Config, tokens: Array, cache: KVCache, attend: Callable,
+           mesh: Mesh) -> tuple[Array, KVCache]:
+    """`forward` up to the final RMSNorm: hidden states `[B, T, dim]` (float32) and the cache."""
     _check_config(cfg)
     _checks.check_instance(params, dict, "params", "build them with init_params(cfg, key)")
     _checks.check_instance(cache, KVCache, "cache", "build one with empty_cache(...)")
@@ -279,22 +359,42 @@ def forward(params: Params, cfg: Config, tokens: Array, cache: KVCache, attend: 
     B, T = tokens.shape
     start = cache.lengths
     positions = start[:, None] + jnp.arange(T)[None, :]
-    x = params["embed"][tokens]
+    split = _split_tokens(mesh, T)
+    x = split(params["embed"][tokens].astype(jnp.float32))
     new_layers = []
     for layer, (ck, cv) in zip(params["layers"], cache.layers, strict=True):
         h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
         q = (h @ layer["wq"]).reshape(B, T, cfg.q_heads, cfg.head_dim)
         k = (h @ layer["wk"]).reshape(B, T, cfg.kv_heads, cfg.head_dim)
         v = (h @ layer["wv"]).reshape(B, T, cfg.kv_heads, cfg.head_dim)
-        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+        q = rope(q, positions, cfg.rope_theta, cfg.rope_scaling)
+        k = rope(k, positions, cfg.rope_theta, cfg.rope_scaling)
         ck, cv = write(ck, cv, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), start, mesh)
-        o = attend(q, ck, cv, start + T)
+        o = split(attend(q, ck, cv, start + T))
         x = x + o.reshape(B, T, -1) @ layer["wo"]
         x = x + swiglu(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer)
         new_layers.append((ck, cv))
-    x = rms_norm(x, params["final_norm"], cfg.norm_eps)
+    return rms_norm(x, params["final_norm"], cfg.norm_eps), KVCache(tuple(new_layers), start + T)
+
+
+def _unembed(params: Params, cfg: Config, x: Array) -> Array:
+    """Logits `[..., vocab]` of final hidden states `x [..., dim]` (float32)."""
     unembed = params["embed"].T if cfg.tie_embeddings else params["unembed"]
-    return x @ unembed, KVCache(tuple(new_layers), start + T)
+    return x @ unembed
+
+
+def _split_tokens(mesh: Mesh, T: int) -> Callable[[Array], Array]:
+    """Spread a prefill chunk's `T` tokens (axis 1) over the devices, when they divide `T`.
+
+    The weights are replicated, so without this every device would compute every token's
+    projections and MLP; sharding the tokens (sequence parallelism, as for the cache) gives
+    each device `T/p` rows. Attention still reads the whole chunk's queries. A decode step
+    (`T == 1`) and a one-device mesh are left as they are.
+    """
+    if mesh.size == 1 or T % mesh.size:
+        return lambda x: x
+    spec = NamedSharding(mesh, P(None, tuple(mesh.axis_names)))
+    return lambda x: lax.with_sharding_constraint(x, spec)
 
 
 def sample(logits: Array, key: Array, temperature: float) -> Array:
@@ -378,10 +478,11 @@ class Generator:
 
         def prefill(params, cache, tokens, last_index):
             # last_index [B]: which position of this chunk holds each prompt's last token
-            # (-1 if it is not in this chunk).
-            logits, cache = forward(params, cfg, tokens, cache, attend_prefill, mesh)
-            pick = jnp.take_along_axis(logits, jnp.clip(last_index, 0)[:, None, None], 1)[:, 0]
-            return pick, cache
+            # (-1 if it is not in this chunk). Only that position is projected onto the
+            # vocabulary: with a large vocabulary the projection would cost more than the rest.
+            x, cache = _trunk(params, cfg, tokens, cache, attend_prefill, mesh)
+            last = jnp.take_along_axis(x, jnp.clip(last_index, 0)[:, None, None], 1)[:, 0]
+            return _unembed(params, cfg, last), cache
 
         self._step = jax.jit(step, static_argnums=4, donate_argnums=1)
         self._prefill = jax.jit(prefill, donate_argnums=1)
