@@ -380,7 +380,7 @@ def decode_family() -> list[Case]:
 
 def introspect_family() -> list[Case]:
     cs, ms = tae.collective_stats, tae.memory_stats
-    ph, sb = introspect.parse_hlo, introspect.shape_bytes
+    ph, sb, st = introspect.parse_hlo, introspect.shape_bytes, introspect.structs
     return [
         case(cs, "type", "fn", lambda: cs(42, Q), TypeError, "fn"),
         case(cs, "type", "fn-array", lambda: cs(Q, Q), TypeError, "fn"),
@@ -388,6 +388,19 @@ def introspect_family() -> list[Case]:
         case(ph, "type", "text", lambda: ph(42), TypeError, "text"),
         case(ph, "range", "text-not-hlo", lambda: ph("hello"), ValueError, "text"),
         case(sb, "type", "shape_text", lambda: sb(42), TypeError, "shape_text"),
+        case(st, "type", "mesh", lambda: st("x", 64), TypeError, "mesh"),
+        case(st, "type", "kv_len-float", lambda: st(mesh(), 64.0), TypeError, "kv_len"),
+        case(st, "range", "kv_len-not-multiple", lambda: st(mesh(), 60), ValueError, "kv_len"),
+        case(st, "range", "q_heads-0", lambda: st(mesh(), 64, q_heads=0), ValueError,
+             "q_heads"),
+        case(st, "shape", "heads-not-grouped", lambda: st(mesh(), 64, q_heads=6, kv_heads=4),
+             ValueError, "q_heads"),
+        case(st, "dtype", "dtype-int", lambda: st(mesh(), 64, dtype=np.int32), TypeError,
+             "dtype"),
+        case(st, "range", "seq_axes-unknown", lambda: st(mesh(), 64, seq_axes="y"), ValueError,
+             "seq_axes"),
+        case(st, "range", "layout", lambda: st(mesh(), 64, layout="tbhd"), ValueError,
+             "layout"),
     ]
 
 

@@ -8,19 +8,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tree_attention_edu as tae
-from tree_attention_edu.introspect import parse_hlo, shape_bytes
+from tree_attention_edu.introspect import parse_hlo, shape_bytes, structs
 
 
-def structs(mesh, B=1, Tq=1, Hq=16, Hkv=16, D=128, Dv=128, Tk=8192, dtype=jnp.float32):
-    kv = NamedSharding(mesh, P(None, tuple(mesh.axis_names)))
-    rep = NamedSharding(mesh, P())
-    return (jax.ShapeDtypeStruct((B, Tq, Hq, D), dtype, sharding=rep),
-            jax.ShapeDtypeStruct((B, Tk, Hkv, D), dtype, sharding=kv),
-            jax.ShapeDtypeStruct((B, Tk, Hkv, Dv), dtype, sharding=kv))
-
-
-def stats(method, mesh, **shape):
-    return tae.collective_stats(lambda q, k, v: method(q, k, v, mesh=mesh), *structs(mesh, **shape))
+def stats(method, mesh, B=1, Tq=1, Hq=16, Hkv=16, D=128, Dv=128, Tk=8192):
+    return tae.collective_stats(
+        lambda q, k, v: method(q, k, v, mesh=mesh),
+        *structs(mesh, Tk, batch=B, q_len=Tq, q_heads=Hq, kv_heads=Hkv, head_dim=D, v_dim=Dv))
 
 
 @pytest.mark.parametrize("Tk", [4096, 32768])
@@ -59,7 +53,7 @@ def test_ring_to_tree_ratios(mesh8):
     assert ring == 939_524_096 and tree == 8_320
     assert ring / tree >= 1e4
     mem = {m.__name__: tae.memory_stats(lambda q, k, v, m=m: m(q, k, v, mesh=mesh8),
-                                        *structs(mesh8, Tk=65536)).temp_bytes
+                                        *structs(mesh8, 65536)).temp_bytes
            for m in (tae.ring_decode, tae.tree_decode)}
     assert mem["ring_decode"] >= 2 * mem["tree_decode"]
 
@@ -114,3 +108,54 @@ def test_bad_arguments_name_the_argument():
         parse_hlo("not an HLO module")
     with pytest.raises(TypeError, match="`shape_text` must be a str"):
         shape_bytes(None)
+
+
+def test_structs_place_qkv_as_the_decoders_do(mesh2x4):
+    q, k, v = structs(mesh2x4, 64, batch=2, q_len=3, q_heads=8, kv_heads=2, head_dim=16,
+                      v_dim=4, dtype=jnp.bfloat16)
+    assert (q.shape, k.shape, v.shape) == ((2, 3, 8, 16), (2, 64, 2, 16), (2, 64, 2, 4))
+    assert {x.dtype for x in (q, k, v)} == {jnp.dtype(jnp.bfloat16)}
+    assert q.sharding == NamedSharding(mesh2x4, P())
+    assert k.sharding == v.sharding == NamedSharding(mesh2x4, P(None, ("node", "gpu")))
+    # the abstract k holds 64 / 8 keys per device, as `tree_decode` shards it
+    assert k.sharding.shard_shape(k.shape) == (2, 8, 2, 16)
+
+
+def test_structs_defaults_are_the_paper_microbenchmark(mesh8):
+    q, k, v = structs(mesh8, 1024)
+    assert (q.shape, k.shape, v.shape) == ((1, 1, 16, 128), (1, 1024, 16, 128),
+                                           (1, 1024, 16, 128))
+    assert q.dtype == k.dtype == v.dtype == jnp.float32
+
+
+def test_structs_seq_axes_and_layout(mesh2x4):
+    _, k, v = structs(mesh2x4, 64, seq_axes="gpu", layout="bhtd", head_dim=8, v_dim=4)
+    assert (k.shape, v.shape) == ((1, 16, 64, 8), (1, 16, 64, 4))
+    assert k.sharding.spec == tae.decode.kv_spec(("gpu",), "bhtd") == P(None, None, ("gpu",))
+    assert k.sharding.shard_shape(k.shape) == (1, 16, 16, 8)  # replicated across nodes
+
+
+def test_structs_measure_what_the_real_arrays_measure(mesh8):
+    """Compiling on the structs gives the same program as compiling on placed arrays."""
+    shapes = dict(batch=2, q_heads=4, kv_heads=2, head_dim=8, v_dim=8)
+    abstract = structs(mesh8, 256, **shapes)
+    arrays = [jax.device_put(jnp.ones(s.shape, s.dtype), s.sharding) for s in abstract]
+    fn = lambda q, k, v: tae.tree_decode(q, k, v, mesh=mesh8)  # noqa: E731
+    assert str(tae.collective_stats(fn, *abstract)) == str(tae.collective_stats(fn, *arrays))
+    assert tae.collective_stats(fn, *abstract).total_bytes == 2 * 4 * (8 + 2) * 4
+
+
+@pytest.mark.parametrize(("kwargs", "exc", "name"), [
+    (dict(mesh="x", kv_len=64), TypeError, "mesh"),
+    (dict(kv_len=60), ValueError, "kv_len"),
+    (dict(kv_len=64.0), TypeError, "kv_len"),
+    (dict(kv_len=64, q_heads=0), ValueError, "q_heads"),
+    (dict(kv_len=64, q_heads=6, kv_heads=4), ValueError, "q_heads"),
+    (dict(kv_len=64, dtype=jnp.int32), TypeError, "dtype"),
+    (dict(kv_len=64, seq_axes="y"), ValueError, "seq_axes"),
+    (dict(kv_len=64, layout="tbhd"), ValueError, "layout"),
+])
+def test_structs_bad_arguments_name_the_argument(mesh8, kwargs, exc, name):
+    kwargs = {"mesh": mesh8, **kwargs}
+    with pytest.raises(exc, match=f"`{name}`"):
+        structs(kwargs.pop("mesh"), kwargs.pop("kv_len"), **kwargs)

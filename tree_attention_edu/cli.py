@@ -426,12 +426,13 @@ def _measure(args, seq_len: int, methods):
 
 
 def three_way_agreement() -> float:
-    """Single-device story: softmax, grad of the energy, and MAP agree (float64)."""
+    """Single-device story: softmax, grad of the energy, and the stationary point of Γ agree
+    (float64). The paper calls that point a MAP estimate; it is a saddle (see `bayes`)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from . import attention, attention_from_energy, map_estimate, symbolic
+    from . import attention, attention_from_energy, stationary_point, symbolic
 
     print("1. One device: attention three ways (float64, B=2, Tq=3, Hq=4, Hkv=2, Tk=50, causal)")
     kq, kk, kv = jax.random.split(jax.random.key(0), 3)
@@ -441,11 +442,11 @@ def three_way_agreement() -> float:
     kw = dict(causal=True, kv_lengths=jnp.array([50, 21]))
     soft = attention(q, k, v, **kw)
     grad = attention_from_energy(q, k, v, **kw)
-    z, zeta = map_estimate(q, k, v, **kw)
+    z, zeta = stationary_point(q, k, v, **kw)
     e1 = float(np.abs(grad - soft).max())
     e2 = float(np.abs(z - soft).max())
     print(f"   softmax vs grad_zeta F(0):        max |diff| = {e1:.1e}")
-    print(f"   softmax vs MAP z* of Gamma:       max |diff| = {e2:.1e}   (|zeta*| <= "
+    print(f"   softmax vs saddle z* of Gamma:    max |diff| = {e2:.1e}   (|zeta*| <= "
           f"{float(np.abs(zeta).max()):.1e})")
     ok = symbolic.verify_all()
     print(f"   sympy identities that hold:       {sum(ok.values())}/{len(ok)}")

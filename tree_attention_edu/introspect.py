@@ -18,9 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from . import _checks
+from . import _checks, devices, kernels
+from .decode import kv_spec
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 
@@ -215,3 +219,64 @@ def memory_stats(fn: Callable, *args: Any) -> MemoryStats:
     ma = _compile(fn, *args).memory_analysis()
     return MemoryStats(int(ma.argument_size_in_bytes), int(ma.output_size_in_bytes),
                        int(ma.temp_size_in_bytes))
+
+
+def structs(
+    mesh: Mesh,
+    kv_len: int,
+    *,
+    batch: int = 1,
+    q_len: int = 1,
+    q_heads: int = 16,
+    kv_heads: int | None = None,
+    head_dim: int = 128,
+    v_dim: int | None = None,
+    dtype: Any = jnp.float32,
+    seq_axes: str | tuple[str, ...] | None = None,
+    layout: str = "bthd",
+) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+    """Abstract `(q, k, v)` placed on `mesh` as the decoders place them, for compile-only
+    measurements: pass them to `collective_stats` or `memory_stats`, and nothing is allocated.
+
+    The defaults are the paper's microbenchmark (one query, 16 heads of 128, float32).
+
+    Args:
+      mesh: the devices (see `make_mesh`).
+      kv_len: keys in the cache; a multiple of the devices along `seq_axes`.
+      kv_heads: defaults to `q_heads` (no grouping); must divide it.
+      v_dim: defaults to `head_dim`.
+      seq_axes: mesh axes the keys are split over, outermost first (default: all).
+      layout: "bthd" or the head-major "bhtd" (see `tree_attention_edu.kernels`).
+
+    Returns:
+      `jax.ShapeDtypeStruct`s with shardings: q `[batch, q_len, q_heads, head_dim]`
+      replicated; k `[batch, kv_len, kv_heads, head_dim]` and v `[batch, kv_len, kv_heads,
+      v_dim]` (or `[batch, kv_heads, kv_len, ·]` for "bhtd") split along the keys with
+      `decode.kv_spec(seq_axes, layout)`.
+    """
+    _checks.check_instance(mesh, Mesh, "mesh", "build one with tree_attention_edu.make_mesh")
+    kv_heads = q_heads if kv_heads is None else kv_heads
+    v_dim = head_dim if v_dim is None else v_dim
+    for name, n in (("kv_len", kv_len), ("batch", batch), ("q_len", q_len),
+                    ("q_heads", q_heads), ("kv_heads", kv_heads), ("head_dim", head_dim),
+                    ("v_dim", v_dim)):
+        _checks.check_int(n, name)
+    _checks.check_head_groups(q_heads, kv_heads)
+    _checks.check_float_dtype(dtype)
+    _checks.check_layout(layout, kernels.LAYOUTS)
+    axes = _checks.check_seq_axes(seq_axes, tuple(mesh.axis_names))
+    p = devices.axis_size(mesh, axes)
+    if kv_len % p:
+        raise ValueError(f"`kv_len` ({kv_len}) must be a multiple of the {p} devices along "
+                         f"{axes}, so that every device holds a whole shard; the decoders "
+                         f"pad only arrays they shard themselves.")
+    kv_sharding = NamedSharding(mesh, kv_spec(axes, layout))
+
+    def cache(last: int) -> jax.ShapeDtypeStruct:
+        shape = ((batch, kv_len, kv_heads, last) if layout == "bthd"
+                 else (batch, kv_heads, kv_len, last))
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=kv_sharding)
+
+    q = jax.ShapeDtypeStruct((batch, q_len, q_heads, head_dim), dtype,
+                             sharding=NamedSharding(mesh, P()))
+    return q, cache(head_dim), cache(v_dim)

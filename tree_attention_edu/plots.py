@@ -1,4 +1,9 @@
-"""Figures shared by the CLI, the notebooks and the docs. They take plain data, not JAX arrays."""
+"""Figures shared by the CLI, the notebooks and the docs. They take plain data, not JAX arrays.
+
+Colours keep one meaning across the course: red (`RING_COLOR`) is Ring Attention, blue
+(`TREE_COLOR`) is Tree Attention. Everything else is drawn in `NEUTRAL_COLOR` or
+`OTHER_COLORS`, which hold neither red nor blue.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,65 @@ import math
 from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 RING_COLOR, TREE_COLOR = "#d62728", "#1f77b4"
+NEUTRAL_COLOR = "0.3"  # dark grey: neither ring nor tree (a slow link, a baseline)
+OTHER_COLORS = ("0.3", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")  # grey, green, orange,
+# purple, brown: series that are neither ring nor tree
+_FMT_COLORS = set("bgrcmykw")
+
+
+def method_color(name: str, fallback: str = NEUTRAL_COLOR) -> str:
+    """The course colour of a series named after a method: ring red, tree blue, else
+    `fallback`. A name that mentions both ("ring vs tree") gets the fallback."""
+    ring, tree = "ring" in name.lower(), "tree" in name.lower()
+    return RING_COLOR if ring and not tree else TREE_COLOR if tree and not ring else fallback
+
+
+def bytes_label(n: float) -> str:
+    """`n` bytes in decimal units: 512 B, 8.32 kB, 235 MB, 3.76 GB (3 significant digits)."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.3g} B"
+
+
+def count_label(n: int) -> str:
+    """A power-of-two count the way sequence lengths are spoken: 512, 4k, 64k, 1M (k = 1024)."""
+    for unit, size in (("G", 2**30), ("M", 2**20), ("k", 2**10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def bytes_axis(ax, which: str = "y") -> None:
+    """Log-scale `which` axis ("x" or "y") of byte counts, with one readable tick per power
+    of ten (1 kB, 10 kB, 100 kB, 1 MB, ...) and no minor labels."""
+    axis = {"x": ax.xaxis, "y": ax.yaxis}[which]
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+    axis.set_major_locator(LogLocator(base=10, numticks=30))
+    axis.set_major_formatter(FuncFormatter(lambda n, _: bytes_label(n)))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def plain_log_axis(ax, which: str = "y") -> None:
+    """Log-scale `which` axis with one tick per power of ten, labelled as plain numbers
+    (0.1, 1, 10, 100, 1000) rather than as powers."""
+    axis = {"x": ax.xaxis, "y": ax.yaxis}[which]
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+    axis.set_major_locator(LogLocator(base=10, numticks=30))
+    axis.set_major_formatter(FuncFormatter(lambda n, _: f"{n:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def pow2_axis(ax, values: Sequence[int], which: str = "x") -> None:
+    """Log-2 scale `which` axis with a tick at each of `values`, labelled 4k, 64k, 1M."""
+    axis = {"x": ax.xaxis, "y": ax.yaxis}[which]
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=2)
+    axis.set_major_locator(FixedLocator([float(v) for v in values]))
+    axis.set_major_formatter(FuncFormatter(lambda n, _: count_label(round(n))))
+    axis.set_minor_locator(NullLocator())
 
 
 def _ring(ax, p: int) -> None:
@@ -64,7 +126,7 @@ def message_patterns(bytes_per_method: Mapping[str, int], p: int = 8, path: str 
                    "Allreduce(max), Allreduce(sum)")
     names = list(bytes_per_method)
     vals = [max(bytes_per_method[n], 1) for n in names]
-    colors = [RING_COLOR if "ring" in n else TREE_COLOR if "tree" in n else "0.5" for n in names]
+    colors = [method_color(n, "0.5") for n in names]
     bars = axes[2].bar(names, vals, color=colors)
     axes[2].set_yscale("log")
     axes[2].set_ylim(top=max(vals) * 20)
@@ -82,11 +144,19 @@ def message_patterns(bytes_per_method: Mapping[str, int], p: int = 8, path: str 
 def scaling(xs: Sequence[float], series: Mapping[str, Sequence[float]], *, xlabel: str,
             ylabel: str, title: str, logx: bool = True, logy: bool = True, ax=None,
             styles: Mapping[str, str] | None = None):
-    """Line plot of several named series against `xs`."""
+    """Line plot of several named series against `xs`.
+
+    A series whose name mentions "ring" is red and "tree" blue; the others take
+    `OTHER_COLORS` in turn. A colour letter in `styles` (e.g. "k:") wins.
+    """
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
+    others = itertools.cycle(OTHER_COLORS)
     for name, ys in series.items():
-        ax.plot(xs, ys, (styles or {}).get(name, "o-"), label=name)
+        fmt = (styles or {}).get(name, "o-")
+        given = bool(_FMT_COLORS & set(fmt)) or "C" in fmt
+        color = {} if given else {"color": method_color(name, "") or next(others)}
+        ax.plot(xs, ys, fmt, label=name, **color)
     if logx:
         ax.set_xscale("log", base=2)
     if logy:
@@ -103,7 +173,9 @@ def two_level_schedule(inner: Sequence[Sequence[int]], outer: Sequence[Sequence[
     """Draw a hierarchical Allreduce from its replica groups (as read by `collective_stats`).
 
     `inner` groups are drawn as nodes (boxes) whose members reduce over fast links; `outer`
-    groups connect one member of each node over the slow links.
+    groups connect one member of each node over the slow links. Both levels are the tree's
+    Allreduce: level 1 is drawn in the tree's blue, level 2 (the slow links) dotted in
+    `NEUTRAL_COLOR`, never in the ring's red.
     """
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 3.2))
@@ -122,11 +194,12 @@ def two_level_schedule(inner: Sequence[Sequence[int]], outer: Sequence[Sequence[
                                                             lw=2, shrinkA=9, shrinkB=9))
     for group in outer:
         for a, b in itertools.pairwise(group):
-            ax.annotate("", pos[b], pos[a], arrowprops=dict(arrowstyle="<->", color=RING_COLOR,
-                                                            lw=1.5, ls=":", shrinkA=9,
-                                                            shrinkB=9))
+            ax.annotate("", pos[b], pos[a], arrowprops=dict(arrowstyle="<->",
+                                                            color=NEUTRAL_COLOR, lw=1.8, ls=":",
+                                                            shrinkA=9, shrinkB=9))
     ax.plot([], [], color=TREE_COLOR, lw=2, label="level 1: inside a node (NVLink)")
-    ax.plot([], [], color=RING_COLOR, lw=1.5, ls=":", label="level 2: across nodes (InfiniBand)")
+    ax.plot([], [], color=NEUTRAL_COLOR, lw=1.8, ls=":",
+            label="level 2: across nodes (InfiniBand)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, frameon=False)
     ax.set_xlim(-1.8, max(len(g) for g in inner))
     ax.set_ylim(-0.9, 1.6 * (len(inner) - 1) + 0.7)
@@ -137,17 +210,19 @@ def two_level_schedule(inner: Sequence[Sequence[int]], outer: Sequence[Sequence[
 
 def cache_partition(lengths: Sequence[int], capacity: int, p: int, ax=None):
     """The KV-cache partitioning rule: one row per sequence, `capacity` slots cut into `p`
-    contiguous device shards. Filled slots are dark, the slot the next token is appended to
-    is outlined in red, and its owning device is labelled."""
+    contiguous device shards. Filled slots are grey, the slot the next token is appended to
+    is outlined in green, and its owning device is labelled (no red or blue: this figure is
+    neither ring nor tree)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 0.6 * len(lengths) + 1.2))
     shard = capacity // p
     for b, n in enumerate(lengths):
         y = len(lengths) - 1 - b
-        ax.add_patch(plt.Rectangle((0, y + 0.1), min(n, capacity), 0.8, color=TREE_COLOR,
-                                   alpha=0.8))
+        ax.add_patch(plt.Rectangle((0, y + 0.1), min(n, capacity), 0.8, color=NEUTRAL_COLOR,
+                                   alpha=0.6))
         if n < capacity:
-            ax.add_patch(plt.Rectangle((n, y + 0.1), 1, 0.8, fill=False, ec=RING_COLOR, lw=2))
+            ax.add_patch(plt.Rectangle((n, y + 0.1), 1, 0.8, fill=False, ec=OTHER_COLORS[1],
+                                       lw=2))
             ax.annotate(f"next: pos {n} -> device {n // shard}", (n + 1.5, y + 0.5),
                         va="center", fontsize=8)
     for d in range(p + 1):
