@@ -145,3 +145,94 @@ def test_bad_arguments():
         cm.predict_tree(0, cm.DGX_H100)
     # Sizes may still be symbols (test_model_reduces_to_paper_formulas) and numpy ints.
     assert cm.tree_depth(np.int64(8)) == 3
+
+
+def test_decode_intensity_closed_form():
+    """I = decode_flops / kv_read_bytes = 2·G·Tq/itemsize, whatever the other sizes."""
+    g, i, q = sympy.symbols("G itemsize q_len", positive=True, integer=True)
+    assert sympy.simplify(cm.decode_intensity(g, i, q) - 2 * g * q / i) == 0
+    b, t, h, d, dv = sympy.symbols("b t h d d_v", positive=True, integer=True)
+    ratio = cm.decode_flops(b, t, g * h, d, dv, q) / cm.kv_read_bytes(b, t, h, d, dv, i)
+    assert sympy.simplify(ratio - cm.decode_intensity(g, i, q)) == 0
+    # float32 and bf16 multi-head attention, Llama 3.1-8B's bf16 GQA (32 / 8 heads).
+    assert (cm.decode_intensity(1, 4), cm.decode_intensity(1, 2), cm.decode_intensity(4, 2)) \
+        == (0.5, 1.0, 4.0)
+    llama = cm.LLAMA_3_1_8B
+    assert cm.decode_intensity(llama.q_heads // llama.kv_heads, llama.itemsize) == 4.0
+
+
+@pytest.mark.parametrize(("group", "itemsize", "q_len"), [(1, 4, 1), (4, 2, 1), (8, 1, 3)])
+def test_decode_intensity_is_the_roofline_ratio(group, itemsize, q_len):
+    """With a device of 1 byte/s and 1 flop/s, local_decode_time is max(bytes, flops)."""
+    unit = cm.Topology(1, 1, cm.Link(0, 1), cm.Link(0, 1), mem_Bps=1.0, flops=1.0)
+    b, t, hkv, d = 2, 4096, 8, 128
+    nbytes = b * t * hkv * 2 * d * itemsize  # K and V, read once
+    flops = 2 * b * q_len * hkv * group * t * 2 * d  # q·k and p·v, two flops per multiply-add
+    assert cm.kv_read_bytes(b, t, hkv, d, d, itemsize) == nbytes
+    assert cm.decode_flops(b, t, hkv * group, d, d, q_len) == flops
+    assert cm.local_decode_time(b, t, hkv, d, d, hkv * group, unit, itemsize, q_len) == \
+        max(nbytes, flops)
+    assert cm.decode_intensity(group, itemsize, q_len) == flops / nbytes
+
+
+def test_ridge_point():
+    assert cm.DGX_H100.ridge_point == pytest.approx(989e12 / 3.35e12)
+    # Decode of Llama 3.1-8B is memory-bound on an H100 up to 73 queries per step.
+    assert cm.decode_intensity(4, 2, q_len=73) < cm.DGX_H100.ridge_point
+    assert cm.decode_intensity(4, 2, q_len=74) > cm.DGX_H100.ridge_point
+
+
+def test_model_shape_counts_the_weights_of_the_model():
+    """`ModelShape.params` against the package's own model, and Llama 3.1-8B's 8.03B."""
+    from tree_attention_edu import model
+
+    for cfg in (model.PRESETS["tiny"], model.Config(tie_embeddings=True, q_heads=8, kv_heads=1)):
+        params = model.init_params(cfg, jax.random.key(0))
+        shape = cm.ModelShape(cfg.layers, cfg.dim, cfg.q_heads, cfg.kv_heads, cfg.head_dim,
+                              cfg.hidden, cfg.vocab, cfg.tie_embeddings)
+        assert shape.params == sum(x.size for x in jax.tree.leaves(params))
+    llama = cm.LLAMA_3_1_8B
+    assert llama.params == 8_030_261_248  # "8.03B" on the model card
+    assert llama.weight_bytes == 2 * llama.params
+    assert llama.q_heads * llama.head_dim == llama.dim
+
+
+def test_paper_microbenchmark_and_generation_time():
+    pred = cm.paper_microbenchmark(1_280_000, 16)
+    topo = cm.DGX_H100.with_devices(16)
+    assert pred["tree"] == cm.predict_tree(1_280_000, topo, q_heads=16, head_dim=128,
+                                           itemsize=2)
+    assert pred["ring"] == cm.predict_ring(1_280_000, topo, q_heads=16, head_dim=128,
+                                           itemsize=2)
+    node = cm.DGX_H100.with_devices(8)
+    llama = cm.LLAMA_3_1_8B
+    got = cm.generation_time(65536, node, tokens=3)
+    for method, fn in (("tree", cm.predict_tree), ("ring", cm.predict_ring)):
+        step = fn(65536, node, q_heads=32, kv_heads=8, head_dim=128, itemsize=2).total_s
+        assert got[method] == pytest.approx(3 * (32 * step + llama.weight_bytes / 3.35e12))
+    assert got["ring"] > got["tree"]
+
+
+def test_paper_llama_table_is_consistent():
+    """The transcribed means reproduce the table's own rounded speedup column."""
+    assert PAPER_KEYS == set(cm.PAPER_LLAMA) == set(cm.PAPER_LLAMA_STDERR) \
+        == set(cm.PAPER_LLAMA_SPEEDUP)
+    for hw, rows in cm.PAPER_LLAMA.items():
+        assert list(rows) == [32768, 65536, 131072, 262144]
+        assert set(cm.PAPER_LLAMA_STDERR[hw]) == set(rows)
+        for n, (tree, ring) in rows.items():
+            assert round(ring / tree) == cm.PAPER_LLAMA_SPEEDUP[hw][n], (hw, n)
+
+
+PAPER_KEYS = {"8x H100", "4x MI300X"}
+
+
+def test_bad_arguments_of_the_paper_helpers():
+    with pytest.raises(ValueError, match="whole number of 8-device nodes"):
+        cm.paper_microbenchmark(80_000, 12)
+    with pytest.raises(TypeError, match="`model` must be a ModelShape"):
+        cm.generation_time(32768, cm.DGX_H100.with_devices(8), model="llama")
+    with pytest.raises(ValueError, match=r"`q_heads` \(32\) must be a multiple of `kv_heads`"):
+        cm.ModelShape(32, 4096, 32, 5, 128, 14336, 128256)
+    with pytest.raises(ValueError, match="`group` must be a positive int, got 0"):
+        cm.decode_intensity(0)
