@@ -75,7 +75,7 @@ def test_reductions_need_states():
     with pytest.raises(ValueError, match="`states` is empty"):
         tae.tree_reduce([])
     q, k, v = rand_qkv(1)
-    with pytest.raises(ValueError, match=r"`branching` must be an integer >= 2"):
+    with pytest.raises(ValueError, match=r"`branching` must be an int >= 2"):
         tae.tree_reduce(tae.chunk_states(q, k, v, [17]), branching=1)
 
 

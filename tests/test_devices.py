@@ -64,7 +64,9 @@ def test_simulate_devices_in_this_session_is_a_no_op():
         tae.simulate_devices(9)
 
 
-@pytest.mark.parametrize("n", [0, -1, 2.0, "8"])
-def test_simulate_devices_rejects_non_counts(n):
-    with pytest.raises(ValueError, match="positive integer number of devices"):
+@pytest.mark.parametrize(("n", "error", "message"), [
+    (0, ValueError, "`n` must be a positive int"), (-1, ValueError, "`n` must be a positive int"),
+    (2.0, TypeError, "`n` must be an int"), ("8", TypeError, "`n` must be an int")])
+def test_simulate_devices_rejects_non_counts(n, error, message):
+    with pytest.raises(error, match=message):
         tae.simulate_devices(n)

@@ -131,5 +131,5 @@ def test_layout_and_block_errors():
         kernels.xla_state(q, k, v, layout="thd")
     with pytest.raises(ValueError, match="`block` must be a positive int"):
         kernels.xla_state(q, k, v, block=0)
-    with pytest.raises(ValueError, match="reads the 'bthd' layout"):
+    with pytest.raises(ValueError, match="reads the 'bthd' `layout`"):
         kernels.flash_state(q, k, v, layout="bhtd")
