@@ -61,7 +61,8 @@ return {
   prev: link('.md-footer__link--prev'),
   next: link('.md-footer__link--next'),
   download: link('.nb-download a'),
-  folded: document.querySelectorAll('details.solution:not([open]) .celltag_solution').length,
+  folded: document.querySelectorAll(
+    'details.solution:not([open]) > .jp-Cell.celltag_solution').length,
 };
 """
 NAV = """

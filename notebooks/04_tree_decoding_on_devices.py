@@ -74,7 +74,7 @@ assert jax.process_count() == 1  # one process: in-process collectives, no gloo,
 print(jax.devices())
 
 # %% [markdown]
-# ## 4.1 Meshes, `PartitionSpec` and what each device holds
+# ## 4.1 Meshes, partition specs and what each device holds
 #
 # A **mesh** is a grid of devices with named axes; `tae.make_mesh(8, "x")` puts all 8 on
 # one axis called `"x"`. A **`PartitionSpec`** says, for each axis of an array, which mesh
@@ -301,7 +301,7 @@ print("Algorithm 2 by hand == jax.grad of Algorithm 1; its program holds 3 all-r
 # <p>The energy path is Algorithm 1 (pmax, psum, log) plus <code>jax.grad</code>; autodiff turns it into
 # Algorithm 2, one more <code>psum</code>. Same answer, same three Allreduces.</p></div>
 #
-# ## 4.5 The package: `tree_decode` and `tree_decode_from_energy`
+# ## 4.5 The package's two tree decoders
 #
 # The package's decoders take unsharded or sharded arrays and a mesh, and return the
 # replicated output in the input's dtype. In float64 they equal single-device attention to

@@ -82,7 +82,7 @@ print(f"{H} heads x {HEAD_DIM}, float32; longest timed K/V cache: {longest.kv_by
 # %% [markdown]
 # ## 5.1 Ring Attention by hand
 #
-# ### 5.1.1 `ppermute`: passing blocks around the ring
+# ### 5.1.1 Passing blocks around the ring (ppermute)
 #
 # `lax.ppermute(x, "x", perm)` sends each device's `x` to another device: with
 # `perm = [(i, i + 1 mod p)]`, device $i$ sends to device $i+1$ and receives from $i-1$, all
