@@ -24,6 +24,7 @@ import argparse
 import functools
 import http.server
 import json
+import re
 import sys
 import tempfile
 import threading
@@ -169,6 +170,24 @@ def check_page(driver, base: str, url: str, notebook: Path | None, order: list[s
     return [f"/{url}: {s}" for s in status]
 
 
+def api_link_failures(site: Path) -> list[str]:
+    """Every notebook's links into the API reference (added by hooks.py) reach an entry."""
+    failures, count = [], 0
+    for page in sorted(site.glob("notebooks/*/index.html")):
+        links = re.findall(r'class="api-link" href="([^"]+)"', page.read_text())
+        count += len(links)
+        for href in links:
+            path, _, anchor = href.partition("#")
+            target = (page.parent / path / "index.html").resolve()
+            if not target.exists() or f'id="{anchor}"' not in target.read_text():
+                failures.append(f"/{page.parent.relative_to(site)}/: API link {href} has no "
+                                f"target")
+    if count == 0:
+        failures.append("the notebooks link to no API entry")
+    print(f"{count} links from the notebooks into the API reference")
+    return failures
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--site", default=str(ROOT / "site"))
@@ -179,7 +198,7 @@ def main(argv=None) -> int:
     notebooks = {f"notebooks/{nb.stem}/": nb for nb in sorted((ROOT / "notebooks").glob("*.ipynb"))}
 
     server, base = serve(site)
-    failures = []
+    failures = api_link_failures(site)
     with tempfile.TemporaryDirectory() as profile:
         driver = browser(profile)
         try:

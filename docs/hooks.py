@@ -9,7 +9,9 @@ This MathJax package ships no TeX web fonts: write \\mathrm{E} or \\mathbf{R}, n
 or `docs/check_site.py` will report the failed font load.
 
 Each notebook page gets a link to its `.ipynb` (which mkdocs-jupyter's `include_source`
-copies next to the page).
+copies next to the page), and its inline code that names a public function or class of the
+package (`tree_decode`, `tae.combine`, `costmodel.DGX_H100`) links to that object on its API
+page: the notebooks cross-link to the reference, from one table built from the modules.
 
 The search index is built from each page's HTML (material's search plugin), and it skips
 elements marked `data-search-exclude`. Marked here, so that results read as prose: the
@@ -81,11 +83,72 @@ def _exclude_tex(match: re.Match) -> str:
     return start + "".join(parts) + end
 
 
+API_MODULES = ("masks", "attention", "states", "energy", "bayes", "symbolic", "devices",
+               "kernels", "decode", "introspect", "benchmark", "costmodel", "calibrate", "model",
+               "checkpoint", "hopfield", "plots", "launch", "cli")
+MEMBERS = re.compile(r"members:\s*\[([^\]]*)\]")
+INLINE_CODE = re.compile(r"<code>([A-Za-z_][\w.]*)(\(\))?</code>")
+
+
+def _api_objects() -> dict[str, tuple[str, str]]:
+    """`name` (and `tae.name`, `module.name`) -> (module, name) for every public object
+    that an API page documents; a name two modules define is linked by its module only."""
+    import importlib
+    import inspect
+
+    table: dict[str, tuple[str, str]] = {}
+    ambiguous: set[str] = set()
+    for mod in API_MODULES:
+        module = importlib.import_module(f"tree_attention_edu.{mod}")
+        listed = MEMBERS.search((Path(__file__).parent / "api" / f"{mod}.md").read_text())
+        documented = {m.strip() for m in listed.group(1).split(",")} if listed else None
+        for name, obj in vars(module).items():
+            if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+                continue
+            if documented is not None and name not in documented:
+                continue  # the API page lists its members: link only what it shows
+            if not (inspect.isfunction(obj) or inspect.isclass(obj)) or not obj.__doc__:
+                continue  # mkdocstrings shows documented functions and classes only
+            table[f"{mod}.{name}"] = (mod, name)
+            if name in table and table[name] != (mod, name):
+                ambiguous.add(name)
+            table.setdefault(name, (mod, name))
+    for name in ambiguous:
+        table.pop(name)
+    package = importlib.import_module("tree_attention_edu")
+    for name in getattr(package, "__all__", ()):
+        if name in table:
+            table[f"tae.{name}"] = table[name]
+    return table
+
+
+_API: dict[str, tuple[str, str]] | None = None
+
+
+def _link_api(html: str, page) -> str:
+    """Wrap `<code>name</code>` in a link to the object's API entry (outside code cells)."""
+    global _API
+    if _API is None:
+        _API = _api_objects()
+    up = "../" * PurePosixPath(page.url).as_posix().rstrip("/").count("/") + "../"
+
+    def link(match: re.Match) -> str:
+        target = _API.get(match.group(1))
+        if target is None:
+            return match.group()
+        mod, name = target
+        return (f'<a class="api-link" href="{up}api/{mod}/#tree_attention_edu.{mod}.{name}">'
+                f"{match.group()}</a>")
+
+    return MARKDOWN_CELL.sub(lambda cell: INLINE_CODE.sub(link, cell.group()), html)
+
+
 def on_page_content(html, page, config, files):
     html = EXCLUDE.sub(lambda m: m.group() + " data-search-exclude", html)
     if not page.file.src_uri.endswith(".ipynb"):
         return html
     html = MARKDOWN_CELL.sub(_exclude_tex, html)
+    html = _link_api(html, page)
     name = PurePosixPath(page.file.src_uri).name  # copied next to the page's index.html
     link = (f'<p class="nb-download" data-search-exclude><a class="md-button" href="{name}" '
             f'download title="Download this notebook">Download {name}</a></p>\n')
