@@ -100,25 +100,24 @@ def _token_ids(text: str) -> list[int]:
     return ids
 
 
-def _temperature(text: str) -> float:
+def _finite(text: str, what: str, ok, requirement: str) -> float:
+    """A finite float flag value that satisfies `ok`, or an ArgumentTypeError saying why."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(
-            f"must be a finite number >= 0 (0 is greedy), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not (math.isfinite(value) and ok(value)):
+        raise argparse.ArgumentTypeError(f"must be {requirement}, got {text!r}")
     return value
+
+
+def _temperature(text: str) -> float:
+    return _finite(text, "a number", lambda t: t >= 0, "a finite number >= 0 (0 is greedy)")
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
+    return _finite(text, "a number of seconds", lambda t: t > 0,
+                   "a positive number of seconds")
 
 
 def _port(text: str) -> int:
