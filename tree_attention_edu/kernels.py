@@ -73,11 +73,12 @@ def to_layout(x: Array, src: str, dst: str) -> Array:
     return x if src == dst else jnp.swapaxes(x, 1, 2)
 
 
-def _fold(carry, qg, kb, vb, visible, valid):
+def _fold(carry, qg, kb, vb, visible, valid, zg=None):
     """Fold one head-major block into the running online-softmax state.
 
     `qg [B, Hkv, G·Tq, D]` (scaled), `kb [B, Hkv, C, D]`, `vb [B, Hkv, C, Dv]`,
-    `visible [B, 1, 1, Tq, C]`, `valid [B, C]` (keys that hold data, or None when all do);
+    `visible [B, 1, 1, Tq, C]`, `valid [B, C]` (keys that hold data, or None when all do),
+    `zg [B, Hkv, G·Tq, Dv]` an energy source ζ added to the scores as `ζ·v` (or None);
     carry `(m, l, o)`:
     running max `[B, Hkv, G·Tq]` (-inf while nothing is visible), sum of `exp(s - m)`, and
     unnormalised numerator `[..., Dv]`.
@@ -91,6 +92,8 @@ def _fold(carry, qg, kb, vb, visible, valid):
         kb = jnp.where(keep, kb, jnp.zeros((), kb.dtype))
         vb = jnp.where(keep, vb, jnp.zeros((), vb.dtype))
     s = jnp.einsum("bhmd,bhcd->bhmc", qg, kb.astype(acc))
+    if zg is not None:  # the tilted scores s + ζ·v of the energy F(ζ)
+        s = s + jnp.einsum("bhmv,bhcv->bhmc", zg, vb.astype(acc))
     Tq = visible.shape[3]
     s = jnp.where(visible, s.reshape(B, Hkv, M // Tq, Tq, C), -jnp.inf).reshape(B, Hkv, M, C)
     m_new = lax.stop_gradient(jnp.maximum(m, jnp.max(s, axis=-1)))  # a shift: no gradient
@@ -126,6 +129,7 @@ def xla_state(
     kv_lengths: Array | None = None,
     layout: str = "bthd",
     block: int = DEFAULT_BLOCK,
+    zeta: Array | None = None,
 ) -> AttentionState:
     """State of one chunk of the cache, streaming it once without copying it.
 
@@ -139,6 +143,9 @@ def xla_state(
         they may hold anything. `None`: every key of the chunk holds data.
       block: keys per block on the "bthd" layout, and on "bhtd" when `kv_lengths` is given;
         an unmasked "bhtd" chunk is read in one pass.
+      zeta: `[B, Tq, Hq, Dv]` energy source ζ, or None. The scores become `s + ζ·v_a`, so
+        `lse` is the chunk's energy F(ζ) and `out` the mean of v under the tilted weights
+        (`energy.energy`); the streaming energy path of `decode.tree_decode_from_energy`.
 
     Returns:
       `AttentionState` (`out [B, Tq, Hq, Dv]`, `lse [B, Tq, Hq]`) in the accumulation dtype.
@@ -162,6 +169,11 @@ def xla_state(
     # Queries of one kv head side by side: [B, Hkv, G·Tq, D], so K and V keep their layout.
     qg = (q.astype(acc) * jnp.asarray(scale, acc)).reshape(B, Tq, Hkv, G, D)
     qg = qg.transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * Tq, D)
+    zg = None
+    if zeta is not None:
+        _checks.check_zeta(zeta, dims)
+        zg = zeta.astype(acc).reshape(B, Tq, Hkv, G, dims.v_dim)
+        zg = zg.transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * Tq, dims.v_dim)
     carry = (jnp.full((B, Hkv, G * Tq), -jnp.inf, acc), jnp.zeros((B, Hkv, G * Tq), acc),
              jnp.zeros((B, Hkv, G * Tq, dims.v_dim), acc))
     carry = _varying_like(carry, q, k_chunk, v_chunk, kv_lengths, kv_offset)
@@ -174,7 +186,7 @@ def xla_state(
             kb, vb = kb.transpose(0, 2, 1, 3), vb.transpose(0, 2, 1, 3)
         vis = masks.visible(Tq, size, kv_lengths, kv_offset=kv_offset + start, causal=causal)
         valid = masks.valid_keys(size, kv_lengths, kv_offset=kv_offset + start) if padded else None
-        return _fold(carry, qg, kb, vb, vis[:, None, None], valid)
+        return _fold(carry, qg, kb, vb, vis[:, None, None], valid, zg)
 
     if layout == "bhtd" and not padded:
         carry = fold(carry, 0, Tc)
