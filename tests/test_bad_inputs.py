@@ -296,6 +296,13 @@ def states_family() -> list[Case]:
              lambda: states.allreduce_combine("state", ("x",)), TypeError, "state"),
         case(states.allreduce_combine, "type", "axes",
              lambda: states.allreduce_combine(STATE, 5), TypeError, "axes"),
+        *[c for fn in (states.allgather_combine, states.all_to_all_combine,
+                       states.reduce_scatter_combine, states.one_pass_combine)
+          for c in (case(fn, "type", "state", lambda fn=fn: fn("state", ("x",)), TypeError,
+                         "state"),
+                    case(fn, "type", "axes", lambda fn=fn: fn(STATE, "x"), TypeError, "axes"))],
+        case(states.merge_stacked, "type", "stacked",
+             lambda: states.merge_stacked([STATE, STATE]), TypeError, "stacked"),
     ]
     ch = tae.chunk_states
     cases += qkv_cases(ch, lambda q, k, v, **kw: ch(q, k, v, [TK], **kw))
@@ -341,6 +348,9 @@ def devices_family() -> list[Case]:
 
 def kernels_family() -> list[Case]:
     xs, tl, rs, fs = kernels.xla_state, kernels.to_layout, kernels.resolve, kernels.flash_state
+    cs = kernels.cudnn_state
+    cs_xla = functools.partial(cs, implementation="xla")
+    VD = np.zeros((B, TK, HKV, D), F32)  # v_dim == head_dim, as cudnn_state needs
     auto = dict(dtype=jnp.float32, head_dim=D, v_dim=D, needs_mask=False)
     return [
         *qkv_cases(xs, xs, chunk=True),
@@ -366,13 +376,36 @@ def kernels_family() -> list[Case]:
         case(fs, "shape", "batch", lambda: fs(Q[:1], K, V), ValueError, "q", "k"),
         case(fs, "type", "q", lambda: fs(Q.tolist(), K, V), TypeError, "q"),
         case(fs, "range", "layout", lambda: fs(Q, K, V, layout="bhtd"), ValueError, "layout"),
+        *qkv_cases(cs, cs_xla, chunk=True),
+        case(cs, "shape", "v_dim", lambda: cs_xla(Q, K, V), ValueError, "v"),
+        case(cs, "range", "implementation", lambda: cs(Q, K, VD, implementation="triton"),
+             ValueError, "implementation"),
+        case(cs, "type", "causal", lambda: cs_xla(Q, K, VD, causal="yes"), TypeError, "causal"),
+        case(cs, "range", "layout", lambda: cs_xla(Q, K, VD, layout="thd"), ValueError,
+             "layout"),
+        case(cs, "range", "cudnn-off-a-gpu", lambda: cs(Q, K, VD), ValueError, "local_kernel"),
+        case(rs, "range", "cudnn-off-a-gpu", lambda: rs("cudnn", **auto), ValueError,
+             "local_kernel"),
     ]
 
 
 def decode_family() -> list[Case]:
     fe = tae.tree_decode_from_energy
-    return [*decoder_cases(tae.tree_decode), *decoder_cases(tae.ring_decode),
-            *decoder_cases(fe),
+    td, te = tae.tree_decode, tae.tree_energy
+    return [*decoder_cases(td), *decoder_cases(tae.ring_decode),
+            *decoder_cases(tae.ring_decode_pass_q), *decoder_cases(fe),
+            case(td, "range", "merge", lambda: td(Q, K, V, mesh=mesh(), merge="ring"),
+                 ValueError, "merge"),
+            case(td, "range", "merge-list", lambda: td(Q, K, V, mesh=mesh(), merge=["auto"]),
+                 ValueError, "merge"),
+            *qkv_cases(te, lambda q, k, v, **kw: te(q, k, v, OUT, mesh=mesh(), **kw)),
+            *like_output_cases(te, lambda z: te(Q, K, V, z, mesh=mesh()), "zeta"),
+            case(te, "type", "mesh", lambda: te(Q, K, V, OUT, mesh="x"), TypeError, "mesh"),
+            case(te, "range", "layout", lambda: te(Q, K, V, OUT, mesh=mesh(), layout="thd"),
+                 ValueError, "layout"),
+            case(fe, "range", "local_kernel-cudnn",
+                 lambda: fe(Q, K, V, mesh=mesh(), local_kernel="cudnn"), ValueError,
+                 "local_kernel"),
             case(fe, "range", "local_kernel-flash",
                  lambda: fe(Q, K, V, mesh=mesh(), local_kernel="flash"), ValueError,
                  "local_kernel")]
@@ -710,6 +743,23 @@ COST_CALLS = (
     (costmodel.ModelShape, dict(layers=2, dim=16, q_heads=4, kv_heads=2, head_dim=4, hidden=32,
                                 vocab=64, tie_embeddings=False, itemsize=2)),
     (costmodel.generation_time, dict(seq_len=1024, topo=TOPO, model=SHAPE, tokens=2)),
+    # merge patterns (issue 13); `pattern`, `kind`, `ps`, ... have their own cases below
+    (costmodel.padded_heads, dict(q_heads=4, p=8)),
+    (costmodel.pass_q_heads, dict(q_heads=4, kv_heads=2, p=8)),
+    (costmodel.ring_collectives, dict(batch=1, kv_len=64, kv_heads=2, head_dim=4, v_dim=4, p=4,
+                                      itemsize=4)),
+    (costmodel.pass_q_collectives, dict(batch=1, q_len=1, q_heads=4, kv_heads=2, head_dim=4,
+                                        v_dim=4, p=4, itemsize=2, stat_itemsize=4)),
+    (costmodel.allgather_time, dict(nbytes=1e3, p=4, link=LINK)),
+    (costmodel.reduce_scatter_time, dict(nbytes=1e3, p=4, link=LINK)),
+    (costmodel.all_to_all_time, dict(nbytes=1e3, p=4, link=LINK)),
+    (costmodel.predict_pass_q_ring, dict(seq_len=1024, topo=TOPO, batch=1, q_heads=4,
+                                         kv_heads=2, head_dim=8, v_dim=8, itemsize=2, q_len=1,
+                                         stat_itemsize=4, overlap=True)),
+    (costmodel.predict_all, dict(seq_len=1024, topo=TOPO, batch=1, q_heads=4, kv_heads=2,
+                                 head_dim=8, v_dim=8, itemsize=2, q_len=1, stat_itemsize=4)),
+    (costmodel.best_merge, dict(seq_len=1024, topo=TOPO, batch=1, q_heads=4, kv_heads=2,
+                                head_dim=8, v_dim=8, itemsize=2, q_len=1, stat_itemsize=4)),
 )
 
 
@@ -745,7 +795,63 @@ def costmodel_family() -> list[Case]:
     wd = costmodel.Topology.with_devices
     cases.append(case(wd, "shape", "not-whole-nodes", lambda: TOPO.with_devices(6), ValueError,
                       "p"))
-    return cases
+    return cases + merge_pattern_cases()
+
+
+def merge_pattern_cases() -> list[Case]:
+    """The merge-pattern model's arguments that are names, lists or pairs (issue 13)."""
+    mc, mr, pm = costmodel.merge_collectives, costmodel.merge_read_bytes, costmodel.predict_merge
+    ct, cts, cm_ = costmodel.collective_time, costmodel.collectives_time, costmodel.crossover_map
+    cb, bm = costmodel.collective_bytes, costmodel.best_merge
+    shape = dict(batch=1, q_len=1, q_heads=4, v_dim=8, p=4)
+    out = []
+    for fn in (mc, mr):
+        out += [case(fn, "range", "pattern-ring", lambda fn=fn: fn("ring", **shape), ValueError,
+                     "pattern"),
+                case(fn, "type", "pattern-int", lambda fn=fn: fn(3, **shape), TypeError,
+                     "pattern"),
+                case(fn, "range", "p-0", lambda fn=fn: fn("allgather", **shape | dict(p=0)),
+                     ValueError, "p"),
+                case(fn, "type", "v_dim-float",
+                     lambda fn=fn: fn("allgather", **shape | dict(v_dim=2.5)), TypeError,
+                     "v_dim")]
+    out += [
+        case(mc, "type", "fallback-int", lambda: mc("one_pass", **shape, fallback=1), TypeError,
+             "fallback"),
+        case(pm, "range", "pattern-psum", lambda: pm("psum", 1024, TOPO), ValueError, "pattern"),
+        case(pm, "type", "pattern-none", lambda: pm(None, 1024, TOPO), TypeError, "pattern"),
+        case(pm, "type", "topo-link", lambda: pm("allreduce", 1024, LINK), TypeError, "topo"),
+        case(pm, "range", "seq_len-0", lambda: pm("allreduce", 0, TOPO), ValueError, "seq_len"),
+        case(pm, "shape", "heads", lambda: pm("allreduce", 1024, TOPO, q_heads=4, kv_heads=3),
+             ValueError, "q_heads"),
+        case(pm, "range", "v_dim-0", lambda: pm("allreduce", 1024, TOPO, v_dim=0), ValueError,
+             "v_dim"),
+        case(ct, "range", "kind-broadcast", lambda: ct("broadcast", 8, TOPO), ValueError, "kind"),
+        case(ct, "range", "nbytes-negative", lambda: ct("all-gather", -1, TOPO), ValueError,
+             "nbytes"),
+        case(ct, "type", "topo-str", lambda: ct("all-gather", 8, "nvlink"), TypeError, "topo"),
+        case(cts, "range", "kind", lambda: cts([("gather", 8, 1)], TOPO), ValueError, "kind"),
+        case(cts, "type", "topo", lambda: cts([("all-gather", 8, 1)], None), TypeError, "topo"),
+        case(cb, "type", "collectives", lambda: cb(5), TypeError, "collectives"),
+        case(bm, "range", "patterns-unknown", lambda: bm(1024, TOPO, patterns=("psum",)),
+             ValueError, "patterns"),
+        case(bm, "range", "patterns-empty", lambda: bm(1024, TOPO, patterns=()), ValueError,
+             "patterns"),
+        case(cm_, "type", "topo", lambda: cm_("dgx"), TypeError, "topo"),
+        case(cm_, "range", "ps-0", lambda: cm_(ps=(0,)), ValueError, "ps"),
+        case(cm_, "type", "ps-str", lambda: cm_(ps="8"), TypeError, "ps"),
+        case(cm_, "shape", "batch_heads-not-multiple", lambda: cm_(batch_heads=(24,)),
+             ValueError, "batch_heads"),
+        case(cm_, "range", "patterns", lambda: cm_(patterns=("ring",)), ValueError, "patterns"),
+        case(costmodel.Topology, "type", "measured",
+             lambda: costmodel.Topology(1, 4, LINK, LINK, 1e12, 1e15, measured=[]), TypeError,
+             "measured"),
+        case(costmodel.Topology, "range", "measured-kind",
+             lambda: costmodel.Topology(1, 4, LINK, LINK, 1e12, 1e15,
+                                        measured=(("broadcast", LINK),)), ValueError,
+             "measured"),
+    ]
+    return out
 
 
 CASES = (attention_family() + states_family() + devices_family() + kernels_family()
@@ -827,10 +933,12 @@ NOT_VALIDATED = {
                   "lse_pair", "select_valid_keys", "scaled_scores"},
     "energy": {"energy_terms"},  # unchecked by design: called inside shard_map by `decode`
     "states": {"AttentionState",  # a container; the functions that take one check it
-               "from_parts"},  # builds a state from a kernel's internal sums
+               "from_parts",  # builds a state from a kernel's internal sums
+               "heads_per_device", "one_pass_window"},  # sizes of validated shapes
     "devices": {"mesh_devices", "axis_size", "shard_index"},  # helpers of make_mesh/decode
-    "kernels": {"bthd_view", "flash_available", "flash_unsupported_reason"},  # helpers of
-    "decode": {"kv_spec"},  # resolve/decode: they only see validated arguments
+    "kernels": {"bthd_view", "flash_available", "flash_unsupported_reason",  # helpers of
+                "cudnn_unsupported_reason", "cudnn_head_dim_limit"},
+    "decode": {"kv_spec", "auto_merge"},  # resolve/decode: they only see validated arguments
     "introspect": {"Collective", "CollectiveStats", "MemoryStats"},  # results, not inputs
     "costmodel": {"Prediction"},  # a result
     "model": {"swiglu",  # one block of forward, on the model's own activations

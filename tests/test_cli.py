@@ -330,6 +330,14 @@ def test_bench_json_records(tmp_path):
         assert k["fraction"] == pytest.approx(k["gbs"] / bw["machine_read_gbs"])
     assert "machine read bandwidth" in r.stdout and "of machine" in r.stdout
 
+    dev = report["device"]
+    assert set(dev) == {"platform", "kind", "jax_version", "nominal_gbs", "measured_gbs"}
+    assert dev["platform"] == "cpu" and dev["nominal_gbs"] is None and dev["measured_gbs"] > 0
+    for k in bw["kernels"].values():
+        assert k["frac_measured"] == pytest.approx(k["gbs"] / dev["measured_gbs"])
+        assert k["frac_nominal"] is None
+    assert "read bandwidth measured" in r.stdout and "of measured" in r.stdout
+
     cal = report["calibration"]
     assert {(c["method"], c["seq_len"]) for c in cal} == {
         (m, n) for m in ("tree", "ring") for n in (1024, 3072)}
@@ -423,3 +431,56 @@ def test_generate_refuses_a_malformed_checkpoint_in_one_line(name, change, messa
     assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("tree-attention-edu generate: error: ") and message in lines[0]
     assert "Traceback" not in lines[0]
+
+
+# --- the device block of the bench JSON (benchmark.device_info) -------------------------------
+
+@pytest.mark.parametrize(("kind", "gbs"), [
+    ("NVIDIA H100 80GB HBM3", 3350), ("NVIDIA H100 PCIe", 2000), ("NVIDIA H100 NVL", 3900),
+    ("NVIDIA H200", 4800), ("NVIDIA A100-SXM4-80GB", 2039), ("NVIDIA A100-SXM4-40GB", 1555),
+    ("NVIDIA A100-PCIE-40GB", 1555), ("NVIDIA A100 80GB PCIe", 1935), ("NVIDIA B200", 8000),
+    ("AMD Instinct MI300X", 5300), ("NVIDIA GH200 480GB", None), ("cpu", None),
+    ("TPU v5 lite", None),
+])
+def test_nominal_hbm_gbs(kind, gbs):
+    assert benchmark.nominal_hbm_gbs(kind) == gbs
+
+
+def test_device_info_on_cpu():
+    dev = benchmark.device_info(nbytes=32 * 2**20, repeats=3)
+    assert set(dev) == {"platform", "kind", "jax_version", "nominal_gbs", "measured_gbs"}
+    assert dev["platform"] == "cpu" and isinstance(dev["kind"], str)
+    assert dev["nominal_gbs"] is None and isinstance(dev["measured_gbs"], float)
+    assert dev["measured_gbs"] > 0
+    import jax
+
+    assert dev["jax_version"] == jax.__version__
+    assert benchmark.device_info(measure=False)["measured_gbs"] is None
+    json.dumps(dev)  # plain JSON values
+
+
+def test_device_fractions():
+    ks = {"a": {"gbs": 50.0}, "b": {"gbs": 10.0}}
+    benchmark.device_fractions(ks, {"measured_gbs": 100.0, "nominal_gbs": 200.0})
+    assert ks["a"] == {"gbs": 50.0, "frac_measured": 0.5, "frac_nominal": 0.25}
+    benchmark.device_fractions(ks, {"measured_gbs": 100.0, "nominal_gbs": None})
+    assert ks["b"]["frac_measured"] == 0.1 and ks["b"]["frac_nominal"] is None
+
+
+def test_gpu_bench_script_rejects_bad_args(capsys):
+    """scripts/gpu_bench.py: a usage error is one line and exit status 2 (its `--quick` run,
+    a sweep on tiny sizes, is exercised by hand: see results/gpu/README.md)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "scripts" / "gpu_bench.py"
+    spec = importlib.util.spec_from_file_location("gpu_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for argv in (["--dtypes", "int8"], ["--seq-lens", "0"], ["--attach", "nofile"],
+                 ["--max-kv-fraction", "2"], ["--kernels", "xla,"]):
+        with pytest.raises(SystemExit) as e:
+            mod.main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("gpu_bench.py: error: argument"), err

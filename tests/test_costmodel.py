@@ -1,5 +1,6 @@
 """Closed-form costs against the compiled program and the paper's formulas."""
 
+import dataclasses
 import math
 
 import jax
@@ -236,3 +237,237 @@ def test_bad_arguments_of_the_paper_helpers():
         cm.ModelShape(32, 4096, 32, 5, 128, 14336, 128256)
     with pytest.raises(ValueError, match="`group` must be a positive int, got 0"):
         cm.decode_intensity(0)
+
+
+# --- merge patterns (issue 13) ---------------------------------------------------------------
+
+SYM = sympy.symbols("B T_q H_q D_v p s", positive=True, integer=True)
+
+
+def _by_kind(collectives):
+    out = {}
+    for kind, nbytes, count in collectives:
+        out[kind] = out.get(kind, 0) + nbytes * count
+    return out
+
+
+def test_merge_collectives_closed_forms():
+    """Each pattern's bytes as the issue writes them, symbolically (n = B·Tq·Hq rows)."""
+    b, tq, hq, dv, p, s = SYM
+    n = b * tq * hq
+    kw = dict(batch=b, q_len=tq, q_heads=hq, v_dim=dv, p=p, stat_itemsize=s)
+    want = {
+        "allreduce": {"all-reduce": n * s + n * (dv + 1) * s},
+        "allgather": {"all-gather": p * n * (dv + 2) * s},
+        "one_pass": {"all-reduce": n * (dv + 1) * s + s},
+    }
+    for pattern, kinds in want.items():
+        got = _by_kind(cm.merge_collectives(pattern, **kw))
+        assert set(got) == set(kinds)
+        assert all(sympy.simplify(got[k] - kinds[k]) == 0 for k in kinds), pattern
+    # The allreduce pattern's bytes are the paper's tree payload (float32 statistics).
+    assert sympy.simplify(_by_kind(cm.merge_collectives("allreduce", **kw))["all-reduce"]
+                          - cm.tree_payload_bytes(b, tq, hq, dv, itemsize=s)) == 0
+    # one_pass's fallback adds the exact merge; two mesh levels pay the all-reduces twice.
+    fb = _by_kind(cm.merge_collectives("one_pass", **kw, fallback=True))["all-reduce"]
+    assert sympy.simplify(fb - (n * (dv + 1) * s + s + n * s + n * (dv + 1) * s)) == 0
+    two = cm.collective_bytes(cm.merge_collectives("allreduce", **kw, levels=2))
+    assert sympy.simplify(two - cm.tree_payload_bytes(b, tq, hq, dv, itemsize=s, levels=2)) == 0
+
+
+@pytest.mark.parametrize(("hq", "p"), [(16, 8), (6, 4), (3, 8)])
+def test_head_scattered_patterns_pad_the_heads(hq, p):
+    b, tq, dv, s = 2, 3, 16, 4
+    hq_pad = -(-hq // p) * p
+    assert cm.padded_heads(hq, p) == hq_pad and hq_pad % p == 0 and hq_pad - hq < p
+    kw = dict(batch=b, q_len=tq, q_heads=hq, v_dim=dv, p=p, stat_itemsize=s, out_itemsize=2)
+    n, n_pad = b * tq * hq, b * tq * hq_pad
+    # Heads that p does not divide are gathered at the end, in the output's dtype.
+    gather = [("all-gather", n_pad * dv * 2, 1)] if hq % p else []
+    assert cm.merge_collectives("reduce_scatter", **kw) == [
+        ("all-gather", p * n_pad * 2 * s, 1), ("reduce-scatter", n_pad * dv * s, 1), *gather]
+    assert cm.merge_collectives("all_to_all", **kw) == [
+        ("all-to-all", n_pad * (dv + 2) * s, 1), *gather]
+    del kw["out_itemsize"]
+    assert cm.merge_read_bytes("allgather", **kw) == p * n * (dv + 2) * s
+
+
+def test_ring_collectives_sum_to_the_ring_payload():
+    got = cm.ring_collectives(batch=2, kv_len=4100, kv_heads=2, head_dim=16, v_dim=8, p=8,
+                              itemsize=4)
+    assert got == [("collective-permute", 2 * 513 * 2 * 16 * 4, 7),
+                   ("collective-permute", 2 * 513 * 2 * 8 * 4, 7)]
+    assert cm.collective_bytes(got) == cm.ring_payload_bytes(2, 4100, 2, 16, 8, 8)
+
+
+@pytest.mark.parametrize(("hq", "hkv", "p"), [(16, 16, 8), (32, 8, 8), (8, 2, 4), (4, 4, 8)])
+def test_pass_q_collectives(hq, hkv, p):
+    b, tq, d, dv, item, s = 2, 1, 32, 16, 2, 4
+    gs = -(-hkv // p) * (hq // hkv)
+    assert cm.pass_q_heads(hq, hkv, p) == gs
+    got = cm.pass_q_collectives(batch=b, q_len=tq, q_heads=hq, kv_heads=hkv, head_dim=d,
+                                v_dim=dv, p=p, itemsize=item, stat_itemsize=s)
+    rows = b * tq * gs
+    assert got == [("collective-permute", rows * d * item, p - 1),
+                   ("all-to-all", p * rows * (dv + 2) * s, 1),
+                   ("all-gather", p * rows * dv * s, 1)]
+    # Queries travel, not the cache: far fewer bytes than pass-KV at any long context.
+    ring = cm.ring_collectives(batch=b, kv_len=65536, kv_heads=hkv, head_dim=d, v_dim=dv, p=p,
+                               itemsize=item)
+    assert cm.collective_bytes(got) < cm.collective_bytes(ring) / 100
+
+
+def test_collective_times_one_level():
+    link = cm.Link(alpha_s=10e-6, beta_Bps=10e9)
+    a, beta = link.alpha_s, link.beta_Bps
+    p, m = 8, 1000
+    # All-gather: recursive doubling for small messages, ring never cheaper in alpha-beta
+    # (same bandwidth term, more alphas), so the tuner always picks doubling at powers of 2.
+    t, algo = cm.allgather_time(p * m, p, link)
+    assert algo == "recursive_doubling" and t == pytest.approx(3 * a + (p - 1) * m / beta)
+    assert cm.reduce_scatter_time(p * m, p, link) == pytest.approx(
+        (p - 1) * a + (p - 1) / p * p * m / beta)
+    assert cm.all_to_all_time(p * m, p, link) == pytest.approx((p - 1) * (a + m / beta))
+    for f in (cm.reduce_scatter_time, cm.all_to_all_time):
+        assert f(1e6, 1, link) == 0.0
+    assert cm.allgather_time(1e6, 1, link) == (0.0, "ring")
+    # On one node, collective_time is these formulas over `intra`.
+    topo = cm.DGX_H100.with_devices(8)
+    assert cm.collective_time("all-gather", 8000, topo) == cm.allgather_time(8000, 8,
+                                                                              topo.intra)[0]
+    assert cm.collective_time("collective-permute", 8000, topo) == topo.intra.send(8000)
+
+
+def test_collective_times_across_nodes():
+    topo = cm.DGX_H100.with_devices(32)  # 4 nodes of 8
+    intra, inter, n = topo.intra, topo.inter, 64_000
+    assert cm.collective_time("all-reduce", n, topo) == cm.hierarchical_allreduce_time(n, topo)
+    assert cm.collective_time("all-gather", n, topo) == pytest.approx(
+        cm.allgather_time(n / 4, 8, intra)[0] + cm.allgather_time(n, 4, inter)[0])
+    assert cm.collective_time("reduce-scatter", n, topo) == pytest.approx(
+        cm.reduce_scatter_time(n, 8, intra) + cm.reduce_scatter_time(n / 8, 4, inter))
+    assert cm.collective_time("all-to-all", n, topo) == pytest.approx(
+        7 * (intra.alpha_s + n / 32 / intra.beta_Bps) + 24 * (inter.alpha_s
+                                                                + n / 32 / inter.beta_Bps))
+    assert cm.collective_time("collective-permute", n, topo) == inter.send(n)
+    # A measured kind replaces the formulas, on exactly the measured device count.
+    link = cm.Link(1e-3, 1e6)
+    measured = dataclasses.replace(topo, measured=(("all-to-all", link),))
+    assert cm.collective_time("all-to-all", n, measured) == link.send(n)
+    assert measured.with_devices(32).measured and not measured.with_devices(16).measured
+
+
+def test_predict_merge_parts():
+    topo = cm.DGX_H100.with_devices(16)
+    kw = dict(batch=4, q_heads=32, kv_heads=8, head_dim=128, itemsize=2)
+    assert cm.predict_tree(2**20, topo, **kw) == cm.predict_merge("allreduce", 2**20, topo, **kw)
+    t = 2**20 // 16
+    compute = cm.local_decode_time(4, t, 8, 128, 128, 32, topo, 2)
+    shape = dict(batch=4, q_len=1, q_heads=32, v_dim=128, p=16, stat_itemsize=4)
+    for pattern in cm.MERGES:
+        pred = cm.predict_merge(pattern, 2**20, topo, **kw)
+        assert pred.method == pattern and pred.compute_s == compute
+        assert pred.comm_s == pytest.approx(sum(
+            c * cm.collective_time(k, nb, topo)
+            for k, nb, c in cm.merge_collectives(pattern, **shape)))
+        assert pred.merge_s == pytest.approx(cm.merge_read_bytes(pattern, **shape)
+                                             / topo.mem_Bps)
+        assert pred.total_s == pytest.approx(pred.compute_s + pred.comm_s + pred.merge_s)
+    fast = cm.predict_merge("one_pass", 2**20, topo, **kw)
+    slow = cm.predict_merge("one_pass", 2**20, topo, **kw, fallback=True)
+    exact = cm.predict_merge("allreduce", 2**20, topo, **kw)
+    assert slow.comm_s == pytest.approx(fast.comm_s + exact.comm_s)
+    assert fast.comm_s < exact.comm_s  # one all-reduce fewer
+    everything = cm.predict_all(2**20, topo, **kw)
+    assert list(everything) == [*cm.MERGES, *cm.RINGS]
+
+
+def test_pass_q_ring_prediction():
+    topo = cm.DGX_H100.with_devices(8)
+    kw = dict(batch=1, q_heads=32, kv_heads=8, head_dim=128, itemsize=2)
+    pq = cm.predict_pass_q_ring(2**20, topo, **kw)
+    kv = cm.predict_ring(2**20, topo, **kw)
+    tree = cm.predict_tree(2**20, topo, **kw)
+    # Each step reads the shard's one kv head (of 8): p steps read the shard once.
+    assert pq.compute_s == pytest.approx(tree.compute_s)
+    assert kv.compute_s == pytest.approx(8 * tree.compute_s)
+    assert pq.total_s < kv.total_s  # Tq·Hq = 32 ≪ Tk·Hkv
+    no = cm.predict_pass_q_ring(2**20, topo, **kw, overlap=False)
+    permute = cm.pass_q_collectives(batch=1, q_len=1, q_heads=32, kv_heads=8, head_dim=128,
+                                    v_dim=128, p=8, itemsize=2)[0]
+    assert no.comm_s - pq.comm_s == pytest.approx(7 * min(
+        pq.compute_s / 8, cm.collective_time("collective-permute", permute[1], topo)))
+
+
+NO_ONE_PASS = ("allreduce", "allgather", "reduce_scatter", "all_to_all")
+
+
+def test_best_merge_follows_latency_and_bandwidth():
+    """Latency-bound (tiny payloads, many devices): one collective beats two. Bandwidth-bound
+    (huge batch × heads): the least bytes on the slow links win. Asserted on the model's own
+    numbers, so a change of constants moves the winners with them."""
+    topo = cm.DGX_H100.with_devices(64)
+
+    def times(batch):
+        return {m: cm.predict_merge(m, 2**16, topo, batch=batch).total_s for m in NO_ONE_PASS}
+
+    small = times(1)
+    best = cm.best_merge(2**16, topo, batch=1, patterns=NO_ONE_PASS)
+    assert best == min(small, key=small.get)
+    assert small["allgather"] < small["allreduce"]  # one α-bound collective instead of two
+    assert best == "allgather"
+    big = times(4096)
+    best = cm.best_merge(2**16, topo, batch=4096, patterns=NO_ONE_PASS)
+    assert best == min(big, key=big.get)
+    assert best in ("allreduce", "reduce_scatter")
+    assert big["allgather"] > big["allreduce"]  # p× the payload loses once bytes dominate
+    # one_pass is priced by its fast path: never slower than allreduce.
+    assert cm.best_merge(2**16, topo, batch=1) != "allreduce"
+
+
+def test_best_merge_ties_go_to_allreduce():
+    one = cm.DGX_H100.with_devices(1)  # no collective at all: every pattern costs the same
+    assert cm.best_merge(4096, one, patterns=("allgather", "allreduce")) == "allreduce"
+    free = cm.Topology(1, 8, cm.Link(0, float("inf")), cm.Link(0, float("inf")),
+                       mem_Bps=float("inf"), flops=float("inf"))
+    assert cm.best_merge(4096, free) == "allreduce"
+
+
+def test_crossover_map():
+    ps, bhs = (8, 16, 64), (16, 256, 4096, 65536)
+    got = cm.crossover_map(ps=ps, batch_heads=bhs)
+    assert got["ps"] == list(ps) and got["batch_heads"] == list(bhs)
+    assert len(got["winner"]) == len(bhs) and all(len(r) == len(ps) for r in got["winner"])
+    for i, bh in enumerate(bhs):
+        for j, p in enumerate(ps):
+            secs = {m: got["seconds"][m][i][j] for m in cm.MERGES}
+            assert got["winner"][i][j] == min(secs, key=secs.get)
+            assert got["winner"][i][j] == cm.best_merge(
+                2**20, cm.DGX_H100.with_devices(p), batch=bh // 16)
+            assert got["speedup"][i][j] == pytest.approx(secs["allreduce"]
+                                                         / secs[got["winner"][i][j]])
+    assert "DGX H100" in got["topology"]
+
+
+def test_bad_arguments_of_the_merge_model():
+    with pytest.raises(ValueError, match="`pattern` must be one of"):
+        cm.merge_collectives("ring", batch=1, q_len=1, q_heads=4, v_dim=8, p=2)
+    with pytest.raises(TypeError, match="`pattern` must be a str"):
+        cm.predict_merge(3, 1024, cm.DGX_H100)
+    with pytest.raises(ValueError, match=r"`patterns\[1\]` must be one of"):
+        cm.best_merge(1024, cm.DGX_H100, patterns=("allreduce", "psum"))
+    with pytest.raises(ValueError, match="`patterns` is empty"):
+        cm.best_merge(1024, cm.DGX_H100, patterns=())
+    with pytest.raises(ValueError, match=r"`batch_heads\[0\]` holds 24, not a multiple"):
+        cm.crossover_map(batch_heads=(24,))
+    with pytest.raises(ValueError, match="`ps\\[0\\]` must be a positive int"):
+        cm.crossover_map(ps=(0,))
+    with pytest.raises(ValueError, match="`kind` must be one of"):
+        cm.collective_time("broadcast", 8, cm.DGX_H100)
+    with pytest.raises(TypeError, match=r"`measured\[0\]` must be a \(kind, Link\) pair"):
+        dataclasses.replace(cm.DGX_H100, measured=(("all-gather", 1e-3),))
+    with pytest.raises(ValueError, match="gives 'all-gather' twice"):
+        link = cm.Link(1e-3, 1e9)
+        dataclasses.replace(cm.DGX_H100, measured=(("all-gather", link), ("all-gather", link)))
+    with pytest.raises(TypeError, match="`fallback` must be True or False"):
+        cm.predict_merge("one_pass", 1024, cm.DGX_H100, fallback=1)

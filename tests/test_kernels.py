@@ -133,3 +133,197 @@ def test_layout_and_block_errors():
         kernels.xla_state(q, k, v, block=0)
     with pytest.raises(ValueError, match="reads the 'bthd' `layout`"):
         kernels.flash_state(q, k, v, layout="bhtd")
+
+
+# --- the cudnn adapter, through JAX's xla implementation of the same call -----------------
+# `jax.nn.dot_product_attention`'s xla implementation runs the softmax in float32 even for
+# float64 inputs, so float64 comparisons hold to ~1e-7, not 1e-12.
+F64_VIA_DPA = dict(rtol=1e-6, atol=1e-6)
+
+
+_cudnn_jit = jax.jit(kernels.cudnn_state,
+                     static_argnames=("scale", "causal", "layout", "implementation"))
+
+
+def _cudnn(q, k, v, **kw):  # jitted: one compile beats dozens of eagerly dispatched ops
+    return _cudnn_jit(q, k, v, implementation="xla", **kw)
+
+
+def _assert_state(got, out, lse, **tolerance):
+    np.testing.assert_array_equal(np.isneginf(got.lse), np.isneginf(lse))
+    finite = np.isfinite(lse)
+    np.testing.assert_allclose(np.asarray(got.lse)[finite], lse[finite], **tolerance)
+    np.testing.assert_allclose(got.out, out, **tolerance)
+    # Rows that see nothing are the identity exactly.
+    assert np.all(np.asarray(got.out)[~finite] == 0)
+
+
+@pytest.mark.parametrize("layout", kernels.LAYOUTS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_cudnn_state_matches_reference(layout, causal):
+    """Ragged global lengths on a chunk at kv_offset 5, GQA 8/2, Tq = 3 (decode-convention
+    causal: query i sits at L - 3 + i); sequence 1 ends before the chunk starts."""
+    offset, tc = 5, 20
+    q, k, v = rand_qkv(3, B=3, Tq=3, Hq=8, Hkv=2, D=8, Dv=8, Tk=tc)
+    lengths = np.array([offset + tc, offset - 2, offset + 7])
+    kk, vv = _as_layout(k, layout), _as_layout(v, layout)
+    got = _cudnn(q, kk, vv, kv_offset=offset, causal=causal, kv_lengths=lengths, layout=layout)
+    assert got.out.dtype == got.lse.dtype == jnp.float64
+    out, lse, _ = np_attention_state(q, k, v, causal=causal, kv_lengths=lengths - offset)
+    _assert_state(got, out, lse, **F64_VIA_DPA)
+    assert np.all(np.isneginf(got.lse[1])) and np.all(np.asarray(got.out[1]) == 0)
+    if causal:  # query 0 of sequence 2 sits at 9: it sees local keys 0..4 only
+        assert np.isfinite(got.lse[2]).all()
+    ref = jax.jit(kernels.xla_state, static_argnames=("causal", "layout"))(
+        q, kk, vv, kv_offset=offset, causal=causal, kv_lengths=lengths, layout=layout)
+    _assert_state(got, np.asarray(ref.out), np.asarray(ref.lse), **F64_VIA_DPA)
+
+
+def test_cudnn_state_without_lengths():
+    """No `kv_lengths`: every key holds data, and the chunk ends the sequence (the causal
+    queries are its last Tq positions), as for `xla_state`; the offset moves nothing."""
+    q, k, v = rand_qkv(4, B=2, Tq=4, Hq=4, Hkv=4, D=8, Dv=8, Tk=9)
+    for causal in (False, True):
+        got = _cudnn(q, k, v, kv_offset=7, causal=causal)
+        out, lse, _ = np_attention_state(q, k, v, causal=causal)
+        _assert_state(got, out, lse, **F64_VIA_DPA)
+    # Causal with Tq > 1 hides keys; a single causal query sees them all.
+    assert not np.allclose(_cudnn(q, k, v, causal=True).lse, _cudnn(q, k, v).lse)
+    one = _cudnn(q[:, -1:], k, v, causal=True)
+    np.testing.assert_array_equal(one.lse, _cudnn(q[:, -1:], k, v).lse)
+
+
+def test_cudnn_chunk_states_combine_to_attention():
+    q, k, v = rand_qkv(5, B=2, Tq=2, Hq=8, Hkv=2, D=8, Dv=8, Tk=30)
+    lengths = np.array([30, 13])
+    parts = [_cudnn(q, k[:, a:a + 15], v[:, a:a + 15], kv_offset=a, causal=True,
+                    kv_lengths=lengths) for a in (0, 15)]  # sequence 1 ends in chunk 0
+    whole = states.combine(*parts)
+    out, lse, _ = np_attention_state(q, k, v, causal=True, kv_lengths=lengths)
+    _assert_state(whole, out, lse, **F64_VIA_DPA)
+
+
+def test_cudnn_bf16_lse_cost():
+    """What the bf16 lse costs. JAX rounds the lse to the input dtype; the adapter casts it
+    to float32, so each chunk's lse carries one bf16 rounding (at most half a spacing: 2^-5
+    = 0.031 for an lse in [8, 16)) and a merge weighs the chunks by up to e^0.031 - 1 = 3%
+    wrongly.
+
+    bf16 inputs, scores scaled so that each chunk's lse lies in [8.5, 14.5], two chunks of
+    256 keys merged, against float64 attention on the same bf16-rounded inputs. Measured on
+    CPU (jax 0.10.2, this seed): max |lse err| 0.030 (xla_state's float32 lse: 9.4e-7);
+    merged output max |err| 1.46e-2, of which 1.48e-2 with the bf16 lse and an exact out,
+    5.5e-3 with the bf16 out and an exact lse; xla_state (float32 out and lse) 1.6e-6.
+    (At scale 1/4, lse 6-9, seeds 6-9: merged 4e-3 to 1.1e-2, bf16 lse alone 4e-3 to 1.2e-2.)
+    """
+    q, k, v = rand_qkv(6, B=1, Tq=1, Hq=16, Hkv=4, D=64, Dv=64, Tk=512, dtype=jnp.bfloat16)
+    scale = 4.0 / 8  # scores ~ N(0, 16): the lse of each chunk of 256 keys is 8.5-14.5
+    halves = [(k[:, a:a + 256], v[:, a:a + 256]) for a in (0, 256)]
+    cud = [_cudnn(q, kh, vh, scale=scale) for kh, vh in halves]
+    xla = [kernels.xla_state(q, kh, vh, scale=scale) for kh, vh in halves]
+    assert cud[0].lse.dtype == jnp.float32 and cud[0].out.dtype == jnp.float32
+    ref = [np_attention_state(q, kh, vh, scale=scale) for kh, vh in halves]
+    lse_ref = np.stack([r[1] for r in ref])
+    assert 8 <= lse_ref.min() and lse_ref.max() < 16  # the bf16 spacing there is 2^-4
+    lse_err = np.abs(np.stack([np.asarray(c.lse) for c in cud]) - lse_ref)
+    half_spacing = float(jnp.finfo(jnp.bfloat16).eps) * 2.0 ** np.floor(np.log2(lse_ref)) / 2
+    assert np.all(lse_err <= half_spacing + 1e-5)
+    lse_err_xla = np.abs(np.stack([np.asarray(x.lse) for x in xla]) - lse_ref).max()
+    assert lse_err_xla <= 1e-5
+
+    def merged_err(parts):
+        want = np_attention_state(q, k, v, scale=scale)[0]
+        return float(np.abs(np.asarray(states.combine(*parts).out) - want).max())
+
+    def mixed(outs, lses):
+        return [states.AttentionState(jnp.asarray(o, jnp.float32), jnp.asarray(s, jnp.float32))
+                for o, s in zip(outs, lses, strict=True)]
+
+    err = merged_err(cud)
+    lse_only = merged_err(mixed([r[0] for r in ref], [c.lse for c in cud]))
+    out_only = merged_err(mixed([c.out for c in cud], [r[1] for r in ref]))
+    err_xla = merged_err(xla)
+    print(f"bf16 lse: max |lse err| {lse_err.max():.3g} (xla_state {lse_err_xla:.2g}); merged "
+          f"out max |err| {err:.3g}: bf16 lse only {lse_only:.3g}, bf16 out only "
+          f"{out_only:.3g}; xla_state {err_xla:.3g}")
+    # The bf16 lse costs about as much as the bf16 output does; both stay within the bf16
+    # tolerance of outputs of size O(1). The float32 path is 1e4 times tighter.
+    assert max(err, lse_only, out_only) <= tol(jnp.bfloat16)["atol"]
+    assert err_xla <= tol(jnp.float32)["atol"]
+
+
+def test_cudnn_state_checks():
+    q, k, v = rand_qkv(0, Dv=8)
+    with pytest.raises(ValueError, match="`implementation` must be one of"):
+        kernels.cudnn_state(q, k, v, implementation="triton")
+    with pytest.raises(ValueError, match="`v` must have v_dim == head_dim"):
+        kernels.cudnn_state(q, k, v[..., :4], implementation="xla")
+    with pytest.raises(ValueError, match=r"`local_kernel`='cudnn' needs an NVIDIA GPU.*'cpu'"):
+        kernels.cudnn_state(q.astype(jnp.bfloat16), k, v)  # the cudnn implementation, on CPU
+    empty = kernels.cudnn_state(q[:, :0], k, v, implementation="xla")
+    assert empty.out.shape == (2, 0, 4, 8) and empty.lse.shape == (2, 0, 4)
+    assert kernels.KERNELS["cudnn"] is kernels.cudnn_state and "cudnn" in kernels.KERNEL_NAMES
+
+
+# --- choosing a kernel -------------------------------------------------------------------
+
+def test_explicit_cudnn_is_refused_off_a_gpu():
+    with pytest.raises(ValueError, match=r"`local_kernel`='cudnn' needs an NVIDIA GPU.*"
+                                         r"use local_kernel='xla'"):
+        kernels.resolve("cudnn", dtype=jnp.bfloat16, head_dim=64, v_dim=64, needs_mask=False)
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """Stand in a CUDA GPU of compute capability `cc` (default Hopper) for `resolve`, with
+    or without flash-attn-jax."""
+    def make(cc=(9, 0), flash=False):
+        monkeypatch.setattr(kernels, "_backend", lambda: "gpu")
+        monkeypatch.setattr(kernels, "_cuda_capability", lambda: cc)
+        monkeypatch.setattr(kernels.importlib.util, "find_spec",
+                            lambda name: object() if flash else None)
+    return make
+
+
+AUTO = dict(dtype=jnp.bfloat16, head_dim=128, v_dim=128, needs_mask=False)
+
+
+@pytest.mark.parametrize(("kw", "cc", "want"), [
+    ({}, (9, 0), "cudnn"),
+    (dict(needs_mask=True), (9, 0), "cudnn"),  # cudnn masks keys
+    (dict(dtype=jnp.float16), (8, 0), "cudnn"),
+    (dict(dtype=jnp.float32), (9, 0), "xla"),  # cuDNN's flash attention: fp16/bf16 only
+    (dict(head_dim=256, v_dim=256), (9, 0), "cudnn"),
+    (dict(head_dim=256, v_dim=256), (8, 0), "xla"),  # 128 before Hopper
+    (dict(head_dim=100, v_dim=100), (9, 0), "xla"),  # not a multiple of 8
+    (dict(v_dim=64), (9, 0), "xla"),
+    (dict(layout="bhtd"), (9, 0), "xla"),  # cudnn would copy the cache; xla streams it
+    ({}, None, "xla"),  # a GPU that is not CUDA (ROCm)
+])
+def test_auto_on_a_gpu_without_flash(gpu, kw, cc, want):
+    gpu(cc)
+    assert kernels.resolve("auto", **(AUTO | kw)) == want
+
+
+def test_auto_prefers_flash_then_cudnn(gpu):
+    gpu(flash=True)
+    assert kernels.resolve("auto", **AUTO) == "flash"
+    assert kernels.resolve("auto", **(AUTO | dict(needs_mask=True))) == "cudnn"
+    assert kernels.resolve("cudnn", **AUTO) == "cudnn"
+    assert kernels.resolve("cudnn", **(AUTO | dict(layout="bhtd"))) == "cudnn"  # a copy
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    (dict(dtype=jnp.float32), "float16 or bfloat16"),
+    (dict(head_dim=12, v_dim=12), "multiple of 8 and <= 256"),
+    (dict(v_dim=64), "v_dim == head_dim"),
+])
+def test_explicit_cudnn_limits_on_a_gpu(gpu, kw, match):
+    gpu()
+    with pytest.raises(ValueError, match=match):
+        kernels.resolve("cudnn", **(AUTO | kw))
+
+
+def test_cudnn_head_dim_limit():
+    assert [kernels.cudnn_head_dim_limit(c) for c in [(7, 0), (8, 9), (9, 0), (10, 0), None]] \
+        == [128, 128, 256, 256, 128]

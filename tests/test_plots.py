@@ -119,3 +119,31 @@ def test_plain_log_axis(ax):
     labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
     assert {"1", "10", "100", "1000"} <= set(labels)
     assert not any("10^" in t or "$" in t for t in labels)
+
+
+def test_crossover_map_draws_the_winners(tmp_path):
+    data = {"ps": [8, 16, 64], "batch_heads": [16, 4096],
+            "patterns": ["allreduce", "allgather", "reduce_scatter"],
+            "winner": [["allgather", "allgather", "allreduce"],
+                       ["allreduce", "reduce_scatter", "reduce_scatter"]],
+            "speedup": [[1.2, 1.4, 1.0], [1.0, 1.1, 1.3]], "topology": "DGX H100"}
+    fig = plots.crossover_map(data, path=str(tmp_path / "c.png"))
+    ax = fig.axes[0]
+    assert (tmp_path / "c.png").stat().st_size > 0
+    assert ax.images[0].get_array().shape == (2, 3)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["8", "16", "64"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["16", "4k"]
+    legend = {t.get_text(): h.get_facecolor() for t, h in
+              zip(ax.get_legend().get_texts(), ax.get_legend().legend_handles, strict=True)}
+    assert same_color(legend["allreduce"], plots.TREE_COLOR)  # the paper's tree stays blue
+    assert not _is_red_or_blue(legend["allgather"]) and not _is_red_or_blue(
+        legend["reduce_scatter"])
+    assert "1.40×" in {t.get_text() for t in ax.texts}
+    plt.close(fig)
+
+
+def test_pattern_colours_keep_the_course_rules():
+    assert plots.PATTERN_COLORS["allreduce"] == plots.TREE_COLOR
+    assert plots.PATTERN_COLORS["ring"] == plots.RING_COLOR
+    others = [c for n, c in plots.PATTERN_COLORS.items() if n not in ("allreduce", "ring")]
+    assert not any(_is_red_or_blue(c) for c in others) and len(set(others)) == len(others)

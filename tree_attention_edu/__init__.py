@@ -24,7 +24,14 @@ from .bayes import (
     rate_function,
     stationary_point,
 )
-from .decode import ring_decode, tree_decode, tree_decode_from_energy
+from .decode import (
+    MERGES,
+    ring_decode,
+    ring_decode_pass_q,
+    tree_decode,
+    tree_decode_from_energy,
+    tree_energy,
+)
 from .devices import make_mesh, simulate_devices
 from .energy import attention_from_energy, energy, value_covariance, value_covariance_formula
 from .introspect import collective_stats, memory_stats
@@ -59,6 +66,7 @@ def _version() -> str:
 __version__ = _version()  # defined once, in pyproject.toml
 
 __all__ = [
+    "MERGES",
     "AttentionState",
     "attention",
     "attention_from_energy",
@@ -79,11 +87,13 @@ __all__ = [
     "posterior",
     "rate_function",
     "ring_decode",
+    "ring_decode_pass_q",
     "sequential_reduce",
     "simulate_devices",
     "stationary_point",
     "tree_decode",
     "tree_decode_from_energy",
+    "tree_energy",
     "tree_reduce",
     "value_covariance",
     "value_covariance_formula",

@@ -331,6 +331,30 @@ def check_kernel_name(name: str, known: tuple[str, ...]) -> None:
         raise ValueError(f"`local_kernel` must be one of {known}, got {name!r}.")
 
 
+def cudnn_needs_gpu(backend: str) -> str:
+    return (f"`local_kernel`='cudnn' needs an NVIDIA GPU with cuDNN (it calls "
+            f"jax.nn.dot_product_attention(implementation='cudnn')), but JAX's default backend "
+            f"is {backend!r}; use local_kernel='xla' (or 'auto', which picks xla here).")
+
+
+def cudnn_dtype(dtype: Any) -> str:
+    return (f"`local_kernel`='cudnn' takes float16 or bfloat16 inputs (cuDNN's flash "
+            f"attention), got {dtype}; cast q, k, v or use local_kernel='xla'.")
+
+
+def cudnn_head_dim(head_dim: int, v_dim: int, limit: int, capability: Any) -> str:
+    cc = ".".join(str(c) for c in capability) if capability else "?"
+    return (f"`local_kernel`='cudnn' needs head_dim a multiple of 8 and <= {limit} (compute "
+            f"capability {cc}) and v_dim == head_dim, got head_dim={head_dim}, v_dim={v_dim}; "
+            f"use local_kernel='xla'.")
+
+
+def cudnn_v_dim(head_dim: int, v_dim: int) -> str:
+    return (f"`v` must have v_dim == head_dim for the cudnn kernel "
+            f"(jax.nn.dot_product_attention takes one head size), got head_dim={head_dim}, "
+            f"v_dim={v_dim}; use local_kernel='xla' (kernels.xla_state).")
+
+
 def shape_of(x: Any, name: str) -> tuple[int, ...]:
     """The shape of an array argument, or a TypeError naming it."""
     return _shape(x, name)
@@ -863,3 +887,45 @@ def check_shard_bytes(value: Any, name: str = "max_shard_bytes") -> Any:
     if value is None:
         return None
     return check_int(value, name, example="`max_shard_bytes=2_000_000_000` (2 GB files)")
+
+
+# cost model: merge patterns (issue 13)
+
+
+def check_kind_links(pairs: Any, name: str, kinds: tuple[str, ...], link_cls: type) -> None:
+    """A tuple of `(kind, Link)` pairs, each kind one of `kinds` and given once."""
+    eg = '(("all-gather", Link(alpha_s=1e-4, beta_Bps=1e9)),)'
+    if not isinstance(pairs, tuple):
+        raise TypeError(f"`{name}` must be a tuple of (kind, Link) pairs, e.g. {eg}, got "
+                        f"{_describe(pairs)}.")
+    seen = set()
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], link_cls)):
+            raise TypeError(f"`{name}[{i}]` must be a (kind, Link) pair, e.g. {eg}, got "
+                            f"{_describe(pair)}.")
+        check_choice(pair[0], kinds, f"{name}[{i}][0]")
+        if pair[0] in seen:
+            raise ValueError(f"`{name}` gives {pair[0]!r} twice; give each kind once.")
+        seen.add(pair[0])
+
+
+def check_pattern(value: Any, known: tuple[str, ...], name: str = "pattern") -> str:
+    """A merge pattern's name: TypeError for a non-string, ValueError for an unknown one."""
+    if not isinstance(value, str):
+        raise TypeError(f"`{name}` must be a str, one of {known}, got {_describe(value)}.")
+    check_choice(value, known, name)
+    return value
+
+
+def check_sizes_list(values: Any, name: str, example: str) -> list[int]:
+    """A non-empty sequence of positive ints (an axis of a map)."""
+    items = check_sequence(values, name, "positive ints", example)
+    for i, x in enumerate(items):
+        check_int(x, f"{name}[{i}]")
+    return [int(x) for x in items]
+
+
+def check_multiple_of(value: int, name: str, divisor: int, divisor_name: str) -> None:
+    if value % divisor:
+        raise ValueError(f"`{name}` holds {value}, not a multiple of `{divisor_name}` "
+                         f"({divisor}); give multiples of it.")

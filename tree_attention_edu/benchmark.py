@@ -11,6 +11,10 @@ Methods:
 * `tree`, `tree_energy`, `ring`: this package's sequence-parallel decoders;
 * `xla_auto`: plain `jax.nn.dot_product_attention` under `jax.jit` with K/V carrying a
   sequence `NamedSharding` and no `shard_map`: what XLA's partitioner does on its own.
+
+The device (`device_info`): its platform and kind, the JAX version, the published HBM peak of
+the kind where known (`nominal_hbm_gbs`) and the read bandwidth measured on it
+(`device_read_gbs`); `device_fractions` puts each kernel's effective bandwidth against both.
 """
 
 from __future__ import annotations
@@ -91,6 +95,92 @@ def median_time(fn: Callable, *args, repeats: int = 5) -> float:
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+# Published peak HBM bandwidth, GB/s, by substrings of `jax.Device.device_kind` (lower-case;
+# every substring of a row must occur; the first matching row wins, so the specific rows come
+# first). Sources, vendors' datasheets:
+# - H100 SXM5 3.35 TB/s, H100 PCIe 2 TB/s, H100 NVL 3.9 TB/s: nvidia.com/en-us/data-center/h100/
+# - H200 4.8 TB/s: nvidia.com/en-us/data-center/h200/
+# - A100 40GB 1,555 GB/s, 80GB PCIe 1,935 GB/s, 80GB SXM 2,039 GB/s: the A100 datasheet,
+#   nvidia.com/en-us/data-center/a100/ (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf)
+# - B200 8 TB/s per GPU: HGX B200 datasheet, nvidia.com/en-us/data-center/hgx/
+# - MI300X 5.3 TB/s: amd.com/en/products/accelerators/instinct/mi300/mi300x.html
+# GH200 ships with HBM3 (4 TB/s) or HBM3e (4.9 TB/s) under similar names: left unknown.
+NOMINAL_HBM_GBS: tuple[tuple[tuple[str, ...], float | None], ...] = (
+    (("gh200",), None),
+    (("h200",), 4800.0),
+    (("h100", "nvl"), 3900.0),
+    (("h100", "pcie"), 2000.0),
+    (("h100",), 3350.0),
+    (("a100", "80gb", "pcie"), 1935.0),
+    (("a100", "pcie", "80gb"), 1935.0),
+    (("a100", "80gb"), 2039.0),
+    (("a100",), 1555.0),
+    (("b200",), 8000.0),
+    (("mi300x",), 5300.0),
+)
+DEVICE_READ_BYTES = {"cpu": 256 * 2**20}
+"""Array size of `device_read_gbs` per platform; others (GPUs) default to 2 GiB, far past
+every cache."""
+
+
+def nominal_hbm_gbs(kind: str) -> float | None:
+    """Published peak HBM bandwidth in GB/s of a device kind (`jax.Device.device_kind`, such
+    as "NVIDIA H100 80GB HBM3"), or None when the kind is not in `NOMINAL_HBM_GBS` (CPUs)."""
+    low = str(kind).lower()
+    for parts, gbs in NOMINAL_HBM_GBS:
+        if all(p in low for p in parts):
+            return gbs
+    return None
+
+
+def device_read_gbs(nbytes: int | None = None, *, repeats: int = 7, device=None) -> float:
+    """Read bandwidth of `device` (default: the first) in GB/s: a jitted `jnp.sum` over a
+    float32 array of `nbytes` that lives on it, median of `repeats` calls after a warm-up
+    (`median_time`). A reduction reads each byte once and writes nothing, as a decode step
+    does. The array is 256 MiB on CPU and 2 GiB elsewhere unless `nbytes` says otherwise.
+
+    `calibrate.machine_read_gbs` measures the host with numpy; this measures the device
+    through XLA, the figure a kernel on that device can be held to.
+    """
+    device = jax.devices()[0] if device is None else device
+    if nbytes is None:
+        nbytes = DEVICE_READ_BYTES.get(device.platform, 2 * 2**30)
+    x = jax.device_put(jnp.ones((max(int(nbytes) // 4, 1),), jnp.float32), device)
+    seconds = median_time(jax.jit(jnp.sum), x, repeats=repeats)
+    nbytes = x.nbytes
+    del x
+    return nbytes / seconds / 1e9
+
+
+def device_info(measure: bool = True, *, nbytes: int | None = None, repeats: int = 7) -> dict:
+    """The bench JSON's `"device"` block for the first device:
+    `{"platform", "kind", "jax_version", "nominal_gbs", "measured_gbs"}`.
+
+    `nominal_gbs` is the published HBM peak of the kind (None where unknown, as on CPU);
+    `measured_gbs` is `device_read_gbs` (None with `measure=False`).
+    """
+    dev = jax.devices()[0]
+    return {
+        "platform": dev.platform,
+        "kind": dev.device_kind,
+        "jax_version": jax.__version__,
+        "nominal_gbs": nominal_hbm_gbs(dev.device_kind),
+        "measured_gbs": device_read_gbs(nbytes, repeats=repeats, device=dev) if measure
+        else None,
+    }
+
+
+def device_fractions(kernels: dict, device: dict) -> dict:
+    """Add to each kernel record (a dict with `"gbs"`) its fraction of the device's measured
+    read bandwidth (`"frac_measured"`) and of its nominal HBM peak (`"frac_nominal"`, None
+    where the peak is unknown). Changes and returns `kernels`."""
+    measured, nominal = device.get("measured_gbs"), device.get("nominal_gbs")
+    for rec in kernels.values():
+        rec["frac_measured"] = rec["gbs"] / measured if measured else None
+        rec["frac_nominal"] = rec["gbs"] / nominal if nominal else None
+    return kernels
 
 
 def describe(stats: CollectiveStats) -> str:

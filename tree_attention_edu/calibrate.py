@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +30,8 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import benchmark, costmodel, kernels
+from . import _checks, benchmark, costmodel, kernels
+from .attention import accum_dtype
 from .decode import kv_spec
 from .introspect import memory_stats
 
@@ -80,6 +81,7 @@ def kernel_fns(mesh: Mesh) -> dict[str, tuple[Callable, str, int]]:
         fns["dot_product_attention_cudnn"] = (
             lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn"),
             "bthd", 1)
+        fns["cudnn"] = (lambda q, k, v: kernels.cudnn_state(q, k, v).out, "bthd", 1)
         if kernels.flash_available():
             fns["flash"] = (lambda q, k, v: kernels.flash_state(q, k, v).out, "bthd", 1)
     for layout in kernels.LAYOUTS:
@@ -168,22 +170,46 @@ def _smap(mesh: Mesh, body: Callable) -> Callable:
 
 
 def collective_times(
-    mesh: Mesh, sizes: Iterable[int], *, repeats: int = 7
+    mesh: Mesh, sizes: Iterable[int], *, repeats: int = 7, kinds: Iterable[str] = ("psum",)
 ) -> dict[str, list[tuple[int, float]]]:
-    """Median seconds of one `psum` for each per-device message size in bytes, plus
-    `"noop"`: the same call doing `x + 1` (at the smallest size, the fixed cost of calling a
-    program on the mesh)."""
+    """Median seconds of one collective for each message size in bytes, plus `"noop"`: the
+    same call doing `x + 1` (at the smallest size, the fixed cost of calling a program on the
+    mesh).
+
+    `kinds` among `COLLECTIVE_FNS`: "psum" (all-reduce), "all_gather", "psum_scatter"
+    (reduce-scatter) and "all_to_all". Sizes are counted as `collective_stats` counts them:
+    the buffer each device receives for "all_gather" (each contributes `n/p`), the buffer it
+    contributes otherwise; they are rounded down to a multiple of `4·p` bytes.
+    """
     axes = tuple(mesh.axis_names)
-    fns = {
-        "noop": _smap(mesh, lambda x: x + 1),
-        "psum": _smap(mesh, lambda x: lax.psum(x, axes)),
-    }
+    p = mesh.size
+    kinds = tuple(kinds)
+    for kind in kinds:
+        _checks.check_choice(kind, tuple(COLLECTIVE_FNS), "kinds")
+    fns = {"noop": _smap(mesh, lambda x: x + 1)}
+    fns.update({k: _smap(mesh, COLLECTIVE_FNS[k](axes, p)) for k in kinds})
     out: dict[str, list[tuple[int, float]]] = {k: [] for k in fns}
     for n in sizes:
-        x = _sharded(mesh, n)
+        words = max(n // 4 // p, 1) * p  # float32 words, a multiple of p
         for name, fn in fns.items():
-            out[name].append((n, benchmark.median_time(fn, x, repeats=repeats)))
+            contributed = words // p if name == "all_gather" else words
+            x = _sharded(mesh, 4 * contributed)
+            out[name].append((4 * words, benchmark.median_time(fn, x, repeats=repeats)))
     return out
+
+
+COLLECTIVE_FNS: dict[str, Callable] = {
+    "psum": lambda axes, p: lambda x: lax.psum(x, axes),
+    "all_gather": lambda axes, p: lambda x: lax.all_gather(x, axes, tiled=True),
+    "psum_scatter": lambda axes, p: lambda x: lax.psum_scatter(x, axes, tiled=True),
+    "all_to_all": lambda axes, p: lambda x: lax.all_to_all(
+        x.reshape(p, -1), axes, 0, 0, tiled=True).reshape(-1),
+}
+"""Each micro-benchmarked collective, as `(axes, p) -> body(x)` on one device's flat buffer."""
+
+COLLECTIVE_KIND = {"psum": "all-reduce", "all_gather": "all-gather",
+                   "psum_scatter": "reduce-scatter", "all_to_all": "all-to-all"}
+"""The `collective_stats` name of each micro-benchmarked collective."""
 
 
 def ring_pass_times(
@@ -262,18 +288,21 @@ class Calibration:
     mem_Bps: float
     topology: costmodel.Topology
     collective_points: dict
+    links: dict = field(default_factory=dict)  # every measured kind: its Link
 
 
 def measure_topology(
     mesh: Mesh, *, kernel_problem: benchmark.Problem | None = None,
     sizes: Iterable[int] = tuple(2**e for e in range(10, 27, 2)), repeats: int = 7,
-    progress: Progress = None,
+    progress: Progress = None, kinds: Iterable[str] = ("psum",),
 ) -> Calibration:
     """Measure α, β, the per-call overhead and the per-device decode bandwidth of `mesh`.
 
     `sizes` are per-device message sizes in bytes; include some ≤ `SMALL_MESSAGE` (for α)
     and some above it (for β), ideally spanning the transfers to be predicted
-    (`message_sizes`).
+    (`message_sizes`). `kinds` are the collectives to time besides the ring's ppermute
+    (`collective_times`); each becomes one of the topology's `measured` kinds, so that the
+    cost model prices it as measured on this mesh rather than by a GPU's algorithm formula.
 
     The decode bandwidth is measured with every device running the xla kernel on its shard
     at once (no collective), at `kernel_problem` (default: the bench problem at Tk = 49152;
@@ -284,9 +313,12 @@ def measure_topology(
         progress("collectives")
     sizes = tuple(sizes)
     prob = kernel_problem or benchmark.Problem(seq_len=49152)
-    pts = collective_times(mesh, sizes, repeats=repeats)
+    kinds = tuple(dict.fromkeys(("psum", *kinds)))
+    pts = collective_times(mesh, sizes, repeats=repeats, kinds=kinds)
     overhead = min(pts["noop"])[1]  # the smallest message: dispatch, not the `x + 1`
-    psum_link = fit_link([(n, max(t - overhead, 0.0)) for n, t in pts["psum"]])
+    links = {COLLECTIVE_KIND[k]: fit_link([(n, max(t - overhead, 0.0)) for n, t in pts[k]])
+             for k in kinds}
+    psum_link = links["all-reduce"]
     # One program per size holds 2(p-1) messages: its dispatch is spread over them.
     share = overhead / (2 * max(mesh.size - 1, 1))
     pts["ppermute"] = ring_pass_times(mesh, prob, sizes, repeats=repeats)
@@ -310,17 +342,27 @@ def measure_topology(
         flops=float("inf"), overhead_s=overhead, overlap=False,
         name=f"{mesh.size} simulated CPU devices (this machine)",
         sources=("measured by tree_attention_edu.calibrate.measure_topology",),
+        measured=tuple(links.items()) if len(kinds) > 1 else (),
     )
-    return Calibration(overhead, link, psum_link, mem_Bps, topo, pts)
+    return Calibration(overhead, link, psum_link, mem_Bps, topo, pts,
+                       {**links, "collective-permute": link})
 
 
 def predict(method: str, seq_len: int, topo: costmodel.Topology,
             problem: benchmark.Problem) -> costmodel.Prediction:
-    """The cost model's latency for a `benchmark.Problem` at `seq_len`."""
-    fn = {"tree": costmodel.predict_tree, "ring": costmodel.predict_ring}[method]
-    return fn(seq_len, topo, batch=problem.batch, q_heads=problem.q_heads,
-              kv_heads=problem.kv_heads, head_dim=problem.head_dim,
-              itemsize=jnp.dtype(problem.dtype).itemsize, q_len=problem.q_len)
+    """The cost model's latency for a `benchmark.Problem` at `seq_len`: `method` is "tree",
+    "ring", "ring_pass_q" or a merge pattern (`costmodel.MERGES`)."""
+    _checks.check_choice(method, ("tree", *costmodel.MERGES, *costmodel.RINGS), "method")
+    shape = dict(batch=problem.batch, q_heads=problem.q_heads, kv_heads=problem.kv_heads,
+                 head_dim=problem.head_dim, itemsize=jnp.dtype(problem.dtype).itemsize,
+                 q_len=problem.q_len)
+    stat = jnp.dtype(accum_dtype(problem.dtype)).itemsize
+    if method == "ring":
+        return costmodel.predict_ring(seq_len, topo, **shape)
+    if method == "ring_pass_q":
+        return costmodel.predict_pass_q_ring(seq_len, topo, **shape, stat_itemsize=stat)
+    pattern = "allreduce" if method == "tree" else method
+    return costmodel.predict_merge(pattern, seq_len, topo, **shape, stat_itemsize=stat)
 
 
 def calibrate(
@@ -372,4 +414,119 @@ def calibration_table(cal: Calibration, rows: list[dict]) -> str:
                      f"{r['error']:>+8.0%}")
     worst = max(abs(r["error"]) for r in rows)
     lines.append(f"worst |error| {worst:.0%} (target: within 35%)")
+    return "\n".join(lines)
+
+
+# --- merge patterns and rings (issue 13) ----------------------------------------------------
+
+PATTERN_METHODS = (*costmodel.MERGES, *costmodel.RINGS)
+"""What `validate_patterns` measures: every merge pattern of `tree_decode`, then both rings."""
+
+
+def pattern_fns(mesh: Mesh, kv_len: int | None = None) -> dict[str, Callable]:
+    """Each pattern and ring as a jitted `fn(q, k, v)` on `mesh` (K/V sharded along the
+    sequence, queries replicated). `kv_len`: the valid keys when K/V carry padding."""
+    from . import decode
+
+    def lengths(q):
+        return None if kv_len is None else jnp.full((q.shape[0],), kv_len, jnp.int32)
+
+    fns = {m: jax.jit(lambda q, k, v, m=m: decode.tree_decode(
+        q, k, v, mesh=mesh, merge=m, kv_lengths=lengths(q))) for m in costmodel.MERGES}
+    fns["ring"] = jax.jit(lambda q, k, v: decode.ring_decode(q, k, v, mesh=mesh,
+                                                             kv_lengths=lengths(q)))
+    fns["ring_pass_q"] = jax.jit(lambda q, k, v: decode.ring_decode_pass_q(
+        q, k, v, mesh=mesh, kv_lengths=lengths(q)))
+    return fns
+
+
+def _pattern_payloads(problem: benchmark.Problem, p: int, seq_lens: Iterable[int]) -> list[int]:
+    """Every per-device message (bytes) the patterns and rings send at these sizes: the
+    micro-benchmarks are run where the predictions will use them."""
+    item = jnp.dtype(problem.dtype).itemsize
+    stat = jnp.dtype(accum_dtype(problem.dtype)).itemsize
+    shape = dict(batch=problem.batch, q_len=problem.q_len, q_heads=problem.q_heads,
+                 v_dim=problem.head_dim, p=p, stat_itemsize=stat)
+    sizes = [nbytes for m in costmodel.MERGES
+             for _, nbytes, _ in costmodel.merge_collectives(m, **shape, out_itemsize=item)]
+    sizes += [nbytes for _, nbytes, _ in costmodel.pass_q_collectives(
+        **shape, kv_heads=problem.kv_heads, head_dim=problem.head_dim, itemsize=item)]
+    for n in seq_lens:
+        sizes += [nbytes for _, nbytes, _ in costmodel.ring_collectives(
+            batch=problem.batch, kv_len=n, kv_heads=problem.kv_heads,
+            head_dim=problem.head_dim, v_dim=problem.head_dim, p=p, itemsize=item)]
+    return sizes
+
+
+def validate_patterns(
+    mesh: Mesh, seq_lens: Iterable[int] = (8192, 16384, 32768), *,
+    problem: benchmark.Problem | None = None, methods: Iterable[str] = PATTERN_METHODS,
+    calibration: Calibration | None = None, repeats: int = 5, progress: Progress = None,
+) -> tuple[Calibration, list[dict]]:
+    """Predicted against measured latency of every merge pattern and both rings.
+
+    First (unless a `calibration` is given) the mesh is measured: per-call overhead, the
+    ring-shaped ppermute, the all-reduce, all-gather, reduce-scatter and all-to-all over
+    sizes spanning the messages the methods will send, and the per-device decode bandwidth at
+    a length that is not validated (`measure_topology`). Nothing is fitted to the timings
+    being predicted. Then, at each `seq_len`, every method of `methods` runs on the same
+    inputs (`benchmark.median_time`) and is predicted by `predict`.
+
+    Returns the calibration and rows `{"name", "devices", "seq_len", "median_s",
+    "predicted_s", "rel_err"}` (`rel_err = predicted / measured − 1`).
+    """
+    _checks.check_instance(mesh, Mesh, "mesh", "e.g. tree_attention_edu.make_mesh(8, 'x')")
+    seq_lens = _checks.check_sizes_list(seq_lens, "seq_lens", "(8192, 16384, 32768)")
+    methods = _checks.check_sequence(methods, "methods", "pattern or ring names",
+                                     '("allreduce", "ring")')
+    for i, m in enumerate(methods):
+        _checks.check_pattern(m, PATTERN_METHODS, f"methods[{i}]")
+    base = problem or benchmark.Problem()
+    p = mesh.size
+    if calibration is None:
+        cal_len = max(p, (3 * max(seq_lens) // 4) // p * p)  # not a validated length
+        calibration = measure_topology(
+            mesh, kernel_problem=benchmark.Problem(**{**asdict(base), "seq_len": cal_len}),
+            sizes=message_sizes(_pattern_payloads(base, p, seq_lens)), repeats=repeats,
+            progress=progress, kinds=tuple(COLLECTIVE_FNS))
+    axes = tuple(mesh.axis_names)
+    rep, kv = NamedSharding(mesh, P()), NamedSharding(mesh, P(None, axes))
+    rows = []
+    for n in seq_lens:
+        prob = benchmark.Problem(**{**asdict(base), "seq_len": n})
+        q, k, v = benchmark.make_inputs(prob)
+        pad = (-n) % p
+        if pad:  # K/V placed along the sequence need a multiple of p keys: mask the rest
+            widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+            k, v = np.pad(k, widths), np.pad(v, widths)
+        args = [jax.device_put(x, s) for x, s in zip((q, k, v), (rep, kv, kv), strict=True)]
+        fns = pattern_fns(mesh, n if pad else None)
+        for name in methods:
+            if progress:
+                progress(f"Tk={n} {name}")
+            measured = benchmark.median_time(fns[name], *args, repeats=repeats)
+            predicted = predict(name, n, calibration.topology, prob).total_s
+            rows.append(dict(name=name, devices=p, seq_len=n, median_s=measured,
+                             predicted_s=predicted, rel_err=predicted / measured - 1))
+        del args
+    return calibration, rows
+
+
+def patterns_table(cal: Calibration, rows: list[dict]) -> str:
+    """`validate_patterns`'s result as a fixed-width table, with the measured links and the
+    worst relative error."""
+    links = "; ".join(f"{kind} alpha {link.alpha_s * 1e6:.0f} us, beta "
+                      f"{link.beta_Bps / 1e9:.2f} GB/s" for kind, link in cal.links.items())
+    lines = [f"measured: per-call overhead {cal.overhead_s * 1e6:.0f} us; decode "
+             f"{cal.mem_Bps / 1e9:.2f} GB/s per device; {links}",
+             f"{'name':<16}{'devices':>8}{'seq_len':>9}{'predicted ms':>14}{'measured ms':>13}"
+             f"{'rel err':>9}"]
+    lines.append("-" * len(lines[-1]))
+    for r in rows:
+        lines.append(f"{r['name']:<16}{r['devices']:>8}{r['seq_len']:>9}"
+                     f"{r['predicted_s'] * 1e3:>14.1f}{r['median_s'] * 1e3:>13.1f}"
+                     f"{r['rel_err']:>+9.0%}")
+    worst = max(rows, key=lambda r: abs(r["rel_err"]))
+    lines.append(f"worst |rel err| {abs(worst['rel_err']):.0%} ({worst['name']}, Tk="
+                 f"{worst['seq_len']}; target: within 35%)")
     return "\n".join(lines)

@@ -498,9 +498,9 @@ def cmd_bench(args) -> int:
                   f"{r.collective_bytes / max(t.collective_bytes, 1):.3g}x, ring/tree temp "
                   f"{r.temp_bytes / max(t.temp_bytes, 1):.2f}x")
         out += [r.as_json() for r in records]
-    report: dict = {"records": out}
+    report: dict = {"device": _device(), "records": out}
     if "bandwidth" in args.sections:
-        report["bandwidth"] = _bandwidth(args)
+        report["bandwidth"] = _bandwidth(args, report["device"])
     if "calibration" in args.sections:
         report["calibration"] = _calibration(args)
     if args.json:
@@ -510,8 +510,19 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _bandwidth(args) -> dict:
-    from . import calibrate
+def _device() -> dict:
+    from . import benchmark
+
+    dev = benchmark.device_info(measure=True)
+    nominal = f"{dev['nominal_gbs']:.0f} GB/s" if dev["nominal_gbs"] else "unknown"
+    print(f"\ndevice: {dev['platform']} ({dev['kind']}), jax {dev['jax_version']}; read "
+          f"bandwidth measured {dev['measured_gbs']:.1f} GB/s (jnp.sum on the device), nominal "
+          f"HBM peak {nominal}")
+    return dev
+
+
+def _bandwidth(args, device: dict) -> dict:
+    from . import benchmark, calibrate
 
     # The kernels' K/V are placed on the mesh along the sequence: a multiple of --devices.
     seq_len = -(-max(args.seq_lens) // args.devices) * args.devices
@@ -521,6 +532,11 @@ def _bandwidth(args) -> dict:
         section = calibrate.bandwidth(_mesh(args), _problem(args, seq_len), repeats=args.repeats,
                                       progress=lambda n: (bar.set_postfix_str(n), bar.update(1)))
     print(calibrate.bandwidth_table(section))
+    benchmark.device_fractions(section["kernels"], device)
+    print("of the device: " + ", ".join(
+        f"{name} {r['frac_measured']:.0%} of measured"
+        + (f", {r['frac_nominal']:.0%} of nominal" if r["frac_nominal"] is not None else "")
+        for name, r in section["kernels"].items()))
     return section
 
 

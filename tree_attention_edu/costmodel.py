@@ -130,6 +130,17 @@ def paper_memory_ring(b: int, t: int, n_h: int, d_h: int) -> int:
 #       ceil(log2 p)·(alpha + n/beta)
 # NCCL's tuner predicts each algorithm's time from such a latency-bandwidth model per
 # message size and picks the cheapest (NCCL docs, `NCCL_ALGO`); `allreduce_time` does the same.
+# The other collectives of the merge patterns, from the same paper (m bytes contributed per
+# rank, p ranks):
+#   all-gather, ring:                 (p-1)·(alpha + m/beta)
+#   all-gather, recursive doubling:   ceil(log2 p)·alpha + (p-1)·m/beta
+#   reduce-scatter (ring / pairwise): (p-1)·alpha + (p-1)/p · m/beta
+#   all-to-all (pairwise exchange):   (p-1)·(alpha + m/(p·beta))
+#   collective-permute (one send):    alpha + m/beta
+
+COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                    "collective-permute")
+"""The collectives as `introspect.collective_stats` names them."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +171,12 @@ class Topology:
     `overhead_s` is a fixed cost per decode call (launch and dispatch), and `overlap` says
     whether a device can compute while its links transfer (a GPU with NCCL streams can;
     XLA:CPU's simulated devices run one op at a time).
+
+    `measured` holds collectives timed on exactly these `devices` (`calibrate`): pairs
+    `(kind, Link)` where one call of that kind over all devices costs `alpha_s + n/beta_Bps`
+    for `n` bytes counted as `collective_stats` counts them. A measured kind replaces the
+    alpha-beta algorithm formulas (`collective_time`): the simulated devices implement each
+    collective their own way, with a cost no link model of a GPU describes.
     """
 
     nodes: int
@@ -172,6 +189,7 @@ class Topology:
     overlap: bool = True
     name: str = ""
     sources: tuple[str, ...] = ()
+    measured: tuple[tuple[str, Link], ...] = ()
 
     def __post_init__(self):
         _checks.check_int(self.nodes, "nodes")
@@ -184,6 +202,7 @@ class Topology:
                            hint="peak flop/s, e.g. 989e12 (inf: never compute-bound)")
         _checks.check_real(self.overhead_s, "overhead_s", low=0.0)
         _checks.check_bool(self.overlap, "overlap")
+        _checks.check_kind_links(self.measured, "measured", COLLECTIVE_KINDS, Link)
 
     @property
     def devices(self) -> int:
@@ -199,9 +218,11 @@ class Topology:
         """The same hardware with `p` devices: whole nodes once `p` exceeds a node."""
         _checks.check_int(p, "p")
         _checks.check_whole_nodes(p, self.devices_per_node)
+        # Collectives measured on this many devices say nothing about another count.
+        measured = self.measured if p == self.devices else ()
         if p <= self.devices_per_node:
-            return replace(self, nodes=1, devices_per_node=p)
-        return replace(self, nodes=p // self.devices_per_node)
+            return replace(self, nodes=1, devices_per_node=p, measured=measured)
+        return replace(self, nodes=p // self.devices_per_node, measured=measured)
 
 
 def _allreduce_args(nbytes: float, p: int, link: Link) -> None:
@@ -307,10 +328,11 @@ class Prediction:
     compute_s: float
     comm_s: float
     overhead_s: float
+    merge_s: float = 0.0  # the local merge after (or around) the collectives
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.comm_s + self.overhead_s
+        return self.compute_s + self.comm_s + self.overhead_s + self.merge_s
 
 
 def _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len) -> int:
@@ -326,42 +348,441 @@ def _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q
 def predict_tree(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int = 16,
                  kv_heads: int | None = None, head_dim: int = 128, itemsize: int = 2,
                  q_len: int = 1, stat_itemsize: int = 4) -> Prediction:
-    """Tree decoding: the local state over the whole shard, then Allreduce(max) of the lse
-    `[B, Tq, Hq]` and Allreduce(sum) of numerator and denominator `[B, Tq, Hq, Dv + 1]`,
-    each inside nodes first, then across nodes. Statistics travel in float32."""
-    kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len)
-    _checks.check_int(stat_itemsize, "stat_itemsize")
-    p = topo.devices
-    t = math.ceil(seq_len / p)
-    compute = local_decode_time(batch, t, kv_heads, head_dim, head_dim, q_heads, topo,
-                                itemsize, q_len)
-    rows = batch * q_len * q_heads
-    comm = (hierarchical_allreduce_time(rows * stat_itemsize, topo)
-            + hierarchical_allreduce_time(rows * (head_dim + 1) * stat_itemsize, topo))
-    return Prediction("tree", p, seq_len, compute, comm, topo.overhead_s)
+    """Tree decoding as the paper does it (Algorithm 3): `predict_merge("allreduce", ...)`.
+
+    The local state over the whole shard, then Allreduce(max) of the lse `[B, Tq, Hq]` and
+    Allreduce(sum) of numerator and denominator `[B, Tq, Hq, Dv + 1]`, each inside nodes
+    first, then across nodes. Statistics travel in `stat_itemsize` bytes (float32)."""
+    return predict_merge("allreduce", seq_len, topo, batch=batch, q_heads=q_heads,
+                         kv_heads=kv_heads, head_dim=head_dim, itemsize=itemsize,
+                         q_len=q_len, stat_itemsize=stat_itemsize)
 
 
 def predict_ring(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int = 16,
                  kv_heads: int | None = None, head_dim: int = 128, itemsize: int = 2,
-                 q_len: int = 1, overlap: bool | None = None) -> Prediction:
-    """Ring decoding: p blocks of `N/p` keys computed, p−1 K/V block transfers.
+                 q_len: int = 1, overlap: bool | None = None,
+                 v_dim: int | None = None) -> Prediction:
+    """Ring decoding (pass-KV): p blocks of `N/p` keys computed, p−1 K/V block transfers.
 
+    `decode.ring_decode` is a `lax.scan` of p−1 steps with double buffering: each step sends
+    the block it holds onwards (`ring_collectives`: two collective-permutes, K and V) and folds
+    it into the running state while the transfer is in flight, then the last block is folded.
     Every transfer of a step waits for the slowest link in the ring (inter-node once the ring
-    spans nodes). With overlap a step costs `max(compute, transfer)`, else their sum; the first
+    spans nodes). With overlap a step costs `max(compute, transfer)`, else their sum; the last
     block's compute is never hidden. `comm_s` is the part not hidden behind compute.
     """
     kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len)
+    v_dim = head_dim if v_dim is None else v_dim
+    _sizes(v_dim=v_dim)
     _checks.check_bool(overlap, "overlap", optional=True)
     overlap = topo.overlap if overlap is None else overlap
     p = topo.devices
     t = math.ceil(seq_len / p)
-    block = local_decode_time(batch, t, kv_heads, head_dim, head_dim, q_heads, topo, itemsize,
+    block = local_decode_time(batch, t, kv_heads, head_dim, v_dim, q_heads, topo, itemsize,
                               q_len)
-    link = topo.inter if topo.nodes > 1 else topo.intra
-    # K and V go as two messages (two ppermutes), as in `decode.ring_decode`.
-    send = 2 * link.send(batch * t * kv_heads * head_dim * itemsize) if p > 1 else 0.0
+    send = sum(count * collective_time(kind, nbytes, topo) for kind, nbytes, count in
+               ring_collectives(batch=batch, kv_len=seq_len, kv_heads=kv_heads,
+                                head_dim=head_dim, v_dim=v_dim, p=p, itemsize=itemsize))
+    send = send / (p - 1) if p > 1 else 0.0  # per step
     hidden = min(block, send) if overlap else 0.0
     return Prediction("ring", p, seq_len, p * block, (p - 1) * (send - hidden), topo.overhead_s)
+
+
+# --- merge patterns of serving systems (issue 13) -----------------------------------------
+#
+# Every pattern merges the same per-device states (out, lse) exactly; they differ only in
+# the collectives that move them. Bytes are counted the way `introspect.collective_stats`
+# counts them: for all-reduce, reduce-scatter, all-to-all and collective-permute the buffer
+# one device contributes, for all-gather the buffer it receives (p times its contribution).
+
+MERGES = ("allreduce", "allgather", "reduce_scatter", "all_to_all", "one_pass")
+"""The merge patterns of `decode.tree_decode(merge=...)`, in that order:
+
+* "allreduce": Allreduce(max) + Allreduce(sum), the paper's Algorithm 3;
+* "allgather": one all-gather of the packed states, then a local merge;
+* "reduce_scatter": all-gather of the lse pairs, reduce-scatter of the rescaled outputs over
+  heads (vLLM and SGLang decode context parallelism);
+* "all_to_all": one all-to-all of the packed states over heads, then a local merge
+  (TensorRT-LLM Helix, arXiv 2507.07120);
+* "one_pass": one Allreduce(sum) with a shared shift in place of the max (FlashDecoding++'s
+  unified max), with the exact "allreduce" merge as a fallback.
+"""
+
+RINGS = ("ring", "ring_pass_q")
+"""The two rings: pass-KV (`decode.ring_decode`) and pass-Q (`decode.ring_decode_pass_q`)."""
+
+
+def _pattern(pattern: str) -> str:
+    return _checks.check_pattern(pattern, MERGES)
+
+
+def padded_heads(q_heads: int, p: int) -> int:
+    """Query heads after padding to a multiple of `p`: `ceil(Hq/p)·p` (`Hq_pad`). The
+    head-scattered patterns ("reduce_scatter", "all_to_all") give each device `Hq_pad/p`."""
+    _sizes(q_heads=q_heads, p=p)
+    return -(-q_heads // p) * p
+
+
+def merge_collectives(pattern: str, *, batch: int, q_len: int, q_heads: int, v_dim: int,
+                      p: int, stat_itemsize: int = 4, levels: int = 1,
+                      fallback: bool = False, out_itemsize: int = 2
+                      ) -> list[tuple[str, int, int]]:
+    """The collectives one merge pattern runs on each device: `[(kind, nbytes, count)]`.
+
+    `nbytes` as `collective_stats` counts it (see above), `count` how many such ops run.
+    With `n = B·Tq·Hq` rows, `s = stat_itemsize`, `n_pad = B·Tq·Hq_pad` (`padded_heads`):
+
+    ==================  ===========================================================
+    "allreduce"         all-reduce n·s (max) and all-reduce n·(Dv+1)·s (sum), per level
+    "allgather"         all-gather p·n·(Dv+2)·s (out, lse, lse_lo packed)
+    "reduce_scatter"    all-gather p·n_pad·2·s (lse pairs), reduce-scatter n_pad·Dv·s
+    "all_to_all"        all-to-all n_pad·(Dv+2)·s
+    "one_pass"          all-reduce n·(Dv+1)·s + s (numerator, denominator, a flag), per level
+    ==================  ===========================================================
+
+    `levels`: mesh levels reduced over one after the other (2 on a `("node", "gpu")` mesh):
+    the all-reduce patterns run once per level; the others move their buffer over all the
+    sequence axes at once. `fallback=True` adds, to "one_pass", the exact "allreduce" merge
+    that runs when a device's lse leaves the shared window (the program holds it in a
+    conditional; it runs only then).
+
+    When p does not divide Hq, the head-scattered patterns ("reduce_scatter", "all_to_all")
+    cannot leave an even split of the heads; `tree_decode` then replicates the output with
+    one more all-gather of p·B·Tq·ceil(Hq/p)·Dv elements of `out_itemsize` bytes (the
+    output's dtype).
+    """
+    _pattern(pattern)
+    _sizes(batch=batch, q_len=q_len, q_heads=q_heads, v_dim=v_dim, p=p,
+           stat_itemsize=stat_itemsize, levels=levels, out_itemsize=out_itemsize)
+    _checks.check_bool(fallback, "fallback")
+    s, n = stat_itemsize, batch * q_len * q_heads
+    n_pad = batch * q_len * padded_heads(q_heads, p)
+    if pattern == "allreduce":
+        return [("all-reduce", n * s, levels), ("all-reduce", n * (v_dim + 1) * s, levels)]
+    if pattern == "allgather":
+        return [("all-gather", p * n * (v_dim + 2) * s, 1)]
+    gather = ([("all-gather", n_pad * v_dim * out_itemsize, 1)] if n_pad != n else [])
+    if pattern == "reduce_scatter":
+        return [("all-gather", p * n_pad * 2 * s, 1), ("reduce-scatter", n_pad * v_dim * s, 1),
+                *gather]
+    if pattern == "all_to_all":
+        return [("all-to-all", n_pad * (v_dim + 2) * s, 1), *gather]
+    fast = [("all-reduce", n * (v_dim + 1) * s + s, levels)]
+    if fallback:
+        fast += merge_collectives("allreduce", batch=batch, q_len=q_len, q_heads=q_heads,
+                                  v_dim=v_dim, p=p, stat_itemsize=stat_itemsize, levels=levels)
+    return fast
+
+
+def merge_read_bytes(pattern: str, *, batch: int, q_len: int, q_heads: int, v_dim: int,
+                     p: int, stat_itemsize: int = 4) -> int:
+    """Bytes of statistics the local half of a merge reads on each device.
+
+    "allreduce" and "one_pass" divide the summed numerator by the denominator,
+    n·(Dv+1)·s; "allgather" merges the p gathered states, p·n·(Dv+2)·s; "all_to_all" the p
+    slices of `n_pad/p` rows it received, n_pad·(Dv+2)·s; "reduce_scatter" weighs its own
+    output by the gathered lse pairs, n_pad·Dv·s + p·n_pad·2·s.
+    """
+    _pattern(pattern)
+    _sizes(batch=batch, q_len=q_len, q_heads=q_heads, v_dim=v_dim, p=p,
+           stat_itemsize=stat_itemsize)
+    s, n = stat_itemsize, batch * q_len * q_heads
+    n_pad = batch * q_len * padded_heads(q_heads, p)
+    return {"allreduce": n * (v_dim + 1) * s, "one_pass": n * (v_dim + 1) * s,
+            "allgather": p * n * (v_dim + 2) * s, "all_to_all": n_pad * (v_dim + 2) * s,
+            "reduce_scatter": n_pad * v_dim * s + p * n_pad * 2 * s}[pattern]
+
+
+def ring_collectives(*, batch: int, kv_len: int, kv_heads: int, head_dim: int, v_dim: int,
+                     p: int, itemsize: int = 4) -> list[tuple[str, int, int]]:
+    """Pass-KV ring (`decode.ring_decode`): p−1 steps, each two collective-permutes, the K
+    block `B·t·Hkv·D·itemsize` and the V block `B·t·Hkv·Dv·itemsize` (t = ceil(N/p)).
+    Their sum is `ring_payload_bytes`."""
+    _sizes(batch=batch, kv_len=kv_len, kv_heads=kv_heads, head_dim=head_dim, v_dim=v_dim, p=p,
+           itemsize=itemsize)
+    t = -(-kv_len // p)
+    block = batch * t * kv_heads * itemsize
+    return [("collective-permute", block * head_dim, p - 1),
+            ("collective-permute", block * v_dim, p - 1)]
+
+
+def pass_q_heads(q_heads: int, kv_heads: int, p: int) -> int:
+    """Query heads in one travelling block of the pass-Q ring: `Gs = ceil(Hkv/p)·Hq/Hkv`."""
+    _sizes(q_heads=q_heads, kv_heads=kv_heads, p=p)
+    _checks.check_head_groups(q_heads, kv_heads)
+    return -(-kv_heads // p) * (q_heads // kv_heads)
+
+
+def pass_q_collectives(*, batch: int, q_len: int, q_heads: int, kv_heads: int, head_dim: int,
+                       v_dim: int, p: int, itemsize: int = 4,
+                       stat_itemsize: int = 4) -> list[tuple[str, int, int]]:
+    """Pass-Q ring (`decode.ring_decode_pass_q`, Meta's context-parallel inference, arXiv
+    2411.01783): the query blocks of `Gs = pass_q_heads(...)` heads travel, K/V stay.
+
+    As `decode` builds it: p−1 steps, each a collective-permute of the visiting query block
+    `B·Tq·Gs·D·itemsize`, every device keeping the partial state it made for each block;
+    then one all-to-all sends the p partial states `[p, B, Tq, Gs, Dv+2]` home (contributes
+    `p·B·Tq·Gs·(Dv+2)·s`), and one all-gather shares the finished outputs (receives
+    `p·B·Tq·Gs·Dv·s`).
+    """
+    _sizes(batch=batch, q_len=q_len, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+           v_dim=v_dim, p=p, itemsize=itemsize, stat_itemsize=stat_itemsize)
+    rows = batch * q_len * pass_q_heads(q_heads, kv_heads, p)
+    return [("collective-permute", rows * head_dim * itemsize, p - 1),
+            ("all-to-all", p * rows * (v_dim + 2) * stat_itemsize, 1),
+            ("all-gather", p * rows * v_dim * stat_itemsize, 1)]
+
+
+def collective_bytes(collectives: list[tuple[str, int, int]]) -> int:
+    """Total bytes per device of a list of `(kind, nbytes, count)`, as `collective_stats`'s
+    `total_bytes` counts them."""
+    collectives = _collective_list(collectives)
+    return sum(nbytes * count for _, nbytes, count in collectives)
+
+
+def _collective_list(collectives) -> list:
+    return _checks.check_sequence(collectives, "collectives", "(kind, nbytes, count) triples",
+                                  '[("all-gather", 8192, 1)]')
+
+
+# --- latency of one collective --------------------------------------------------------------
+
+def allgather_time(nbytes: float, p: int, link: Link) -> tuple[float, str]:
+    """All-gather that leaves `nbytes` on every rank (each contributes m = nbytes/p): the
+    cheaper of ring `(p−1)(α + m/β)` and recursive doubling `⌈log2 p⌉α + (p−1)m/β`
+    (Thakur et al. 2005), as NCCL's tuner picks: `(seconds, "ring"|"recursive_doubling")`."""
+    _allreduce_args(nbytes, p, link)
+    if p <= 1:
+        return 0.0, "ring"
+    m = nbytes / p
+    ring = (p - 1) * (link.alpha_s + m / link.beta_Bps)
+    doubling = math.ceil(math.log2(p)) * link.alpha_s + (p - 1) * m / link.beta_Bps
+    return (doubling, "recursive_doubling") if doubling < ring else (ring, "ring")
+
+
+def reduce_scatter_time(nbytes: float, p: int, link: Link) -> float:
+    """Ring (pairwise) reduce-scatter of `nbytes` per rank: `(p−1)α + (p−1)/p·n/β` (Thakur
+    et al. 2005)."""
+    _allreduce_args(nbytes, p, link)
+    if p <= 1:
+        return 0.0
+    return (p - 1) * link.alpha_s + (p - 1) / p * nbytes / link.beta_Bps
+
+
+def all_to_all_time(nbytes: float, p: int, link: Link) -> float:
+    """Pairwise-exchange all-to-all, `nbytes` per rank (n/p to each peer): `(p−1)(α +
+    n/(p·β))` (Thakur et al. 2005)."""
+    _allreduce_args(nbytes, p, link)
+    if p <= 1:
+        return 0.0
+    return (p - 1) * (link.alpha_s + nbytes / (p * link.beta_Bps))
+
+
+def collective_time(kind: str, nbytes: float, topo: Topology) -> float:
+    """Seconds of one collective of `kind` over all of `topo`'s devices, `nbytes` counted as
+    `collective_stats` counts them (received for all-gather, contributed otherwise).
+
+    A kind in `topo.measured` costs `α + n/β` of its measured link. Otherwise, on one node
+    the formulas above run over `intra`; across nodes (`nodes > 1`) in two stages, each
+    carrying what it actually moves:
+
+    * all-reduce: inside nodes, then across nodes with the reduced message
+      (`hierarchical_allreduce_time`);
+    * all-gather: inside nodes (each rank ends with `nbytes·dpn/p`), then across nodes,
+      each rank contributing its node's block;
+    * reduce-scatter: inside nodes (`nbytes` per rank, each ends with `nbytes/dpn`), then
+      across nodes on that share;
+    * all-to-all: no aggregation (NCCL sends one message per peer): the `dpn−1` peers in the
+      node cost `(dpn−1)(α_intra + n/(p·β_intra))` and the `p−dpn` outside it cross the slow
+      links, `(p−dpn)(α_inter + n/(p·β_inter))`;
+    * collective-permute (a ring's step): one send over the slowest link of the ring.
+    """
+    _checks.check_choice(kind, COLLECTIVE_KINDS, "kind")
+    _nbytes(nbytes)
+    _checks.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
+    measured = dict(topo.measured)
+    if kind in measured:
+        return measured[kind].send(nbytes)
+    dpn, nodes, p = topo.devices_per_node, topo.nodes, topo.devices
+    intra, inter = topo.intra, topo.inter
+    if kind == "all-reduce":
+        return hierarchical_allreduce_time(nbytes, topo)
+    if kind == "all-gather":
+        return (allgather_time(nbytes * dpn / p, dpn, intra)[0]
+                + allgather_time(nbytes, nodes, inter)[0])
+    if kind == "reduce-scatter":
+        return reduce_scatter_time(nbytes, dpn, intra) + reduce_scatter_time(nbytes / dpn,
+                                                                              nodes, inter)
+    if kind == "all-to-all":
+        if p <= 1:
+            return 0.0
+        return ((dpn - 1) * (intra.alpha_s + nbytes / (p * intra.beta_Bps))
+                + (p - dpn) * (inter.alpha_s + nbytes / (p * inter.beta_Bps)))
+    if p <= 1:
+        return 0.0
+    return (inter if nodes > 1 else intra).send(nbytes)
+
+
+def collectives_time(collectives: list[tuple[str, int, int]], topo: Topology) -> float:
+    """Seconds of a list of `(kind, nbytes, count)` run one after the other on `topo`."""
+    collectives = _collective_list(collectives)
+    _checks.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
+    return sum(count * collective_time(kind, nbytes, topo) for kind, nbytes, count in collectives)
+
+
+# --- predicted latency of each pattern ------------------------------------------------------
+
+def predict_merge(pattern: str, seq_len: int, topo: Topology, *, batch: int = 1,
+                  q_heads: int = 16, kv_heads: int | None = None, head_dim: int = 128,
+                  v_dim: int | None = None, itemsize: int = 2, q_len: int = 1,
+                  stat_itemsize: int = 4, fallback: bool = False) -> Prediction:
+    """Tree decoding with merge `pattern` (one of `MERGES`) on all of `topo`'s devices.
+
+    `compute_s`: the local kernel over the shard of `ceil(N/p)` keys (roofline,
+    `local_decode_time`); `comm_s`: `merge_collectives`, one after the other
+    (`collective_time`, hierarchical across nodes); `merge_s`: `merge_read_bytes` at
+    `mem_Bps`; `overhead_s`: `topo.overhead_s`. For "one_pass" the fast path is predicted;
+    `fallback=True` adds the exact merge that runs when the shared shift does not fit.
+    """
+    _pattern(pattern)
+    kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len)
+    v_dim = head_dim if v_dim is None else v_dim
+    _sizes(v_dim=v_dim)
+    _checks.check_int(stat_itemsize, "stat_itemsize")
+    p = topo.devices
+    t = math.ceil(seq_len / p)
+    compute = local_decode_time(batch, t, kv_heads, head_dim, v_dim, q_heads, topo, itemsize,
+                                q_len)
+    shape = dict(batch=batch, q_len=q_len, q_heads=q_heads, v_dim=v_dim, p=p,
+                 stat_itemsize=stat_itemsize)
+    # Across nodes, `collective_time` runs each all-reduce in its two stages.
+    comm = collectives_time(merge_collectives(pattern, **shape, fallback=fallback,
+                                              out_itemsize=itemsize), topo)
+    merge = merge_read_bytes(pattern, **shape) / topo.mem_Bps
+    return Prediction(pattern, p, seq_len, compute, comm, topo.overhead_s, merge)
+
+
+def predict_pass_q_ring(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int = 16,
+                        kv_heads: int | None = None, head_dim: int = 128,
+                        v_dim: int | None = None, itemsize: int = 2, q_len: int = 1,
+                        stat_itemsize: int = 4, overlap: bool | None = None) -> Prediction:
+    """Pass-Q ring (`pass_q_collectives`): p steps, each the shard against one travelling
+    query block of `Gs` heads, so a step reads the `ceil(Hkv/p)` kv heads of the shard
+    (≈ 1/p of it); p−1 query-block permutes, each overlapping a step's compute when the
+    topology overlaps; then the all-to-all of the partial states, their local merge
+    (`p·B·Tq·Gs·(Dv+2)·s` bytes read) and the all-gather of the outputs.
+
+    Cheaper than pass-KV when `Tq·Hq ≪ Tk·Hkv`: what travels is the queries, not the cache.
+    """
+    kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len)
+    v_dim = head_dim if v_dim is None else v_dim
+    _sizes(v_dim=v_dim)
+    _checks.check_int(stat_itemsize, "stat_itemsize")
+    _checks.check_bool(overlap, "overlap", optional=True)
+    overlap = topo.overlap if overlap is None else overlap
+    p = topo.devices
+    t = math.ceil(seq_len / p)
+    gs = pass_q_heads(q_heads, kv_heads, p)
+    hs = gs // (q_heads // kv_heads)
+    step = local_decode_time(batch, t, hs, head_dim, v_dim, gs, topo, itemsize, q_len)
+    permute, *after = pass_q_collectives(batch=batch, q_len=q_len, q_heads=q_heads,
+                                         kv_heads=kv_heads, head_dim=head_dim, v_dim=v_dim,
+                                         p=p, itemsize=itemsize, stat_itemsize=stat_itemsize)
+    send = collective_time(permute[0], permute[1], topo) if p > 1 else 0.0
+    hidden = min(step, send) if overlap else 0.0
+    comm = (p - 1) * (send - hidden) + collectives_time(after, topo)
+    merge = p * batch * q_len * gs * (v_dim + 2) * stat_itemsize / topo.mem_Bps
+    return Prediction("ring_pass_q", p, seq_len, p * step, comm, topo.overhead_s, merge)
+
+
+def predict_all(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int = 16,
+                kv_heads: int | None = None, head_dim: int = 128, v_dim: int | None = None,
+                itemsize: int = 2, q_len: int = 1, stat_itemsize: int = 4
+                ) -> dict[str, Prediction]:
+    """Every merge pattern (`MERGES`) and both rings (`RINGS`) on the same problem."""
+    shape = dict(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+                 v_dim=v_dim, itemsize=itemsize, q_len=q_len)
+    out = {m: predict_merge(m, seq_len, topo, **shape, stat_itemsize=stat_itemsize)
+           for m in MERGES}
+    out["ring"] = predict_ring(seq_len, topo, **shape)
+    out["ring_pass_q"] = predict_pass_q_ring(seq_len, topo, **shape,
+                                             stat_itemsize=stat_itemsize)
+    return out
+
+
+def best_merge(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int = 16,
+               kv_heads: int | None = None, head_dim: int = 128, v_dim: int | None = None,
+               itemsize: int = 2, q_len: int = 1, stat_itemsize: int = 4,
+               patterns: tuple[str, ...] = MERGES) -> str:
+    """The merge pattern `predict_merge` finds fastest (`total_s`) among `patterns`; a tie
+    goes to "allreduce" (the paper's), then to the earlier pattern in `MERGES`.
+
+    "one_pass" is priced by its fast path: it never loses to "allreduce" (one all-reduce
+    fewer), so leave it out of `patterns` where the fallback would run often.
+    """
+    names = _checks.check_sequence(patterns, "patterns", "merge pattern names",
+                                   '("allreduce", "allgather")')
+    for i, name in enumerate(names):
+        _checks.check_pattern(name, MERGES, f"patterns[{i}]")
+    shape = dict(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+                 v_dim=v_dim, itemsize=itemsize, q_len=q_len, stat_itemsize=stat_itemsize)
+    order = sorted(set(names), key=lambda m: (m != "allreduce", MERGES.index(m)))
+    times = {m: predict_merge(m, seq_len, topo, **shape).total_s for m in order}
+    best = order[0]
+    for m in order[1:]:
+        if times[m] < times[best] * (1 - 1e-12):
+            best = m
+    return best
+
+
+def crossover_map(topo: Topology | None = None, *, ps: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128),
+                  batch_heads: tuple[int, ...] = (16, 64, 256, 1024, 4096, 16384, 65536),
+                  seq_len: int = 1_048_576, q_heads: int = 16, kv_heads: int | None = None,
+                  head_dim: int = 128, itemsize: int = 2, q_len: int = 1,
+                  stat_itemsize: int = 4, patterns: tuple[str, ...] = MERGES) -> dict:
+    """Which merge pattern wins as a function of the device count p and of batch × heads.
+
+    For each `p` in `ps` (whole nodes of `topo` beyond one, `Topology.with_devices`) and each
+    `B·Hq` in `batch_heads` (multiples of `q_heads`: the batch is `B·Hq / q_heads`), the
+    predicted latency of every pattern. Defaults: `DGX_H100` (published figures, see its
+    `sources`) and the paper's microbenchmark (16 heads × 128, bf16) at 1M keys.
+
+    The sequence length changes only the local kernel, which every pattern shares, so it
+    moves no boundary between merge patterns.
+
+    Returns plain data: `{"ps": [...], "batch_heads": [...], "patterns": [...],
+    "winner": [[name per p] per batch_heads], "seconds": {pattern: [[...]]},
+    "speedup": [[allreduce / winner]], "topology": name}`.
+    """
+    topo = DGX_H100 if topo is None else topo
+    _checks.check_instance(topo, Topology, "topo", "e.g. DGX_H100")
+    ps = _checks.check_sizes_list(ps, "ps", "(8, 16, 32)")
+    bhs = _checks.check_sizes_list(batch_heads, "batch_heads", "(16, 256, 4096)")
+    _sizes(q_heads=q_heads)
+    for i, bh in enumerate(bhs):
+        _checks.check_multiple_of(bh, f"batch_heads[{i}]", q_heads, "q_heads")
+    names = _checks.check_sequence(patterns, "patterns", "merge pattern names",
+                                   '("allreduce", "allgather")')
+    for i, name in enumerate(names):
+        _checks.check_pattern(name, MERGES, f"patterns[{i}]")
+    seconds = {m: [[0.0] * len(ps) for _ in bhs] for m in names}
+    winner = [[""] * len(ps) for _ in bhs]
+    speedup = [[1.0] * len(ps) for _ in bhs]
+    shape = dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, itemsize=itemsize,
+                 q_len=q_len, stat_itemsize=stat_itemsize)
+    for j, p in enumerate(ps):
+        t = topo.with_devices(p)
+        for i, bh in enumerate(bhs):
+            for m in names:
+                seconds[m][i][j] = predict_merge(m, seq_len, t, batch=bh // q_heads,
+                                                 **shape).total_s
+            best = best_merge(seq_len, t, batch=bh // q_heads, patterns=tuple(names), **shape)
+            winner[i][j] = best
+            ref = seconds["allreduce"][i][j] if "allreduce" in seconds else seconds[best][i][j]
+            speedup[i][j] = ref / seconds[best][i][j]
+    return {"ps": ps, "batch_heads": bhs, "patterns": list(names), "winner": winner,
+            "seconds": seconds, "speedup": speedup, "seq_len": seq_len,
+            "topology": topo.name}
 
 
 def peak_memory_tree(batch: int, t: int, n_h: int, d_h: int, itemsize: int = 1) -> int:

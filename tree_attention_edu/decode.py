@@ -19,7 +19,9 @@ a node) and "node" second: the topology-aware schedule.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -29,9 +31,24 @@ from jax import Array, lax
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import _checks, devices, kernels
-from .energy import energy_terms
-from .states import allreduce_combine, combine
+from . import _checks, costmodel, devices, kernels
+from .attention import accum_dtype, finite_or_zero, lse_pair
+from .kernels import _varying_like
+from .states import (
+    AttentionState,
+    _pack,
+    _unpack,
+    _weighted_out,
+    all_to_all_combine,
+    allgather_combine,
+    allreduce_combine,
+    combine,
+    heads_per_device,
+    identity_state,
+    merge_stacked,
+    one_pass_combine,
+    reduce_scatter_combine,
+)
 
 
 @dataclass(frozen=True)
@@ -143,32 +160,80 @@ def _specs(plan: _Plan):
     return (P(), kv, kv, P())
 
 
+MERGES = ("allreduce", "allgather", "reduce_scatter", "all_to_all", "one_pass")
+"""How `tree_decode` merges the devices' states (`merge=`; "auto" asks `costmodel`):
+
+* "allreduce": Allreduce(max) of the lse, then Allreduce(sum) of numerator and
+  denominator (paper, Algorithm 3);
+* "allgather": one all-gather of the states, then a local merge;
+* "reduce_scatter": all-gather of the lse, reduce-scatter of the rescaled outputs over heads
+  (vLLM/SGLang decode context parallelism);
+* "all_to_all": one all-to-all over heads, then a local merge (TensorRT-LLM Helix);
+* "one_pass": one Allreduce(sum) with a shared shift in place of the max, and an exact
+  fallback when a device's lse leaves the safe window (FlashDecoding++'s unified max).
+
+All five compute the same attention (exact to rounding); only the collectives differ. The
+head-scattered patterns leave each device with its own heads' output, so their result is
+sharded over heads (`P(None, None, seq_axes, None)`); the others are replicated.
+"""
+HEAD_SCATTERED = ("reduce_scatter", "all_to_all")
+_COMBINE = {
+    "allreduce": allreduce_combine,
+    "allgather": allgather_combine,
+    "reduce_scatter": reduce_scatter_combine,
+    "all_to_all": all_to_all_combine,
+    "one_pass": one_pass_combine,
+}
+
+
 @functools.lru_cache(maxsize=64)
-def _tree_fn(plan: _Plan) -> Callable:
+def _tree_fn(plan: _Plan, merge: str = "allreduce") -> Callable:
     def body(q, k, v, lengths):
         state = _local(plan, q, k, v, lengths, _shard_index(plan) * plan.shard_len)
-        return allreduce_combine(state, plan.axes).out.astype(q.dtype)
+        return _COMBINE[merge](state, plan.axes).out.astype(q.dtype)
 
-    return jax.jit(jax.shard_map(body, mesh=plan.mesh, in_specs=_specs(plan), out_specs=P()))
+    if merge not in HEAD_SCATTERED:
+        # An all-gather's result is the same on every device, but it is typed as varying.
+        return jax.jit(jax.shard_map(body, mesh=plan.mesh, in_specs=_specs(plan),
+                                     out_specs=P(), check_vma=merge != "allgather"))
+    scattered = jax.shard_map(body, mesh=plan.mesh, in_specs=_specs(plan),
+                              out_specs=P(None, None, plan.axes, None))
+
+    def run(q, k, v, lengths):  # [B, Tq, Hs·p, Dv] over the devices: drop the padded heads
+        out = scattered(q, k, v, lengths)
+        if out.shape[2] == q.shape[2]:
+            return out  # each device keeps its own heads: no further collective
+        # Heads that p does not divide cannot be split evenly: one all-gather replicates them.
+        return lax.with_sharding_constraint(out, NamedSharding(plan.mesh, P()))[:, :, :q.shape[2]]
+
+    return jax.jit(run)
+
+
+def _ring_perm(plan: _Plan) -> list[tuple[int, int]]:
+    return [(i, (i + 1) % plan.p) for i in range(plan.p)]
 
 
 @functools.lru_cache(maxsize=64)
 def _ring_fn(plan: _Plan) -> Callable:
-    perm = [(i, (i + 1) % plan.p) for i in range(plan.p)]
+    perm = _ring_perm(plan)
 
     def body(q, k, v, lengths):
         idx = _shard_index(plan)
-        state = None
-        for step in range(plan.p):
-            if step < plan.p - 1:  # send the block onwards before computing on it (overlap)
-                k_next = lax.ppermute(k, plan.axes, perm)
-                v_next = lax.ppermute(v, plan.axes, perm)
-            src = (idx - step) % plan.p  # the device whose shard we hold at this step
-            block = _local(plan, q, k, v, lengths, src * plan.shard_len)
-            state = block if state is None else combine(state, block)
-            if step < plan.p - 1:
-                k, v = k_next, v_next
-        return state.out.astype(q.dtype)
+
+        def visit(state, k, v, step):  # fold the block that started on device idx − step
+            block = _local(plan, q, k, v, lengths, ((idx - step) % plan.p) * plan.shard_len)
+            return combine(state, block)
+
+        def step(carry, i):
+            k, v, state = carry
+            # Send the block onwards before computing on it: the permute's buffer is the only
+            # other block alive, and the transfer overlaps the compute.
+            k_next, v_next = lax.ppermute((k, v), plan.axes, perm)
+            return (k_next, v_next, visit(state, k, v, i)), None
+
+        state = _varying_like(_empty_state(plan, q, v), k)
+        (k, v, state), _ = lax.scan(step, (k, v, state), jnp.arange(plan.p - 1))
+        return visit(state, k, v, plan.p - 1).out.astype(q.dtype)
 
     # Every device ends with the same answer, but ppermute outputs are typed as varying,
     # so the replicated out_spec cannot be checked statically.
@@ -176,16 +241,121 @@ def _ring_fn(plan: _Plan) -> Callable:
                                  check_vma=False))
 
 
+def _empty_state(plan: _Plan, q, v) -> AttentionState:
+    B, Tq, Hq, _ = q.shape
+    return identity_state(B, Tq, Hq, v.shape[-1], accum_dtype(q.dtype))
+
+
+@functools.lru_cache(maxsize=64)
+def _pass_q_fn(plan: _Plan) -> Callable:
+    perm = _ring_perm(plan)
+    head_axis = 3 - kernels.SEQ_AXIS[plan.layout]  # 2 in "bthd", 1 in "bhtd"
+
+    def body(q, k, v, lengths):
+        idx = _shard_index(plan)
+        B, Tq, Hq, D = q.shape
+        hkv = k.shape[head_axis]
+        group = Hq // hkv
+        hs = heads_per_device(hkv, plan.p)  # kv heads per query block
+        # Query blocks by kv head, padded with zero queries: [p, B, Tq, Hs·G, D].
+        qb = jnp.pad(q.reshape(B, Tq, hkv, group, D),
+                     [(0, 0), (0, 0), (0, hs * plan.p - hkv), (0, 0), (0, 0)])
+        qb = jnp.moveaxis(qb.reshape(B, Tq, plan.p, hs * group, D), 2, 0)
+        # A padded block reads the last real heads (the slice start is clamped); its queries
+        # are dropped at the end.
+        start = jnp.minimum(jnp.arange(plan.p) * hs, hkv - hs) if hs <= hkv else None
+
+        def partial(q_blk, block):  # this shard's state for query block `block`
+            kb = lax.dynamic_slice_in_dim(k, start[block], hs, head_axis)
+            vb = lax.dynamic_slice_in_dim(v, start[block], hs, head_axis)
+            return _local(plan, q_blk, kb, vb, lengths, idx * plan.shard_len)
+
+        def step(q_blk, i):
+            q_next = lax.ppermute(q_blk, plan.axes, perm)  # in flight during the compute
+            return q_next, _pack(partial(q_blk, (idx - i) % plan.p))
+
+        q_blk = qb[idx]  # every device starts with its own block of queries
+        q_blk, parts = lax.scan(step, q_blk, jnp.arange(plan.p - 1))
+        last = _pack(partial(q_blk, (idx + 1) % plan.p))
+        parts = jnp.concatenate([parts, last[None]])  # by step: block (idx − step) mod p
+        by_block = parts[(idx - jnp.arange(plan.p)) % plan.p]
+        # The partial states go home (block j to device j), are merged there, and the finished
+        # outputs are shared.
+        mine = merge_stacked(_unpack(lax.all_to_all(by_block, plan.axes, 0, 0, tiled=True)))
+        out = lax.all_gather(mine.out, plan.axes, axis=0, tiled=False)  # [p, B, Tq, Hs·G, Dv]
+        out = jnp.moveaxis(out, 0, 2).reshape(B, Tq, plan.p * hs, group, -1)
+        return out[:, :, :hkv].reshape(B, Tq, Hq, -1).astype(q.dtype)
+
+    return jax.jit(jax.shard_map(body, mesh=plan.mesh, in_specs=_specs(plan), out_specs=P(),
+                                 check_vma=False))
+
+
+def _global_lse(state: AttentionState, axes: Sequence[str]) -> tuple[Array, Array]:
+    """Paper, Algorithm 1: the log-sum-exp of every row over all devices, as a double word,
+    from Allreduce(max) of the local lse and Allreduce(sum) of the shifted sum-exps."""
+    inner_first = tuple(reversed(tuple(axes)))
+    m = lax.stop_gradient(state.lse)
+    for ax in inner_first:
+        m = lax.pmax(m, ax)
+    m = finite_or_zero(m)
+    den = jnp.exp((state.lse - m) + state.lse_lo)
+    for ax in inner_first:
+        den = lax.psum(den, ax)
+    return lse_pair(den, m)
+
+
+@functools.lru_cache(maxsize=64)
+def _energy_sharded(plan: _Plan) -> Callable:
+    """F(ζ) of the whole cache on every device, streamed by the xla kernel, with a custom
+    VJP whose ζ-cotangent is Algorithm 2: `Σ_devices e^{lse_i − lse} out_i`, one Allreduce(sum)
+    of values each device already holds."""
+
+    def local(q, k, v, lengths, zeta):  # the shard's state under the tilted scores s + ζ·v
+        return kernels.xla_state(
+            q, k, v, kv_offset=_shard_index(plan) * plan.shard_len, scale=plan.scale,
+            causal=plan.causal and plan.masked, kv_lengths=lengths if plan.masked else None,
+            layout=plan.layout, zeta=zeta)
+
+    def total(lse, lse_lo):  # a row that sees no key adds 0 to F
+        return jnp.sum(jnp.where(jnp.isneginf(lse), jnp.zeros_like(lse), lse + lse_lo))
+
+    def plain(q, k, v, lengths, zeta):  # the same energy, for autodiff in q, k and v
+        return total(*_global_lse(local(q, k, v, lengths, zeta), plan.axes))
+
+    @jax.custom_vjp
+    def energy(q, k, v, lengths, zeta):
+        return plain(q, k, v, lengths, zeta)
+
+    def forward(q, k, v, lengths, zeta):
+        state = local(q, k, v, lengths, zeta)
+        lse, lse_lo = _global_lse(state, plan.axes)
+        return total(lse, lse_lo), (q, k, v, lengths, zeta, state, lse, lse_lo)
+
+    def backward(res, g):
+        q, k, v, lengths, zeta, state, lse, lse_lo = res
+        # Algorithm 2: this shard's share of each row's weights, times its tilted mean of v.
+        w = jnp.exp((state.lse - finite_or_zero(lse)) + (state.lse_lo - lse_lo))
+        num = _weighted_out(w, state.out)
+        for ax in tuple(reversed(plan.axes)):
+            num = lax.psum(num, ax)
+        # q, k and v: autodiff of the same energy (compiled away when only ζ is asked for).
+        _, pullback = jax.vjp(lambda q, k, v: plain(q, k, v, lengths, zeta), q, k, v)
+        return (*pullback(g), None, g * num)
+
+    energy.defvjp(forward, backward)
+    return jax.shard_map(energy, mesh=plan.mesh, in_specs=(*_specs(plan), P()), out_specs=P())
+
+
 @functools.lru_cache(maxsize=64)
 def _energy_fn(plan: _Plan) -> Callable:
-    def body(q, k, v, lengths, zeta):
-        return energy_terms(q, k, v, zeta, scale=plan.scale, causal=plan.causal and plan.masked,
-                            kv_lengths=lengths if plan.masked else None,
-                            kv_offset=_shard_index(plan) * plan.shard_len, axes=plan.axes)
-
-    energy = jax.shard_map(body, mesh=plan.mesh, in_specs=(*_specs(plan), P()), out_specs=P())
-    return jax.jit(lambda q, k, v, lengths, zeta: jax.grad(energy, argnums=4)(
+    sharded = _energy_sharded(plan)
+    return jax.jit(lambda q, k, v, lengths, zeta: jax.grad(sharded, argnums=4)(
         q, k, v, lengths, zeta).astype(q.dtype))
+
+
+@functools.lru_cache(maxsize=64)
+def _energy_value_fn(plan: _Plan) -> Callable:
+    return jax.jit(_energy_sharded(plan))
 
 
 _DOC_ARGS = """
@@ -201,7 +371,7 @@ _DOC_ARGS = """
       kv_lengths: `[B]` ints in `[0, Tk]`; keys at positions `>= kv_lengths[b]` are masked
         and may hold anything (NaN included). The range is checked when the lengths are
         concrete; under `jax.jit` they are clipped to `[0, Tk]`, as `attention` reads them.
-      local_kernel: "auto", "xla" or "flash" (see `tree_attention_edu.kernels`).
+      local_kernel: "auto", "xla", "flash" or "cudnn" (see `tree_attention_edu.kernels`).
       layout: "bthd" (default) or "bhtd", the head-major cache layout that the xla kernel
         streams fastest (see `tree_attention_edu.kernels`).
 
@@ -213,21 +383,45 @@ _DOC_ARGS = """
 
 
 def _decode(make: Callable, q, k, v, mesh, seq_axes, scale, causal, kv_lengths, local_kernel,
-            layout="bthd", extra=()):
+            layout="bthd", extra=(), merge=None):
     plan, dims, q, k, v, lengths = _prepare(q, k, v, mesh, seq_axes, scale, causal,
                                             kv_lengths, local_kernel, layout)
     if dims.batch == 0 or dims.q_len == 0:  # nothing to attend: an empty result, no collective
         return jnp.zeros((dims.batch, dims.q_len, dims.q_heads, dims.v_dim), q.dtype)
-    return make(plan)(q, k, v, lengths, *extra)
+    if merge is None:
+        return make(plan)(q, k, v, lengths, *extra)
+    if merge == "auto":
+        merge = auto_merge(plan.mesh, plan.axes, dims, q.dtype)
+    return make(plan, merge)(q, k, v, lengths, *extra)
+
+
+AUTO_MERGES = tuple(m for m in MERGES if m != "one_pass")
+"""The patterns "auto" chooses from. "one_pass" is left out: its cost depends on the data
+(past its window it runs the exact merge as well, and costs more than "allreduce")."""
+
+
+def auto_merge(mesh: Mesh, axes: Sequence[str], dims: _checks.Dims, dtype) -> str:
+    """The merge pattern `costmodel.best_merge` predicts fastest for this problem, among
+    `AUTO_MERGES`, on DGX H100 links shaped like the mesh: the innermost sequence axis inside
+    a node, the others across nodes."""
+    sizes = [mesh.shape[a] for a in axes]
+    per_node = sizes[-1]
+    topo = dataclasses.replace(costmodel.DGX_H100, nodes=math.prod(sizes) // per_node,
+                               devices_per_node=per_node)
+    return costmodel.best_merge(
+        dims.kv_len, topo, batch=dims.batch, q_heads=dims.q_heads, kv_heads=dims.kv_heads,
+        head_dim=dims.head_dim, v_dim=dims.v_dim, itemsize=jnp.dtype(dtype).itemsize,
+        q_len=dims.q_len, stat_itemsize=accum_dtype(dtype).itemsize, patterns=AUTO_MERGES)
 
 
 def tree_decode(
     q: Array, k: Array, v: Array, *, mesh: Mesh, seq_axes: str | Sequence[str] | None = None,
     scale: float | None = None, causal: bool = False, kv_lengths: Array | None = None,
-    local_kernel: str = "auto", layout: str = "bthd",
+    local_kernel: str = "auto", layout: str = "bthd", merge: str = "allreduce",
 ) -> Array:
+    _checks.check_choice(merge, (*MERGES, "auto"), "merge")
     return _decode(_tree_fn, q, k, v, mesh, seq_axes, scale, causal, kv_lengths, local_kernel,
-                   layout)
+                   layout, merge=merge)
 
 
 def ring_decode(
@@ -239,6 +433,15 @@ def ring_decode(
                    layout)
 
 
+def ring_decode_pass_q(
+    q: Array, k: Array, v: Array, *, mesh: Mesh, seq_axes: str | Sequence[str] | None = None,
+    scale: float | None = None, causal: bool = False, kv_lengths: Array | None = None,
+    local_kernel: str = "auto", layout: str = "bthd",
+) -> Array:
+    return _decode(_pass_q_fn, q, k, v, mesh, seq_axes, scale, causal, kv_lengths,
+                   local_kernel, layout)
+
+
 def tree_decode_from_energy(
     q: Array, k: Array, v: Array, *, mesh: Mesh, seq_axes: str | Sequence[str] | None = None,
     scale: float | None = None, causal: bool = False, kv_lengths: Array | None = None,
@@ -247,16 +450,44 @@ def tree_decode_from_energy(
     _checks.check_kernel_name(local_kernel, kernels.KERNEL_NAMES)
     dims = _checks.check_qkv(q, kernels.bthd_view(k, layout), kernels.bthd_view(v, layout),
                              kv_lengths)
-    if local_kernel == "flash":
-        raise ValueError("`local_kernel`='flash': tree_decode_from_energy differentiates the "
-                         "energy in JAX and has no flash kernel. Use local_kernel='xla' (or "
-                         "tree_decode for flash).")
-    # The energy is written for "bthd"; a head-major cache is viewed in that order (a copy).
-    k, v = kernels.to_layout(k, layout, "bthd"), kernels.to_layout(v, layout, "bthd")
-    zeta = jnp.zeros((dims.batch, dims.q_len, dims.q_heads, dims.v_dim),
-                     jnp.promote_types(q.dtype, jnp.float32))
+    if local_kernel in ("flash", "cudnn"):
+        raise ValueError(f"`local_kernel`={local_kernel!r}: tree_decode_from_energy "
+                         "differentiates the energy in JAX and has no flash or cudnn kernel. "
+                         "Use local_kernel='xla' (or tree_decode for flash or cudnn).")
+    zeta = jnp.zeros((dims.batch, dims.q_len, dims.q_heads, dims.v_dim), accum_dtype(q.dtype))
     return _decode(_energy_fn, q, k, v, mesh, seq_axes, scale, causal, kv_lengths, "xla",
-                   extra=(zeta,))
+                   layout, extra=(zeta,))
+
+
+def tree_energy(
+    q: Array, k: Array, v: Array, zeta: Array, *, mesh: Mesh,
+    seq_axes: str | Sequence[str] | None = None, scale: float | None = None,
+    causal: bool = False, kv_lengths: Array | None = None, layout: str = "bthd",
+) -> Array:
+    """The energy F(ζ) of the whole sharded cache (paper, Algorithm 1), streamed by the xla
+    kernel, as a scalar replicated on every device; `energy.energy` of the same arguments.
+
+    Its gradient in ζ is Algorithm 2 (a custom VJP: one Allreduce(sum) of the states the
+    forward pass left on each device), so `jax.grad(tree_energy, argnums=3)` at ζ = 0 is
+    attention: `tree_decode_from_energy`. Gradients in q, k and v are JAX's autodiff of the
+    same streaming computation.
+
+    Args:
+      zeta: `[B, Tq, Hq, Dv]` the source, shaped like the attention output.
+      Others as in `tree_decode` (the kernel is always "xla").
+
+    Returns:
+      A scalar in the accumulation dtype (float32, or float64 for float64 inputs).
+    """
+    dims = _checks.check_qkv(q, kernels.bthd_view(k, layout), kernels.bthd_view(v, layout),
+                             kv_lengths)
+    _checks.check_zeta(zeta, dims)
+    acc = accum_dtype(q.dtype)
+    plan, dims, q, k, v, lengths = _prepare(q, k, v, mesh, seq_axes, scale, causal,
+                                            kv_lengths, "xla", layout)
+    if dims.batch == 0 or dims.q_len == 0:
+        return jnp.zeros((), acc)
+    return _energy_value_fn(plan)(q, k, v, lengths, jnp.asarray(zeta, acc))
 
 
 tree_decode.__doc__ = """Tree decoding: local states, then Allreduce(max) and Allreduce(sum).

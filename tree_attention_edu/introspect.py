@@ -4,9 +4,12 @@ This is the honest measurement of communication volume: it reads what XLA will e
 (after SPMD partitioning and fusion), not what the Python code seems to ask for.
 
 Bytes are per device, for one execution, and count each collective's payload: the
-buffer a device contributes (all-reduce, collective-permute, all-to-all, reduce-scatter)
-or receives (all-gather). A collective inside a `while` loop counts once per iteration,
-using the trip count XLA records in the loop's backend config.
+buffer a device contributes (all-reduce, collective-permute, all-to-all, reduce-scatter: its
+output times the group size) or receives (all-gather). A collective inside a `while` loop
+counts once per iteration, using the trip count XLA records in the loop's backend config.
+A collective inside a branch of a `conditional` is marked `conditional`: it runs only when
+that branch is taken (the exact fallback of the one-pass merge), and `fast_path()` leaves it
+out.
 """
 
 from __future__ import annotations
@@ -55,12 +58,15 @@ class Collective:
         collective-permute.
       bytes: payload bytes per device for one execution of the op.
       count: how many times it executes (loop trip counts multiplied in).
+      conditional: inside a branch of a `conditional`, so it runs only when that branch is
+        taken.
     """
 
     kind: str
     groups: tuple[tuple[int, ...], ...]
     bytes: int
     count: int = 1
+    conditional: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -82,11 +88,16 @@ class CollectiveStats:
             out[c.kind] = out.get(c.kind, 0) + c.total_bytes
         return out
 
+    def fast_path(self) -> CollectiveStats:
+        """The collectives that always run: those inside conditional branches left out."""
+        return CollectiveStats(tuple(c for c in self.collectives if not c.conditional))
+
     def __str__(self) -> str:
         lines = [f"{'kind':<20} {'count':>5} {'bytes/device':>14}  groups"]
         for c in self.collectives:
             g = str([list(x) for x in c.groups])
-            lines.append(f"{c.kind:<20} {c.count:>5} {c.total_bytes:>14,}  "
+            kind = c.kind + (" (if)" if c.conditional else "")
+            lines.append(f"{kind:<20} {c.count:>5} {c.total_bytes:>14,}  "
                          f"{g if len(g) < 60 else g[:57] + '...'}")
         lines.append(f"{'total':<20} {'':>5} {self.total_bytes:>14,}")
         return "\n".join(lines)
@@ -144,7 +155,9 @@ def parse_hlo(text: str) -> CollectiveStats:
         raise _checks.hlo_without_entry()
 
     # How many times each computation runs: propagate from ENTRY through while bodies.
+    # Which computations run only inside a conditional's branch.
     multiplier: dict[str, int] = {entry: 1}
+    in_branch: dict[str, bool] = {entry: False}
     stack = [entry]
     while stack:
         name = stack.pop()
@@ -156,8 +169,11 @@ def parse_hlo(text: str) -> CollectiveStats:
                     if role == "body" and " while(" in line and not trip:
                         raise _checks.uncountable_loop(callee)
                     new = multiplier[name] * factor
-                    if callee in comps and multiplier.get(callee, 0) < new:
-                        multiplier[callee] = new
+                    branch = in_branch[name] or role == "branch_computations"
+                    if callee in comps and (multiplier.get(callee, 0) < new
+                                            or (in_branch.get(callee, True) and not branch)):
+                        multiplier[callee] = max(new, multiplier.get(callee, 0))
+                        in_branch[callee] = branch and in_branch.get(callee, True)
                         stack.append(callee)
 
     found = []
@@ -175,7 +191,10 @@ def parse_hlo(text: str) -> CollectiveStats:
                 arrays = _ARRAY.findall(shape_text)
                 dtype, dims = arrays[0] if kind == "collective-permute" else arrays[1]
                 nbytes = shape_bytes(f"{dtype}[{dims}]")
-            found.append(Collective(kind, _parse_groups(rest), nbytes, multiplier[name]))
+            groups = _parse_groups(rest)
+            if kind == "reduce-scatter":  # the printed shape is the output: 1/group of the input
+                nbytes *= len(groups[0]) if groups else 1
+            found.append(Collective(kind, groups, nbytes, multiplier[name], in_branch[name]))
     return CollectiveStats(tuple(found))
 
 

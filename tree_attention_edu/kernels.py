@@ -6,7 +6,15 @@
   log-sum-exp the tree combine needs. It takes fp16/bf16, head_dim ≤ 256, `Dv == D`, and
   no key mask, so it serves shards that are fully valid (no padding, no `kv_lengths`,
   and no causal mask, or a single causal query, which sees every key anyway).
-* `"auto"`: flash where all of that holds and flash-attn-jax is installed, else xla.
+* `"cudnn"`: cuDNN's flash attention through JAX itself
+  (`jax.nn.dot_product_attention(..., implementation="cudnn", return_residual=True)`, see
+  `cudnn_state`): no extra dependency and no cap on the JAX version. It takes fp16/bf16,
+  head_dim a multiple of 8 up to 128 (256 on Hopper and later), `Dv == D`, and masks keys
+  (`kv_lengths`, the decode-convention causal mask). Its lse comes back in the input dtype
+  (a bf16 lse near 10 has a spacing of 0.0625); the merge is kept in float32.
+* `"auto"`: on a CUDA GPU, flash where all of its limits hold and flash-attn-jax (the tested
+  release) is installed, else cudnn where its limits hold and the layout is "bthd", else
+  xla. On any other backend, xla.
 
 Every kernel has the signature of `states.local_state` plus `layout`.
 
@@ -40,7 +48,7 @@ from . import _checks, masks
 from .attention import accum_dtype, finite_or_zero, lse_pair, nonzero_or_one
 from .states import AttentionState
 
-KERNEL_NAMES = ("auto", "xla", "flash")
+KERNEL_NAMES = ("auto", "xla", "flash", "cudnn")
 LAYOUTS = ("bthd", "bhtd")
 SEQ_AXIS = {"bthd": 1, "bhtd": 2}
 """Axis of `k` and `v` that holds the keys, per layout."""
@@ -208,10 +216,15 @@ def xla_state(
     return AttentionState(out, per_query(lse), per_query(lse_lo))
 
 
+def _backend() -> str:
+    """JAX's default backend ("cpu", "gpu", "tpu"); one place for tests to stand in a GPU."""
+    return jax.default_backend()
+
+
 def flash_available() -> bool:
     """flash-attn-jax (the tested release) is importable and JAX's default backend is a CUDA
     GPU."""
-    return (jax.default_backend() == "gpu"
+    return (_backend() == "gpu"
             and importlib.util.find_spec("flash_attn_jax") is not None
             and _flash_version_reason() is None)
 
@@ -246,7 +259,7 @@ def flash_unsupported_reason(
     dtype, head_dim: int, v_dim: int, needs_mask: bool, backend: str | None = None
 ) -> str | None:
     """Why the flash kernel cannot run this problem, or None if it can."""
-    backend = jax.default_backend() if backend is None else backend
+    backend = _backend() if backend is None else backend
     if backend != "gpu":
         return (f"local_kernel='flash' needs a CUDA GPU, but JAX's default backend is "
                 f"{backend!r}; use local_kernel='xla' (or 'auto', which picks xla here).")
@@ -273,7 +286,15 @@ def _flash_layout_reason(layout: str) -> str:
 
 def resolve(name: str, *, dtype, head_dim: int, v_dim: int, needs_mask: bool,
             layout: str = "bthd") -> str:
-    """Turn "auto" into a concrete kernel name; check an explicit "flash" can run."""
+    """Turn "auto" into a concrete kernel name; check an explicit "flash" or "cudnn" can run.
+
+    "auto" picks, on a CUDA GPU, flash (when `flash_unsupported_reason` has no objection and
+    the layout is "bthd"), else cudnn (when `cudnn_unsupported_reason` has none and the
+    layout is "bthd": on "bhtd" the cudnn kernel would copy the cache into "bthd" first,
+    while xla streams "bhtd" as it lies), else xla; on any other backend, xla. An explicit
+    "flash" or "cudnn" that cannot run here raises a ValueError that says why and what to
+    use instead.
+    """
     _checks.check_kernel_name(name, KERNEL_NAMES)
     _checks.check_layout(layout, LAYOUTS)
     _checks.check_float_dtype(dtype, "dtype")
@@ -281,14 +302,22 @@ def resolve(name: str, *, dtype, head_dim: int, v_dim: int, needs_mask: bool,
     _checks.check_int(v_dim, "v_dim")
     if name == "xla":
         return name
-    reason = flash_unsupported_reason(dtype, head_dim, v_dim, needs_mask)
-    if reason is None and layout != "bthd":
-        reason = _flash_layout_reason(layout)
-    if name == "auto":
-        return "xla" if reason else "flash"
-    if reason:
-        raise ValueError(reason)
-    return name
+    if name in ("auto", "flash"):
+        flash = flash_unsupported_reason(dtype, head_dim, v_dim, needs_mask)
+        if flash is None and layout != "bthd":
+            flash = _flash_layout_reason(layout)
+        if name == "flash":
+            if flash:
+                raise ValueError(flash)
+            return name
+        if flash is None:
+            return "flash"
+    cudnn = cudnn_unsupported_reason(dtype, head_dim, v_dim)
+    if name == "cudnn":
+        if cudnn:
+            raise ValueError(cudnn)
+        return name
+    return "cudnn" if cudnn is None and layout == "bthd" else "xla"
 
 
 def flash_state(
@@ -330,4 +359,156 @@ def flash_state(
     return AttentionState(out.astype(jnp.float32), jnp.transpose(lse, (0, 2, 1)))
 
 
-KERNELS: dict[str, Kernel] = {"xla": xla_state, "flash": flash_state}
+# --- cuDNN through JAX ---------------------------------------------------------------------
+
+CUDNN_IMPLEMENTATIONS = ("cudnn", "xla")
+"""`implementation` values of `cudnn_state`: "cudnn" on an NVIDIA GPU; "xla", JAX's own
+implementation of the same call, runs anywhere (how the adapter is tested on CPU)."""
+
+
+def _cuda_capability() -> tuple[int, int] | None:
+    """Compute capability of the first device, e.g. (9, 0) on an H100; None if it is not a
+    CUDA device (a CPU, a TPU, a ROCm GPU)."""
+    try:
+        cc = jax.devices()[0].compute_capability
+    except (AttributeError, RuntimeError):
+        return None
+    try:
+        major, minor, *_ = (int(x) for x in str(cc).split("."))
+    except ValueError:
+        return None
+    return major, minor
+
+
+def cudnn_head_dim_limit(capability: tuple[int, int] | None) -> int:
+    """Largest head_dim cuDNN's bf16/fp16 flash attention takes: 256 from Hopper (compute
+    capability 9.0) on, 128 before (JAX's `check_is_flash_attention`)."""
+    return 256 if capability is not None and tuple(capability) >= (9, 0) else 128
+
+
+def cudnn_unsupported_reason(
+    dtype, head_dim: int, v_dim: int, backend: str | None = None,
+    capability: tuple[int, int] | None = None,
+) -> str | None:
+    """Why `local_kernel='cudnn'` cannot run this problem here, or None if it can.
+
+    It needs JAX's default backend to be a CUDA GPU, float16 or bfloat16 inputs, a head_dim
+    that is a multiple of 8 and at most `cudnn_head_dim_limit` of the GPU, and `v_dim ==
+    head_dim`. Masks are no objection. `capability` defaults to the first device's.
+    """
+    backend = _backend() if backend is None else backend
+    if backend != "gpu":
+        return _checks.cudnn_needs_gpu(backend)
+    if capability is None:
+        capability = _cuda_capability()
+    if capability is None:
+        return _checks.cudnn_needs_gpu("a GPU that is not CUDA")
+    dt = jnp.dtype(dtype)
+    if dt not in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
+        return _checks.cudnn_dtype(dt)
+    limit = cudnn_head_dim_limit(capability)
+    if head_dim % 8 or head_dim > limit or v_dim != head_dim:
+        return _checks.cudnn_head_dim(head_dim, v_dim, limit, capability)
+    return None
+
+
+def cudnn_state(
+    q: Array,
+    k_chunk: Array,
+    v_chunk: Array,
+    *,
+    kv_offset: int | Array = 0,
+    scale: float | None = None,
+    causal: bool = False,
+    kv_lengths: Array | None = None,
+    layout: str = "bthd",
+    implementation: str = "cudnn",
+) -> AttentionState:
+    """State of one chunk of the cache from `jax.nn.dot_product_attention`, which returns
+    the log-sum-exp with `return_residual=True`; through cuDNN's flash attention on an
+    NVIDIA GPU (`implementation="cudnn"`), or anywhere through JAX's xla implementation of
+    the same call (`implementation="xla"`, how the adapter is tested on CPU).
+
+    Same contract as `xla_state` and `states.local_state`. What the adapter does:
+
+    * **lse precision.** JAX returns the lse in the input dtype (cuDNN computes it in
+      float32; JAX rounds it). A bfloat16 lse near 10 has a spacing of 0.0625: each chunk's
+      weight in a merge, `exp(lse_i - lse)`, is off by up to half that, about 3%. The lse is
+      cast to float32 here and every merge after this runs in float32, so the cost is one
+      rounding per chunk, not one per merge. Measured (tests/test_kernels.py, bf16 inputs,
+      two chunks of 256 keys with lse in [8.5, 14.5], against float64 attention): lse
+      error 0.030; merged output error 1.5e-2, and 1.5e-2 from the bf16 lse alone (5.5e-3
+      from the bf16 output alone), where `xla_state` (float32 lse) is within 1.6e-6.
+    * **Masks** go through `key_value_seq_lengths`. `kv_lengths` are global and the chunk
+      starts at `kv_offset`, so the chunk's own lengths are `clip(kv_lengths - kv_offset,
+      0, Tc)`. The causal mask of this package puts query `i` at `L_b - Tq + i` (the decode
+      convention, `masks`); `dot_product_attention`'s `is_causal` aligns the diagonal top-left
+      instead, so with `causal=True` and `Tq > 1` the exact visibility (`masks.visible`) is
+      passed as a boolean `mask [B, 1, Tq, Tc]` (cuDNN adds it as a bias: Tq·Tc numbers, small
+      next to the cache's 2·Tc·Hkv·D). A single causal query sees every valid key, so it
+      needs no mask.
+    * **Rows that see nothing** (a chunk wholly past a length, a causal row before the
+      chunk) get whatever the library returns there; they are replaced (`where`) by the
+      identity `(0, -inf)` exactly.
+    * **Layout.** cuDNN reads "bthd" through this API; a "bhtd" chunk is transposed to it
+      first, which is a copy as large as the chunk (use `xla_state` for "bhtd" caches).
+    * **GQA** (`Hq` a multiple of `Hkv`) is native. `Dv` must equal `D`. Inputs of mixed
+      dtypes are cast to a common one (a copy of the arrays that differ).
+    * **Padding.** cuDNN skips keys past the lengths; the xla implementation multiplies them
+      by a weight of 0, so there they must hold finite values (zeros, as the decoders pad).
+
+    Args:
+      implementation: "cudnn" (needs a CUDA GPU, fp16/bf16, head_dim a multiple of 8 and at
+        most 128, or 256 on Hopper and later) or "xla".
+
+    Returns:
+      `AttentionState` (`out [B, Tq, Hq, Dv]`, `lse [B, Tq, Hq]`) in the accumulation dtype
+      (float32, or float64 for float64 inputs on the xla implementation).
+    """
+    dims = _checks.check_qkv(q, bthd_view(k_chunk, layout), bthd_view(v_chunk, layout),
+                             kv_lengths, chunk=True)
+    _checks.check_choice(implementation, CUDNN_IMPLEMENTATIONS, "implementation")
+    _checks.check_bool(causal, "causal")
+    B, Tq, Hq, D = q.shape
+    Tc = dims.kv_len
+    scale = _checks.resolve_scale(scale, D, q.dtype)
+    if dims.v_dim != D:
+        raise ValueError(_checks.cudnn_v_dim(D, dims.v_dim))
+    if implementation == "cudnn":
+        reason = cudnn_unsupported_reason(q.dtype, D, dims.v_dim)
+        if reason:
+            raise ValueError(reason)
+    dt = jnp.result_type(q.dtype, k_chunk.dtype, v_chunk.dtype)
+    acc = accum_dtype(dt)
+    if B == 0 or Tq == 0:
+        return AttentionState(jnp.zeros((B, Tq, Hq, D), acc), jnp.full((B, Tq, Hq), -jnp.inf, acc),
+                              jnp.zeros((B, Tq, Hq), acc))
+    q, k, v = (jnp.asarray(x) for x in (q, k_chunk, v_chunk))
+    q, k, v = (x if x.dtype == dt else x.astype(dt) for x in (q, k, v))
+    k, v = to_layout(k, layout, "bthd"), to_layout(v, layout, "bthd")  # "bhtd": a copy
+
+    local = mask = None
+    if kv_lengths is not None:  # the chunk's own lengths
+        local = jnp.clip(jnp.asarray(kv_lengths, jnp.int32) - jnp.asarray(kv_offset, jnp.int32),
+                         0, Tc).astype(jnp.int32)
+    if causal and Tq > 1:  # decode convention, bottom-right aligned: an explicit mask
+        lengths = (masks.full_lengths(B, Tc) + kv_offset if kv_lengths is None
+                   else jnp.asarray(kv_lengths, jnp.int32))
+        vis = masks.visible(Tq, Tc, lengths, kv_offset=kv_offset, causal=True)  # [B, Tq, Tc]
+        mask = vis[:, None]
+        seen = jnp.any(vis, axis=-1)  # [B, Tq]
+    elif local is not None:
+        seen = jnp.broadcast_to((local > 0)[:, None], (B, Tq))
+    else:
+        seen = None  # every key of the chunk holds data and is visible (Tc >= 1)
+    out, lse = jax.nn.dot_product_attention(
+        q, k, v, mask=mask, scale=scale, is_causal=False, key_value_seq_lengths=local,
+        implementation=implementation, return_residual=True)
+    out, lse = out.astype(acc), lse.astype(acc)  # the lse comes in the input dtype
+    if seen is not None:  # select, never multiply: the library's empty rows may hold NaN
+        out = jnp.where(seen[:, :, None, None], out, jnp.zeros((), acc))
+        lse = jnp.where(seen[:, :, None], lse, jnp.asarray(-jnp.inf, acc))
+    return AttentionState(out, lse, jnp.zeros_like(lse))
+
+
+KERNELS: dict[str, Kernel] = {"xla": xla_state, "flash": flash_state, "cudnn": cudnn_state}

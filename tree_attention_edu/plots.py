@@ -235,3 +235,53 @@ def cache_partition(lengths: Sequence[int], capacity: int, p: int, ax=None):
                   [f"seq {b} (len {n})" for b, n in enumerate(lengths)])
     ax.set_xlabel(f"cache position (capacity {capacity}, {shard} slots per device)")
     return ax
+
+
+PATTERN_COLORS = {
+    "allreduce": TREE_COLOR,  # the paper's tree decoding (Algorithm 3)
+    "allgather": OTHER_COLORS[1],
+    "reduce_scatter": OTHER_COLORS[2],
+    "all_to_all": OTHER_COLORS[3],
+    "one_pass": OTHER_COLORS[4],
+    "ring": RING_COLOR,
+    "ring_pass_q": "#e377c2",  # pink: a ring, but not Ring Attention's pass-KV
+}
+"""The colour of each merge pattern and ring: "allreduce" is the paper's tree (blue), the
+pass-KV ring red, every other pattern a colour that is neither."""
+
+
+def crossover_map(data: Mapping, ax=None, path: str | None = None, annotate: bool = True):
+    """Which merge pattern wins where: `costmodel.crossover_map`'s plain dict, drawn as a
+    grid of device count (x) against batch × heads (y), each cell in its winner's colour
+    (`PATTERN_COLORS`) and labelled with the winner's speedup over "allreduce"."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    ps, bhs, winner = list(data["ps"]), list(data["batch_heads"]), data["winner"]
+    names = list(data.get("patterns") or sorted({w for row in winner for w in row}))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.1 * len(ps) + 3.2, 0.55 * len(bhs) + 1.8))
+    index = [[names.index(w) for w in row] for row in winner]
+    cmap = ListedColormap([PATTERN_COLORS.get(n, NEUTRAL_COLOR) for n in names])
+    ax.imshow(index, cmap=cmap, vmin=-0.5, vmax=len(names) - 0.5, origin="lower",
+              aspect="auto", alpha=0.85)
+    if annotate and "speedup" in data:
+        for i, row in enumerate(data["speedup"]):
+            for j, s in enumerate(row):
+                ax.text(j, i, f"{s:.2f}×", ha="center", va="center", fontsize=7, color="white")
+    ax.set_xticks(range(len(ps)), [str(p) for p in ps])
+    ax.set_yticks(range(len(bhs)), [count_label(b) for b in bhs])
+    ax.set_xlabel("devices p")
+    ax.set_ylabel("batch × query heads")
+    title = "Fastest merge (cell: speedup over allreduce)"
+    if data.get("topology"):
+        title += f"\n{data['topology']}"
+    ax.set_title(title, fontsize=10)
+    shown = [n for n in names if any(n in row for row in winner)]
+    ax.legend(handles=[Patch(color=PATTERN_COLORS.get(n, NEUTRAL_COLOR), label=n)
+                       for n in shown], loc="upper left", bbox_to_anchor=(1.01, 1),
+              frameon=False, fontsize=8)
+    if path:
+        ax.figure.tight_layout()
+        ax.figure.savefig(path, dpi=110)
+    return ax.figure

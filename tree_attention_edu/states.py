@@ -295,3 +295,155 @@ def allreduce_combine(state: AttentionState, axes: Sequence[str]) -> AttentionSt
     for ax in inner_first:
         num, den = lax.psum((num, den), ax)
     return from_parts(num, den, m)
+
+
+# --- other merge patterns -----------------------------------------------------------------
+#
+# The same algebra, other collectives. Each function runs inside `shard_map` on the state a
+# device holds for its own shard of keys, and returns a state: the merged state of every
+# query head ("allgather", "one_pass"), or of the device's own slice of heads
+# ("reduce_scatter", "all_to_all": `heads_per_device` heads, those of its index along `axes`;
+# the query heads are padded with empty states to a multiple of the device count).
+
+
+def _check_axes(state: Any, axes: Any) -> tuple[str, ...]:
+    if not isinstance(state, AttentionState):
+        raise TypeError(f"`state` must be an AttentionState, got {type(state).__name__}.")
+    if isinstance(axes, str) or not (isinstance(axes, list | tuple)
+                                     and all(isinstance(a, str) for a in axes)):
+        raise TypeError(f"`axes` must be a list or tuple of mesh axis names, outermost first, "
+                        f"got {axes!r}.")
+    return tuple(axes)
+
+
+def _pack(state: AttentionState) -> Array:
+    """`[..., Dv + 2]`: out, lse and lse_lo side by side, so that one collective moves them."""
+    lo = jnp.broadcast_to(state.lse_lo, state.lse.shape).astype(state.out.dtype)
+    return jnp.concatenate([state.out, state.lse[..., None].astype(state.out.dtype),
+                            lo[..., None]], axis=-1)
+
+
+def _unpack(packed: Array) -> AttentionState:
+    return AttentionState(packed[..., :-2], packed[..., -2], packed[..., -1])
+
+
+def merge_stacked(stacked: AttentionState) -> AttentionState:
+    """Merge states stacked along a leading axis `[p, ...]` in one pass: the local half of
+    the all-gather and all-to-all patterns. The same shift, weights and selection as
+    `allreduce_combine`, with sums over the stack in place of collectives."""
+    if not isinstance(stacked, AttentionState):
+        raise TypeError(f"`stacked` must be an AttentionState of arrays stacked along a leading "
+                        f"axis, got {type(stacked).__name__}.")
+    m = finite_or_zero(lax.stop_gradient(jnp.max(stacked.lse, axis=0)))
+    w = _weight(stacked, m)
+    return from_parts(jnp.sum(_weighted_out(w, stacked.out), axis=0), jnp.sum(w, axis=0), m)
+
+
+def _pad_heads(state: AttentionState, heads: int) -> AttentionState:
+    """Pad the query-head axis (2) to `heads` with empty states `(0, -inf, 0)`."""
+    extra = heads - state.lse.shape[2]
+    if not extra:
+        return state
+    lo = jnp.broadcast_to(state.lse_lo, state.lse.shape)
+    pad = [(0, 0), (0, 0), (0, extra)]
+    return AttentionState(jnp.pad(state.out, [*pad, (0, 0)]),
+                          jnp.pad(state.lse, pad, constant_values=-jnp.inf), jnp.pad(lo, pad))
+
+
+def heads_per_device(q_heads: int, p: int) -> int:
+    """Query heads each device ends with in the head-scattered patterns: `ceil(Hq / p)`."""
+    return -(-q_heads // p)
+
+
+def allgather_combine(state: AttentionState, axes: Sequence[str]) -> AttentionState:
+    """One all-gather of the packed states `[B, Tq, Hq, Dv + 2]`, then a local merge.
+
+    One collective in place of two, with p× the payload: it wins when the collectives'
+    latency dominates their bandwidth (small batch × heads, many devices).
+    """
+    axes = _check_axes(state, axes)
+    gathered = lax.all_gather(_pack(state), axes, axis=0, tiled=False)  # [p, B, Tq, Hq, Dv+2]
+    return merge_stacked(_unpack(gathered))
+
+
+def all_to_all_combine(state: AttentionState, axes: Sequence[str]) -> AttentionState:
+    """Helix-style: one all-to-all over heads, then a local merge of the p partial states of
+    the device's own heads.
+
+    Returns the state of `heads_per_device(Hq, p)` query heads `[B, Tq, Hs, ·]`: those of the
+    device's index along `axes` after padding the heads to a multiple of p.
+    """
+    axes = _check_axes(state, axes)
+    p = lax.axis_size(axes)
+    B, Tq, Hq, Dv = state.out.shape
+    hs = heads_per_device(Hq, p)
+    packed = _pack(_pad_heads(state, hs * p)).reshape(B, Tq, p, hs, Dv + 2)
+    packed = jnp.moveaxis(packed, 2, 0)  # [p (destination), B, Tq, Hs, Dv + 2]
+    received = lax.all_to_all(packed, axes, 0, 0, tiled=True)  # [p (source), ...]
+    return merge_stacked(_unpack(received))
+
+
+def reduce_scatter_combine(state: AttentionState, axes: Sequence[str]) -> AttentionState:
+    """DCP-style: all-gather the lse pairs `[B, Tq, Hq, 2]`, rescale the local output by its
+    share of the global sum, and reduce-scatter the rescaled outputs over heads.
+
+    Returns the state of the device's `heads_per_device(Hq, p)` query heads, as
+    `all_to_all_combine` does; the lse of those heads is known to every device anyway.
+    """
+    axes = _check_axes(state, axes)
+    p = lax.axis_size(axes)
+    hs = heads_per_device(state.lse.shape[2], p)
+    state = _pad_heads(state, hs * p)
+    lo = jnp.broadcast_to(state.lse_lo, state.lse.shape)
+    pairs = lax.all_gather(jnp.stack([state.lse, lo], -1), axes, axis=0, tiled=False)
+    every = AttentionState(jnp.zeros(()), pairs[..., 0], pairs[..., 1])  # [p, B, Tq, Hq]
+    m = finite_or_zero(lax.stop_gradient(jnp.max(every.lse, axis=0)))
+    total = jnp.sum(_weight(every, m), axis=0)
+    share = _weight(state, m) / nonzero_or_one(total)  # this shard's weight in the union
+    mine = lax.psum_scatter(_weighted_out(share, state.out), axes, scatter_dimension=2,
+                            tiled=True)  # [B, Tq, Hs, Dv]
+    lse, lse_lo = lse_pair(total, m)
+    start = lax.axis_index(axes) * hs
+    return AttentionState(mine, lax.dynamic_slice_in_dim(lse, start, hs, 2),
+                          lax.dynamic_slice_in_dim(lse_lo, start, hs, 2))
+
+
+def one_pass_window(dtype, p: int) -> tuple[float, float]:
+    """The range of `lse - shift` inside which the one-pass merge is exact: every weight
+    `e^{lse - shift}` is a normal number and p of them sum without overflow."""
+    big = float(np.log(np.finfo(np.dtype(dtype)).max))  # 88.7 in float32, 709.8 in float64
+    return -0.9 * big, 0.9 * big - float(np.log(max(p, 1)))
+
+
+def one_pass_combine(state: AttentionState, axes: Sequence[str],
+                     shift: float = 0.0) -> AttentionState:
+    """FlashDecoding++'s unified max: one Allreduce(sum) with a shared shift in place of the
+    Allreduce(max).
+
+    Every device weighs its state by `e^{lse - shift}` with the same fixed `shift`, so the
+    numerators and denominators can be summed at once. That is exact while every weight is
+    a normal float and their sum does not overflow (`one_pass_window`); a device whose lse
+    leaves the window raises a flag that travels in the same Allreduce, and if any flag is up
+    all devices fall back to `allreduce_combine` (a conditional: the exact two-collective
+    merge runs only then).
+    """
+    axes = _check_axes(state, axes)
+    inner_first = tuple(reversed(axes))
+    p = lax.axis_size(axes)
+    low, high = one_pass_window(state.out.dtype, p)
+    x = (state.lse - shift) + state.lse_lo
+    outside = ~jnp.isneginf(state.lse) & ((x < low) | (x > high))
+    flag = jnp.any(outside).astype(state.out.dtype)
+    w = _weight(state, jnp.asarray(shift, state.out.dtype))
+    num, den = _weighted_out(w, state.out), w
+    for ax in inner_first:
+        num, den, flag = lax.psum((num, den, flag), ax)
+
+    def exact(_):
+        return allreduce_combine(state, list(axes))
+
+    def fast(_):
+        merged = from_parts(num, den, jnp.full(den.shape, shift, den.dtype))
+        return AttentionState(merged.out, merged.lse, merged.lse_lo)
+
+    return lax.cond(flag > 0, exact, fast, None)

@@ -1,0 +1,162 @@
+"""Merge patterns and the fair rings: exact against the float64 reference, and what they
+move and keep, read from the compiled program."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import rand_qkv, tol
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import np_attention
+
+import tree_attention_edu as tae
+from tree_attention_edu import costmodel, decode, introspect, kernels, states
+
+
+def _merge(name):
+    def run(q, k, v, **kw):
+        return tae.tree_decode(q, k, v, merge=name, **kw)
+
+    run.__name__ = f"tree_decode[{name}]"
+    return run
+
+
+DECODERS = {**{m: _merge(m) for m in decode.MERGES}, "ring": tae.ring_decode,
+            "ring_pass_q": tae.ring_decode_pass_q}
+
+
+@st.composite
+def problems(draw):
+    """Shapes, GQA groups, head counts that the 8 devices do not divide, ragged lengths and
+    causal blocks; every drawn problem runs on one of the two meshes."""
+    B, Tq = draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    Hkv, G = draw(st.integers(1, 3)), draw(st.sampled_from([1, 2, 3]))
+    Tk = draw(st.integers(1, 40))
+    lengths = draw(st.none() | st.lists(st.integers(0, Tk), min_size=B, max_size=B))
+    return (dict(B=B, Tq=Tq, Hq=Hkv * G, Hkv=Hkv, Tk=Tk, D=4, Dv=3),
+            dict(causal=draw(st.booleans()),
+                 kv_lengths=None if lengths is None else np.array(lengths)),
+            draw(st.sampled_from(["mesh8", "mesh2x4"])), draw(st.integers(0, 2**16)))
+
+
+@settings(max_examples=6)
+@given(problems())
+def test_every_pattern_is_exact(request, problem):
+    shape, kw, mesh_name, seed = problem
+    mesh = request.getfixturevalue(mesh_name)
+    q, k, v = rand_qkv(seed, **shape)
+    want = np_attention(q, k, v, **kw)
+    for name, decoder in DECODERS.items():
+        got = decoder(q, k, v, mesh=mesh, **kw)
+        assert got.shape == want.shape, name
+        np.testing.assert_allclose(got, want, **tol(jnp.float64), err_msg=name)
+
+
+@pytest.mark.parametrize("name", ["reduce_scatter", "all_to_all"])
+def test_head_scattered_output_stays_on_its_devices(name, mesh8):
+    """With heads divisible by p, each device keeps its own heads: the result is sharded over
+    heads, and nothing gathers it."""
+    q, k, v = rand_qkv(1, B=1, Tq=1, Hq=16, Hkv=4, Tk=64)
+    out = tae.tree_decode(q, k, v, mesh=mesh8, merge=name)
+    assert out.sharding.spec[2] in ("x", ("x",))
+    assert {s.data.shape[2] for s in out.addressable_shards} == {2}
+    np.testing.assert_allclose(out, np_attention(q, k, v), **tol(jnp.float64))
+
+
+def test_one_pass_falls_back_exactly_past_its_window(mesh8):
+    """Logits near 1e4 put every lse outside float32's window around the shared shift: the
+    flag is raised and the exact two-collective merge runs, bit for bit."""
+    q, k, v = rand_qkv(2, Tk=64, dtype=jnp.float32)
+    low, high = states.one_pass_window(jnp.float32, 8)
+    lse = np.asarray(tae.local_state(q, k, v, scale=1e3).lse)
+    assert ((lse < low) | (lse > high)).any()  # these logits leave the window
+    huge = dict(mesh=mesh8, scale=1e3)
+    fallback = tae.tree_decode(q, k, v, merge="one_pass", **huge)
+    np.testing.assert_array_equal(fallback, tae.tree_decode(q, k, v, merge="allreduce", **huge))
+    inside = tae.tree_decode(q, k, v, mesh=mesh8, merge="one_pass")
+    np.testing.assert_allclose(inside, np_attention(q, k, v), **tol(jnp.float32))
+
+
+def test_one_pass_window_is_where_weights_stay_normal():
+    for dtype in (jnp.float32, jnp.float64):
+        low, high = states.one_pass_window(dtype, 8)
+        info = np.finfo(dtype)
+        assert np.exp(np.asarray(low, dtype)) >= info.tiny
+        assert 8 * np.exp(np.asarray(high, np.float64)) < info.max
+
+
+def test_auto_asks_the_cost_model(mesh8):
+    q, k, v = rand_qkv(3, B=1, Tq=1, Hq=4, Hkv=2, Tk=32)
+    dims = tae._checks.check_qkv(q, k, v, None)
+    chosen = decode.auto_merge(mesh8, ("x",), dims, q.dtype)
+    assert chosen == costmodel.best_merge(32, costmodel.DGX_H100.with_devices(8), batch=1,
+                                          q_heads=4, kv_heads=2, head_dim=8, v_dim=6,
+                                          itemsize=8, q_len=1, stat_itemsize=8,
+                                          patterns=decode.AUTO_MERGES)
+    np.testing.assert_allclose(tae.tree_decode(q, k, v, mesh=mesh8, merge="auto"),
+                               np_attention(q, k, v), **tol(jnp.float64))
+
+
+def test_merge_names_are_the_cost_models():
+    assert decode.MERGES == costmodel.MERGES
+
+
+@pytest.mark.parametrize("mesh_name", ["mesh8", "mesh2x4"])
+@pytest.mark.parametrize("q_heads", [16, 12])
+def test_collective_bytes_equal_the_cost_model(mesh_name, q_heads, request):
+    """Every pattern's collectives, read from the compiled program, move exactly the bytes
+    the cost model counts (the one-pass merge's exact fallback, a conditional, apart)."""
+    mesh = request.getfixturevalue(mesh_name)
+    p, B, Tq, Hkv, D, Tk = 8, 2, 1, 4, 16, 256
+    q, k, v = introspect.structs(mesh, Tk, batch=B, q_len=Tq, q_heads=q_heads, kv_heads=Hkv,
+                                 head_dim=D)
+    # float32 inputs (`structs`' default): statistics and outputs of 4 bytes.
+    sizes = dict(batch=B, q_len=Tq, q_heads=q_heads, v_dim=D, p=p, stat_itemsize=4,
+                 out_itemsize=4, levels=len(mesh.axis_names))
+    for name in decode.MERGES:
+        stats = introspect.collective_stats(
+            lambda q, k, v, name=name: tae.tree_decode(q, k, v, mesh=mesh, merge=name), q, k, v)
+        model = costmodel.merge_collectives(name, **sizes)
+        assert stats.fast_path().total_bytes == sum(b * n for _, b, n in model), name
+        assert sorted({c.kind for c in stats.fast_path().collectives}) == sorted(
+            {kind for kind, _, _ in model}), name
+    ring = dict(batch=B, kv_heads=Hkv, head_dim=D, v_dim=D, p=p, itemsize=4)
+    for fn, model in (
+            (tae.ring_decode, costmodel.ring_collectives(**ring, kv_len=Tk)),
+            (tae.ring_decode_pass_q, costmodel.pass_q_collectives(
+                **ring, q_len=Tq, q_heads=q_heads, stat_itemsize=4))):
+        stats = introspect.collective_stats(lambda q, k, v, fn=fn: fn(q, k, v, mesh=mesh),
+                                            q, k, v)
+        assert stats.total_bytes == sum(b * n for _, b, n in model), fn.__name__
+
+
+def test_one_pass_fallback_is_marked_conditional(mesh8):
+    q, k, v = introspect.structs(mesh8, 64, q_heads=4, head_dim=8)
+    stats = introspect.collective_stats(
+        lambda q, k, v: tae.tree_decode(q, k, v, mesh=mesh8, merge="one_pass"), q, k, v)
+    plain = introspect.collective_stats(
+        lambda q, k, v: tae.tree_decode(q, k, v, mesh=mesh8), q, k, v)
+    assert [c.kind for c in stats.fast_path().collectives] == ["all-reduce"]
+    fallback = [c for c in stats.collectives if c.conditional]
+    assert sum(c.total_bytes for c in fallback) == plain.total_bytes
+    assert "(if)" in str(stats)
+
+
+@pytest.mark.parametrize("layout", ["bthd", "bhtd"])
+def test_fair_ring_and_streaming_energy_memory(layout, mesh8):
+    """The scan ring holds the block in use and the one in flight, no more; the energy path
+    streams the shard like tree_decode (compile-only: nothing is allocated)."""
+    Tk, H, D = 8 * 2048, 4, 64
+    q, k, v = introspect.structs(mesh8, Tk, q_heads=H, head_dim=D, layout=layout)
+    shard = 2 * (Tk // 8) * H * D * 8  # K and V of one device, float64
+    block = 2 * kernels.DEFAULT_BLOCK * H * D * 8  # the kernel's transposed K and V block
+
+    def temp(fn):
+        return introspect.memory_stats(
+            lambda q, k, v: fn(q, k, v, mesh=mesh8, layout=layout), q, k, v).temp_bytes
+
+    assert temp(tae.ring_decode) <= 2 * shard + block
+    # The energy path keeps what tree_decode keeps (the kernel's block) and a few rows of
+    # statistics: no copy of the shard (the einsum energy's temp was a whole shard).
+    assert temp(tae.tree_decode_from_energy) <= temp(tae.tree_decode) + 0.01 * shard
+    assert temp(tae.ring_decode_pass_q) <= shard / 4 + block
