@@ -159,4 +159,18 @@ def test_fair_ring_and_streaming_energy_memory(layout, mesh8):
     # The energy path keeps what tree_decode keeps (the kernel's block) and a few rows of
     # statistics: no copy of the shard (the einsum energy's temp was a whole shard).
     assert temp(tae.tree_decode_from_energy) <= temp(tae.tree_decode) + 0.01 * shard
-    assert temp(tae.ring_decode_pass_q) <= shard / 4 + block
+    # The pass-Q ring's kernel reads each query block's window of heads in place.
+    assert temp(tae.ring_decode_pass_q) <= temp(tae.tree_decode) + 0.01 * shard
+
+
+@pytest.mark.parametrize("layout", ["bthd", "bhtd"])
+def test_kv_head_window_reads_those_heads(layout):
+    """`xla_state(kv_head_window=(start, count))` is the kernel on the sliced cache."""
+    q, k, v = rand_qkv(5, Hq=4, Hkv=2, Tk=300)
+    kk, vv = (kernels.to_layout(x, "bthd", layout) for x in (k, v))
+    q_block = q[:, :, 2:4]  # the two query heads of kv head 1
+    got = kernels.xla_state(q_block, kk, vv, layout=layout, kv_head_window=(jnp.int32(1), 1),
+                            kv_lengths=jnp.array([300, 120]))
+    want = tae.local_state(q_block, k[:, :, 1:2], v[:, :, 1:2], kv_lengths=jnp.array([300, 120]))
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, **tol(jnp.float64))

@@ -266,9 +266,16 @@ def _pass_q_fn(plan: _Plan) -> Callable:
         start = jnp.minimum(jnp.arange(plan.p) * hs, hkv - hs) if hs <= hkv else None
 
         def partial(q_blk, block):  # this shard's state for query block `block`
+            offset = idx * plan.shard_len
+            if plan.kernel == "xla":  # the kernel reads the window block by block: no copy
+                return kernels.xla_state(
+                    q_blk, k, v, kv_offset=offset, scale=plan.scale,
+                    causal=plan.causal and plan.masked,
+                    kv_lengths=lengths if plan.masked else None, layout=plan.layout,
+                    kv_head_window=(start[block], hs))
             kb = lax.dynamic_slice_in_dim(k, start[block], hs, head_axis)
             vb = lax.dynamic_slice_in_dim(v, start[block], hs, head_axis)
-            return _local(plan, q_blk, kb, vb, lengths, idx * plan.shard_len)
+            return _local(plan, q_blk, kb, vb, lengths, offset)
 
         def step(q_blk, i):
             q_next = lax.ppermute(q_blk, plan.axes, perm)  # in flight during the compute

@@ -138,6 +138,7 @@ def xla_state(
     layout: str = "bthd",
     block: int = DEFAULT_BLOCK,
     zeta: Array | None = None,
+    kv_head_window: tuple[int | Array, int] | None = None,
 ) -> AttentionState:
     """State of one chunk of the cache, streaming it once without copying it.
 
@@ -154,11 +155,24 @@ def xla_state(
       zeta: `[B, Tq, Hq, Dv]` energy source ζ, or None. The scores become `s + ζ·v_a`, so
         `lse` is the chunk's energy F(ζ) and `out` the mean of v under the tilted weights
         (`energy.energy`); the streaming energy path of `decode.tree_decode_from_energy`.
+      kv_head_window: `(start, count)`: read only kv heads `[start, start + count)` of the
+        chunk (`start` may be traced), as if the chunk held those heads alone; q then has
+        `count·G` heads. Each block is sliced out of the cache as it is read, so no copy of
+        the window is made: the pass-Q ring's query blocks use it.
 
     Returns:
       `AttentionState` (`out [B, Tq, Hq, Dv]`, `lse [B, Tq, Hq]`) in the accumulation dtype.
     """
-    dims = _checks.check_qkv(q, bthd_view(k_chunk, layout), bthd_view(v_chunk, layout),
+    head_ax = 3 - SEQ_AXIS[layout]
+    window = kv_head_window
+    if window is not None:  # validate against the window's view of the chunk
+        count = _checks.check_int(window[1], "kv_head_window[1]")
+        k_view, v_view = (jax.ShapeDtypeStruct(
+            tuple(count if i == head_ax else n for i, n in enumerate(x.shape)), x.dtype)
+            for x in (k_chunk, v_chunk))
+    else:
+        k_view, v_view = k_chunk, v_chunk
+    dims = _checks.check_qkv(q, bthd_view(k_view, layout), bthd_view(v_view, layout),
                              kv_lengths, chunk=True)
     _checks.check_positive(block, "block")
     B, Tq, Hq, D = q.shape
@@ -188,15 +202,20 @@ def xla_state(
 
     def fold(carry, start, size):
         ax = SEQ_AXIS[layout]
-        kb = lax.dynamic_slice_in_dim(k_chunk, start, size, ax)
-        vb = lax.dynamic_slice_in_dim(v_chunk, start, size, ax)
+        if window is None:
+            kb = lax.dynamic_slice_in_dim(k_chunk, start, size, ax)
+            vb = lax.dynamic_slice_in_dim(v_chunk, start, size, ax)
+        else:
+            kb, vb = (lax.dynamic_slice(x, _starts(ax, start, head_ax, window[0]),
+                                        _sizes(x.shape, ax, size, head_ax, Hkv))
+                      for x in (k_chunk, v_chunk))
         if layout == "bthd":
             kb, vb = kb.transpose(0, 2, 1, 3), vb.transpose(0, 2, 1, 3)
         vis = masks.visible(Tq, size, kv_lengths, kv_offset=kv_offset + start, causal=causal)
         valid = masks.valid_keys(size, kv_lengths, kv_offset=kv_offset + start) if padded else None
         return _fold(carry, qg, kb, vb, vis[:, None, None], valid, zg)
 
-    if layout == "bhtd" and not padded:
+    if layout == "bhtd" and not padded and window is None:
         carry = fold(carry, 0, Tc)
     else:
         n_blocks, tail = divmod(Tc, block)
@@ -219,6 +238,18 @@ def xla_state(
 def _backend() -> str:
     """JAX's default backend ("cpu", "gpu", "tpu"); one place for tests to stand in a GPU."""
     return jax.default_backend()
+
+
+def _starts(seq_ax: int, seq_start, head_ax: int, head_start) -> list:
+    starts = [0, 0, 0, 0]
+    starts[seq_ax], starts[head_ax] = seq_start, head_start
+    return starts
+
+
+def _sizes(shape, seq_ax: int, seq_size: int, head_ax: int, heads: int) -> list[int]:
+    sizes = list(shape)
+    sizes[seq_ax], sizes[head_ax] = seq_size, heads
+    return sizes
 
 
 def flash_available() -> bool:
