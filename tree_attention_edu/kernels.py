@@ -243,7 +243,7 @@ def _backend() -> str:
 def _starts(seq_ax: int, seq_start, head_ax: int, head_start) -> list:
     starts = [0, 0, 0, 0]
     starts[seq_ax], starts[head_ax] = seq_start, head_start
-    return starts
+    return [jnp.asarray(x, jnp.int32) for x in starts]  # one index dtype, as x64 may differ
 
 
 def _sizes(shape, seq_ax: int, seq_size: int, head_ax: int, heads: int) -> list[int]:
