@@ -98,8 +98,8 @@ def run(args) -> dict:
           flush=True)
 
     prompt = np.random.default_rng(args.seed).integers(0, cfg.vocab, args.context).tolist()
-    gen = model.Generator(params, cfg, mesh, "tree", prefill_chunk=args.prefill_chunk,
-                          prefill_method="tree")
+    gen = model.Generator(params, cfg, mesh, args.method, prefill_chunk=args.prefill_chunk,
+                          prefill_method=args.method)
     out = gen.generate([prompt], args.new_tokens, key=jax.random.key(0), progress=True)
     capacity = gen._padded(args.context) + args.new_tokens
     capacity = -(-capacity // mesh.size) * mesh.size
@@ -107,7 +107,7 @@ def run(args) -> dict:
     steady = out.step_s[1:] or out.step_s
     per_token = statistics.median(steady)
     report = dict(
-        layers=cfg.layers, context=args.context, new_tokens=args.new_tokens,
+        method=args.method, layers=cfg.layers, context=args.context, new_tokens=args.new_tokens,
         devices=mesh.size, prefill_chunk=args.prefill_chunk, params=info.num_params,
         checkpoint_bytes_bf16=info.stored_bytes, weights_bytes_f32=weights,
         kv_cache_bytes=cache, kv_cache_capacity=capacity, load_s=load_s,
@@ -116,7 +116,7 @@ def run(args) -> dict:
         prefill_plus_tokens_s=out.prefill_s + sum(out.step_s),
         rss_after_load_gb=rss_loaded, peak_rss_gb=_peak_rss_gb(),
         tokens=out.tokens[0].tolist(), step_s=out.step_s)
-    print(f"context {args.context}: prefill (tree, chunks of {args.prefill_chunk}) "
+    print(f"context {args.context}: prefill ({args.method}, chunks of {args.prefill_chunk}) "
           f"{out.prefill_s:.1f} s = {report['prefill_tokens_per_s']:.0f} tokens/s; decode "
           f"{per_token:.2f} s per token = {1 / per_token:.2f} tokens/s (median of "
           f"{len(steady)} steps); prefill + {args.new_tokens} tokens "
@@ -138,6 +138,8 @@ def main(argv=None) -> int:
     p.add_argument("--devices", type=int, default=8, help="simulated CPU devices")
     p.add_argument("--prefill-chunk", type=int, default=1024, help="prompt tokens per step")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the prompt")
+    p.add_argument("--method", choices=("tree", "single", "ring"), default="tree",
+                   help="attention of prefill and decoding (single: one device)")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     p.add_argument("--write-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

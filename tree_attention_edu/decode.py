@@ -1,15 +1,23 @@
 """Sequence-parallel decoding: the KV cache is split along the sequence over mesh axes.
 
-Three methods, one signature:
+Four methods, one signature:
 
 * `tree_decode` (paper, Algorithm 3): each device reduces its own shard to a partial state
   `(out, lse)`; the states meet in Allreduce(max) and Allreduce(sum). `B·Tq·Hq·(Dv+2)`
-  numbers per device cross the wire, whatever the sequence length.
-* `tree_decode_from_energy` (paper, Algorithms 1-2): the energy is reduced across devices
-  with max then sum Allreduces, and attention is `jax.grad` of that distributed energy.
+  numbers per device cross the wire, whatever the sequence length. `merge=` swaps those two
+  Allreduces for the other patterns of today's serving systems (`MERGES`), all built from
+  the same algebra in `states`, and "auto" lets `costmodel` choose.
+* `tree_decode_from_energy` (paper, Algorithms 1-2): attention is `jax.grad` of the
+  distributed energy `tree_energy`, whose forward pass reduces the max and then the sum-exp
+  across devices and whose backward pass is one Allreduce(sum) (a custom VJP). The shard is
+  streamed by the same kernel as `tree_decode`.
 * `ring_decode` (Ring Attention, Liu et al. 2023): KV blocks travel around a ring of
   devices with `ppermute` for p−1 steps, each device folding every block into its online
-  softmax. Whole K/V shards cross the wire: the baseline.
+  softmax. A `lax.scan` whose carry holds the block in use while the next is in flight: the
+  strongest ring, and whole K/V shards still cross the wire.
+* `ring_decode_pass_q` (Meta's context-parallel inference, arXiv 2411.01783): the queries
+  travel the ring and the K/V stay put; the partial states go home in one all-to-all. The
+  cheaper ring when `Tq·Hq ≪ Tk·Hkv`.
 
 Queries are replicated; keys and values are sharded along axis 1 over `seq_axes`. A KV
 length that is not a multiple of the device count is padded and masked here, never by the
@@ -498,12 +506,32 @@ def tree_energy(
 
 
 tree_decode.__doc__ = """Tree decoding: local states, then Allreduce(max) and Allreduce(sum).
+
+    `merge` chooses how the states meet (see `MERGES`): "allreduce" (default, the paper's),
+    "allgather", "reduce_scatter", "all_to_all", "one_pass", or "auto" (the fastest by
+    `costmodel.best_merge` on DGX H100 links shaped like the mesh, among `AUTO_MERGES`).
+    "reduce_scatter" and "all_to_all" leave each device with its own heads: the result is
+    sharded over heads (`P(None, None, seq_axes, None)`) when p divides Hq, and replicated
+    by one more all-gather when it does not.
 """ + _DOC_ARGS
 ring_decode.__doc__ = """Ring Attention decoding: K/V blocks pass around the ring for p−1 steps.
 
     Faithful to Ring Attention (Liu, Zaharia, Abbeel 2023) for one query block per device:
     each device starts from its own shard and, at every step, forwards the block it holds
-    to its ring neighbour while folding that block into its online-softmax state.
+    to its ring neighbour while folding that block into its online-softmax state. The loop
+    is a `lax.scan` with two K/V buffers alive, the block in use and the one in flight (the
+    device's own shard is an argument and is never overwritten: the cache outlives the step),
+    so the compiled temp is two shards plus the kernel's block buffers.
+""" + _DOC_ARGS
+ring_decode_pass_q.__doc__ = """Pass-Q ring decoding: the queries travel, the K/V stay put.
+
+    The query heads are split into p blocks by kv head (`ceil(Hkv/p)` kv heads each, padded
+    with zero queries). Device i starts with block i; at every step it forwards its query
+    block to its ring neighbour while computing that block's partial state against its own
+    shard (the kernel reads just those heads' window of the cache). After p steps each device
+    holds one partial state of every block: one all-to-all sends block j's partials to device
+    j, which merges them, and one all-gather shares the finished outputs. `(p−1)·B·Tq·Hq·D/p`
+    query elements travel instead of `(p−1)·B·Tk·Hkv·(D+Dv)/p` cache elements.
 """ + _DOC_ARGS
 tree_decode_from_energy.__doc__ = """Attention as `jax.grad` of the tree-reduced energy (Alg. 1-2).
 
