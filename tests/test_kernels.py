@@ -162,11 +162,13 @@ def _assert_state(got, out, lse, **tolerance):
 @pytest.mark.parametrize("causal", [False, True])
 def test_cudnn_state_matches_reference(layout, causal):
     """Ragged global lengths on a chunk at kv_offset 5, GQA 8/2, Tq = 3 (decode-convention
-    causal: query i sits at L - 3 + i); sequence 1 ends before the chunk starts."""
+    causal: query i sits at L - 3 + i); sequence 1 ends before the chunk starts. Keys past
+    the lengths hold NaN: they are selected away, never weighed by 0."""
     offset, tc = 5, 20
     q, k, v = rand_qkv(3, B=3, Tq=3, Hq=8, Hkv=2, D=8, Dv=8, Tk=tc)
     lengths = np.array([offset + tc, offset - 2, offset + 7])
-    kk, vv = _as_layout(k, layout), _as_layout(v, layout)
+    valid = (offset + np.arange(tc))[None, :, None, None] < lengths[:, None, None, None]
+    kk, vv = (_as_layout(jnp.where(valid, x, jnp.nan), layout) for x in (k, v))
     got = _cudnn(q, kk, vv, kv_offset=offset, causal=causal, kv_lengths=lengths, layout=layout)
     assert got.out.dtype == got.lse.dtype == jnp.float64
     out, lse, _ = np_attention_state(q, k, v, causal=causal, kv_lengths=lengths - offset)

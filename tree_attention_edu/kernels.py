@@ -45,7 +45,13 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from . import _checks, masks
-from .attention import accum_dtype, finite_or_zero, lse_pair, nonzero_or_one
+from .attention import (
+    accum_dtype,
+    finite_or_zero,
+    lse_pair,
+    nonzero_or_one,
+    select_valid_keys,
+)
 from .states import AttentionState
 
 KERNEL_NAMES = ("auto", "xla", "flash", "cudnn")
@@ -485,8 +491,9 @@ def cudnn_state(
       first, which is a copy as large as the chunk (use `xla_state` for "bhtd" caches).
     * **GQA** (`Hq` a multiple of `Hkv`) is native. `Dv` must equal `D`. Inputs of mixed
       dtypes are cast to a common one (a copy of the arrays that differ).
-    * **Padding.** cuDNN skips keys past the lengths; the xla implementation multiplies them
-      by a weight of 0, so there they must hold finite values (zeros, as the decoders pad).
+    * **Padding.** cuDNN skips keys past the lengths; the xla implementation would weigh
+      them by 0 (0·NaN is NaN), so on it they are selected away first (`where`): masked keys
+      may hold anything on both.
 
     Args:
       implementation: "cudnn" (needs a CUDA GPU, fp16/bf16, head_dim a multiple of 8 and at
@@ -532,6 +539,11 @@ def cudnn_state(
         seen = jnp.broadcast_to((local > 0)[:, None], (B, Tq))
     else:
         seen = None  # every key of the chunk holds data and is visible (Tc >= 1)
+    if implementation == "xla" and kv_lengths is not None:
+        # JAX's xla implementation weighs keys past the lengths by 0 (and 0·NaN is NaN):
+        # select them away first. cuDNN does not read them.
+        k = select_valid_keys(k, kv_lengths, kv_offset)
+        v = select_valid_keys(v, kv_lengths, kv_offset)
     out, lse = jax.nn.dot_product_attention(
         q, k, v, mask=mask, scale=scale, is_causal=False, key_value_seq_lengths=local,
         implementation=implementation, return_residual=True)
