@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from tree_attention_edu import benchmark, cli
+from tree_attention_edu import decode as tae_decode
 
 ENV = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
 
@@ -73,6 +74,8 @@ BAD_FLAGS = [
     ("bench --seq-len 5 --seq-lens 4,5", "--seq-lens"),
     ("bench --sections foo", "--sections"),
     ("bench --sections bandwidth,calibrate", "'calibrate'"),
+    ("bench --sections patterns,foo", "'foo'"),
+    ("bench --methods ring_pass_q,ring_pass_k", "'ring_pass_k'"),
     ("bench --calibration-seq-lens -1", "--calibration-seq-lens"),
     ("bench --calibration-seq-lens 1e11", "--calibration-seq-lens: needs about"),
     ("bench --json {file}/bench.json", "--json"),
@@ -209,6 +212,8 @@ def test_bench_honours_seq_len(monkeypatch, in_tmp):
     args = parsed(["bench", "--sections", "", "--methods", "tree,ring,tree"], monkeypatch)
     assert args.sections == [] and args.methods == ["tree", "ring"]
     assert parsed(["bench"], monkeypatch).calibration_seq_lens == [16384, 32768, 65536, 131072]
+    assert parsed(["bench"], monkeypatch).sections == ["bandwidth", "calibration"]
+    assert parsed(["bench", "--sections", "patterns"], monkeypatch).sections == ["patterns"]
 
 
 def test_generate_and_launch_defaults(monkeypatch, in_tmp):
@@ -306,14 +311,15 @@ def test_bench_json_records(tmp_path):
     path = tmp_path / "bench.json"
     r = run_cli("bench", "--seq-lens", "1024,2048", "--heads", "2", "--head-dim", "16",
                 "--repeats", "1", "--mesh", "2level", "--json", str(path),
-                "--calibration-seq-lens", "1024,3072")
+                "--calibration-seq-lens", "1024,3072",
+                "--sections", "bandwidth,calibration,patterns")
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(path.read_text())
     records = report["records"]
     assert {r["method"] for r in records} == set(benchmark.METHODS)
     assert {r["seq_len"] for r in records} == {1024, 2048}
     fields = {"method", "devices", "seq_len", "median_s", "collective_bytes", "temp_bytes",
-              "max_abs_err"}
+              "max_abs_err", "argument_bytes"}
     for rec in records:
         assert fields <= set(rec)
         assert rec["max_abs_err"] < 1e-4, rec
@@ -344,6 +350,28 @@ def test_bench_json_records(tmp_path):
     for c in cal:
         assert c["devices"] == 8 and c["predicted_s"] > 0 and c["measured_s"] > 0
     assert "worst |error|" in r.stdout
+
+    # Every merge pattern and both rings, measured in the same run (issue 13).
+    pats = report["patterns"]
+    assert [(x["name"], x["seq_len"]) for x in pats] == [
+        (m, n) for n in (1024, 2048) for m in benchmark.PATTERNS]
+    assert set(benchmark.PATTERNS) == {*tae_decode.MERGES, "ring", "ring_pass_q"}
+    fields = {"name", "devices", "seq_len", "collectives", "collective_bytes", "temp_bytes",
+              "median_s", "predicted_s", "max_abs_err"}
+    for x in pats:
+        assert fields <= set(x) and x["devices"] == 8, x
+        assert x["max_abs_err"] < 1e-4 and x["median_s"] > 0 and x["predicted_s"] > 0, x
+        assert x["fast_path"] == (x["name"] == "one_pass"), x
+    pat = {(x["name"], x["seq_len"]): x for x in pats}
+    for n in (1024, 2048):  # the same programs as the method records: the same bytes
+        assert pat[("allreduce", n)]["collective_bytes"] == by[("tree", n)]["collective_bytes"]
+        assert pat[("ring", n)]["collective_bytes"] == by[("ring", n)]["collective_bytes"]
+        assert pat[("ring", n)]["collectives"] == {"collective-permute": 2 * 7}
+        # one Allreduce(sum) where allreduce has two, on each level of the 2-level mesh
+        one, two = pat[("one_pass", n)]["collectives"], pat[("allreduce", n)]["collectives"]
+        assert set(one) == set(two) == {"all-reduce"} and 2 * one["all-reduce"] == two[
+            "all-reduce"]
+    assert "Patterns:" in r.stdout and "(fast path)" in r.stdout
 
 
 def test_generate_checks_tokens():

@@ -8,9 +8,16 @@ attention in float64 on the same inputs.
 Methods:
 
 * `single`: `jax.nn.dot_product_attention` on one device (what you would run without sharding);
-* `tree`, `tree_energy`, `ring`: this package's sequence-parallel decoders;
+* `tree`, `tree_energy`, `ring`, `ring_pass_q`: this package's sequence-parallel decoders
+  (`ring` is the `lax.scan` ring with one K/V block in flight; `tree_energy` is the
+  streaming energy path, `jax.grad` of the distributed energy; `ring_pass_q` passes the
+  queries and leaves K/V in place);
 * `xla_auto`: plain `jax.nn.dot_product_attention` under `jax.jit` with K/V carrying a
   sequence `NamedSharding` and no `shard_map`: what XLA's partitioner does on its own.
+
+`median_times` interleaves the repeats of several methods, so that noise hits them alike;
+`calibrate.bench_patterns` uses it to measure every merge pattern of `tree_decode`
+(`decode.MERGES`) and both rings in one run, next to the cost model's prediction.
 
 The device (`device_info`): its platform and kind, the JAX version, the published HBM peak of
 the kind where known (`nominal_hbm_gbs`) and the read bandwidth measured on it
@@ -31,10 +38,13 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .attention import attention
-from .decode import ring_decode, tree_decode, tree_decode_from_energy
+from .decode import MERGES, ring_decode, ring_decode_pass_q, tree_decode, tree_decode_from_energy
 from .introspect import CollectiveStats, collective_stats, memory_stats
 
-METHODS = ("single", "tree", "tree_energy", "ring", "xla_auto")
+METHODS = ("single", "tree", "tree_energy", "ring", "ring_pass_q", "xla_auto")
+PATTERNS = (*MERGES, "ring", "ring_pass_q")
+"""What `patterns` measures: each `tree_decode(merge=...)`, then both rings (the same names
+as `calibrate.PATTERN_METHODS`)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,7 @@ class Record:
     temp_bytes: int
     max_abs_err: float
     collectives: str = ""  # e.g. "all-reduce x2" (what XLA chose, for xla_auto)
+    argument_bytes: int = 0  # per device: q and this device's K/V shard (total = this + temp)
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -213,6 +224,8 @@ def method_fns(mesh: Mesh, kv_len: int | None = None) -> dict[str, tuple[Callabl
             q, k, v, mesh=mesh, kv_lengths=lengths(q))), (rep, kv, kv)),
         "ring": (jax.jit(lambda q, k, v: ring_decode(q, k, v, mesh=mesh,
                                                      kv_lengths=lengths(q))), (rep, kv, kv)),
+        "ring_pass_q": (jax.jit(lambda q, k, v: ring_decode_pass_q(
+            q, k, v, mesh=mesh, kv_lengths=lengths(q))), (rep, kv, kv)),
         "xla_auto": (jax.jit(lambda q, k, v: dpa(q, k, v, key_value_seq_lengths=lengths(q)),
                              in_shardings=(rep, kv, kv), out_shardings=rep), (rep, kv, kv)),
     }
@@ -246,6 +259,7 @@ def run(
         structs = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
                    for x, s in zip(qkv, shardings, strict=True)]
         stats = collective_stats(fn, *structs)
+        mem = memory_stats(fn, *structs)
         got = np.asarray(fn(*args), np.float64)
         records.append(Record(
             method=name,
@@ -253,9 +267,10 @@ def run(
             seq_len=problem.seq_len,
             median_s=median_time(fn, *args, repeats=repeats),
             collective_bytes=stats.total_bytes,
-            temp_bytes=memory_stats(fn, *structs).temp_bytes,
+            temp_bytes=mem.temp_bytes,
             max_abs_err=float(np.abs(got - want).max()),
             collectives=describe(stats),
+            argument_bytes=mem.argument_bytes,
         ))
         del args
     return records
@@ -274,3 +289,25 @@ def table(records: list[Record]) -> str:
                     f"{ratio:>9}{r.collective_bytes:>14,}{r.temp_bytes / 1e6:>13.1f}"
                     f"{r.max_abs_err:>11.1e}  {r.collectives}")
     return "\n".join(rows)
+
+
+# --- merge patterns and rings, side by side (issue 13) ----------------------------------------
+
+
+def median_times(calls: dict[str, tuple[Callable, tuple]], repeats: int = 5) -> dict[str, float]:
+    """Median wall time of each `fn(*args)` of `calls` (`name -> (fn, args)`), the repeats
+    interleaved: one warm-up call each, then `repeats` rounds that time every call once, in
+    an order rotated by one each round. Noise from the rest of the machine then hits every
+    method alike, instead of whichever one was being timed when it came."""
+    names = list(calls)
+    for name in names:
+        fn, args = calls[name]
+        jax.block_until_ready(fn(*args))
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn, args = calls[name]
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times[name].append(time.perf_counter() - t0)
+    return {n: statistics.median(t) for n, t in times.items()}

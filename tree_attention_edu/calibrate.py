@@ -31,9 +31,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import _checks, benchmark, costmodel, kernels
-from .attention import accum_dtype
+from .attention import accum_dtype, attention
 from .decode import kv_spec
-from .introspect import memory_stats
+from .introspect import collective_stats, memory_stats
 
 Progress = Callable[[str], None] | None
 
@@ -458,6 +458,24 @@ def _pattern_payloads(problem: benchmark.Problem, p: int, seq_lens: Iterable[int
     return sizes
 
 
+def pattern_calibration(
+    mesh: Mesh, seq_lens: Iterable[int], *, problem: benchmark.Problem | None = None,
+    repeats: int = 5, progress: Progress = None,
+) -> Calibration:
+    """The topology `validate_patterns` predicts with (shared with `bench_patterns`):
+    `measure_topology` over every collective the patterns and rings use, at message sizes
+    spanning what they will send at `seq_lens`, and the decode bandwidth at 3/4 of the
+    longest length (rounded to a multiple of the device count: not a validated length)."""
+    base = problem or benchmark.Problem()
+    p = mesh.size
+    seq_lens = list(seq_lens)
+    cal_len = max(p, (3 * max(seq_lens) // 4) // p * p)
+    return measure_topology(
+        mesh, kernel_problem=benchmark.Problem(**{**asdict(base), "seq_len": cal_len}),
+        sizes=message_sizes(_pattern_payloads(base, p, seq_lens)), repeats=repeats,
+        progress=progress, kinds=tuple(COLLECTIVE_FNS))
+
+
 def validate_patterns(
     mesh: Mesh, seq_lens: Iterable[int] = (8192, 16384, 32768), *,
     problem: benchmark.Problem | None = None, methods: Iterable[str] = PATTERN_METHODS,
@@ -484,11 +502,8 @@ def validate_patterns(
     base = problem or benchmark.Problem()
     p = mesh.size
     if calibration is None:
-        cal_len = max(p, (3 * max(seq_lens) // 4) // p * p)  # not a validated length
-        calibration = measure_topology(
-            mesh, kernel_problem=benchmark.Problem(**{**asdict(base), "seq_len": cal_len}),
-            sizes=message_sizes(_pattern_payloads(base, p, seq_lens)), repeats=repeats,
-            progress=progress, kinds=tuple(COLLECTIVE_FNS))
+        calibration = pattern_calibration(mesh, seq_lens, problem=base, repeats=repeats,
+                                          progress=progress)
     axes = tuple(mesh.axis_names)
     rep, kv = NamedSharding(mesh, P()), NamedSharding(mesh, P(None, axes))
     rows = []
@@ -530,3 +545,116 @@ def patterns_table(cal: Calibration, rows: list[dict]) -> str:
     lines.append(f"worst |rel err| {abs(worst['rel_err']):.0%} ({worst['name']}, Tk="
                  f"{worst['seq_len']}; target: within 35%)")
     return "\n".join(lines)
+
+
+# --- merge patterns and rings side by side, for `bench --sections patterns` ----------------
+
+
+@dataclass
+class PatternRecord:
+    """One merge pattern or ring at one size. Field names are the bench JSON's `"patterns"`.
+
+    `collectives`: kind -> how many times it runs, read from the compiled program (loops
+    counted with their trip counts); `collective_bytes` their payload per device. For
+    `one_pass` both count the fast path only (`CollectiveStats.fast_path`): its exact
+    fallback sits in a `conditional` branch that runs only when a device's lse leaves the
+    safe window, and `fast_path` is True to say so. `predicted_s` is the cost model's
+    latency on the topology measured on this mesh.
+    """
+
+    name: str
+    devices: int
+    seq_len: int
+    collectives: dict
+    collective_bytes: int
+    temp_bytes: int
+    median_s: float
+    predicted_s: float
+    max_abs_err: float
+    fast_path: bool = False
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def bench_patterns(
+    mesh: Mesh,
+    problem: benchmark.Problem,
+    *,
+    calibration=None,
+    methods: Iterable[str] = benchmark.PATTERNS,
+    repeats: int = 5,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[PatternRecord]:
+    """Every merge pattern and both rings on the same inputs, measured in one run.
+
+    Per method: the collectives and their bytes (`collective_stats`; the fast path for
+    `one_pass`), temp memory (`memory_stats`), the error against float64 `attention`, and
+    the median latency over `repeats` interleaved rounds (`median_times`). `calibration`
+    is a `Calibration` (default: `pattern_calibration` at this size,
+    which measures the mesh's links and decode bandwidth first); `predicted_s` is
+    `predict` with its topology.
+    """
+    methods = list(methods)
+    for i, m in enumerate(methods):
+        if m not in benchmark.PATTERNS:
+            raise ValueError(f"`methods[{i}]`={m!r} is not a pattern; use one of "
+                             f"{', '.join(benchmark.PATTERNS)}.")
+    if calibration is None:
+        calibration = pattern_calibration(mesh, [problem.seq_len], problem=problem,
+                                                    repeats=repeats, progress=progress)
+    q, k, v = benchmark.make_inputs(problem, seed)
+    want = np.asarray(attention(*(jnp.asarray(x, jnp.float64) for x in (q, k, v))))
+    pad = (-problem.seq_len) % mesh.size
+    if pad:  # K/V placed along the sequence need a multiple of p keys: mask the rest
+        widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+        k, v = np.pad(k, widths), np.pad(v, widths)
+    axes = tuple(mesh.axis_names)
+    shardings = (NamedSharding(mesh, P()), NamedSharding(mesh, P(None, axes)),
+                 NamedSharding(mesh, P(None, axes)))
+    args = tuple(jax.device_put(x, s) for x, s in zip((q, k, v), shardings, strict=True))
+    structs = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+               for x, s in zip((q, k, v), shardings, strict=True)]
+    fns = pattern_fns(mesh, problem.seq_len if pad else None)
+    static = {}
+    for name in methods:
+        if progress:
+            progress(f"Tk={problem.seq_len} {name}: compile")
+        stats = collective_stats(fns[name], *structs)
+        if name == "one_pass":
+            stats = stats.fast_path()
+        counts: dict[str, int] = {}
+        for c in stats.collectives:
+            counts[c.kind] = counts.get(c.kind, 0) + c.count
+        got = np.asarray(fns[name](*args), np.float64)
+        static[name] = (dict(sorted(counts.items())), stats.total_bytes,
+                        memory_stats(fns[name], *structs).temp_bytes,
+                        float(np.abs(got - want).max()))
+    if progress:
+        progress(f"Tk={problem.seq_len}: timing {len(methods)} methods interleaved")
+    seconds = benchmark.median_times({n: (fns[n], args) for n in methods}, repeats=repeats)
+    records = []
+    for name in methods:
+        counts, nbytes, temp, err = static[name]
+        records.append(PatternRecord(
+            name=name, devices=mesh.size, seq_len=problem.seq_len, collectives=counts,
+            collective_bytes=nbytes, temp_bytes=temp, median_s=seconds[name],
+            predicted_s=predict(name, problem.seq_len, calibration.topology,
+                                          problem).total_s,
+            max_abs_err=err, fast_path=name == "one_pass"))
+    return records
+
+
+def pattern_records_table(records: list[PatternRecord]) -> str:
+    """A fixed-width table of pattern records, with predicted/measured − 1 per row."""
+    head = (f"{'name':<16}{'devices':>8}{'seq_len':>9}{'median ms':>11}{'predicted':>11}"
+            f"{'rel err':>9}{'bytes/dev':>12}{'temp MB/dev':>13}{'max |err|':>11}  collectives")
+    rows = [head, "-" * len(head)]
+    for r in records:
+        kinds = ", ".join(f"{k} x{n}" for k, n in r.collectives.items()) or "none"
+        rows.append(f"{r.name:<16}{r.devices:>8}{r.seq_len:>9}{r.median_s * 1e3:>11.2f}"
+                    f"{r.predicted_s * 1e3:>11.2f}{r.predicted_s / r.median_s - 1:>+9.0%}"
+                    f"{r.collective_bytes:>12,}{r.temp_bytes / 1e6:>13.2f}"
+                    f"{r.max_abs_err:>11.1e}  {kinds}" + (" (fast path)" if r.fast_path else ""))
+    return "\n".join(rows)

@@ -29,9 +29,10 @@ MAX_POSITION = 2**31 - 1  # positions and lengths are int32
 
 # `benchmark.METHODS` and `model.METHODS`, spelled here so that parsing arguments does not
 # import JAX before `_setup` has set the device count (tests keep them equal).
-BENCH_METHODS = ("single", "tree", "tree_energy", "ring", "xla_auto")
+BENCH_METHODS = ("single", "tree", "tree_energy", "ring", "ring_pass_q", "xla_auto")
 GENERATE_METHODS = ("tree", "ring", "single")
-SECTIONS = ("bandwidth", "calibration")
+SECTIONS = ("bandwidth", "calibration", "patterns")
+DEFAULT_SECTIONS = ("bandwidth", "calibration")  # "patterns" is opt-in: a second calibration
 
 
 class CommandFailed(Exception):
@@ -491,18 +492,22 @@ def cmd_bench(args) -> int:
         records = _measure(args, seq_len, list(args.methods or BENCH_METHODS))
         print(table(records))
         by = {r.method: r for r in records}
-        if {"tree", "ring", "single"} <= set(by):
-            t, r, s = by["tree"], by["ring"], by["single"]
-            print(f"   tree/single latency {t.median_s / s.median_s:.2f}x, ring/tree latency "
-                  f"{r.median_s / t.median_s:.2f}x, ring/tree bytes "
-                  f"{r.collective_bytes / max(t.collective_bytes, 1):.3g}x, ring/tree temp "
-                  f"{r.temp_bytes / max(t.temp_bytes, 1):.2f}x")
+        if {"tree", "ring"} <= set(by):
+            t, r = by["tree"], by["ring"]
+            total = (r.argument_bytes + r.temp_bytes) / max(t.argument_bytes + t.temp_bytes, 1)
+            single = (f"tree/single latency {t.median_s / by['single'].median_s:.2f}x, "
+                      if "single" in by else "")
+            print(f"   {single}ring/tree latency {r.median_s / t.median_s:.2f}x, ring/tree bytes "
+                  f"{r.collective_bytes / max(t.collective_bytes, 1):.3g}x, ring/tree memory "
+                  f"per device (arguments + temp) {total:.2f}x (paper eqs. 8-9: 2x)")
         out += [r.as_json() for r in records]
     report: dict = {"device": _device(), "records": out}
     if "bandwidth" in args.sections:
         report["bandwidth"] = _bandwidth(args, report["device"])
     if "calibration" in args.sections:
         report["calibration"] = _calibration(args)
+    if "patterns" in args.sections:
+        report["patterns"] = _patterns(args)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
@@ -551,6 +556,30 @@ def _calibration(args) -> list[dict]:
             repeats=args.repeats, progress=lambda n: (bar.set_postfix_str(n), bar.update(1)))
     print(calibrate.calibration_table(cal, rows))
     return rows
+
+
+def _patterns(args) -> list[dict]:
+    from . import benchmark, calibrate
+
+    print(f"\nPatterns: every merge pattern of tree_decode and both rings on {args.devices} "
+          f"devices, timed in one run (repeats interleaved), against the cost model with a "
+          f"topology measured here; one_pass counts its fast path (its exact fallback is a "
+          f"conditional branch)")
+    mesh = _mesh(args)
+    steps = 2 + len(args.seq_lens) * (len(benchmark.PATTERNS) + 1)
+    with tqdm(total=steps, desc="patterns", unit="step", file=sys.stderr, disable=None) as bar:
+        def progress(name):
+            bar.set_postfix_str(name)
+            bar.update(1)
+
+        cal = calibrate.pattern_calibration(mesh, args.seq_lens, problem=_problem(args, 0),
+                                            repeats=args.repeats, progress=progress)
+        records = []
+        for seq_len in args.seq_lens:
+            records += calibrate.bench_patterns(mesh, _problem(args, seq_len), calibration=cal,
+                                               repeats=args.repeats, progress=progress)
+    print(calibrate.pattern_records_table(records))
+    return [r.as_json() for r in records]
 
 
 def _prompts(args) -> list[list[int]]:
@@ -736,9 +765,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"comma-separated subset of {','.join(BENCH_METHODS)} (default: all)")
     bench.add_argument("--json", default=None, help="write records to this path")
     bench.add_argument("--sections", type=_names(SECTIONS, allow_empty=True),
-                       default=",".join(SECTIONS),
+                       default=",".join(DEFAULT_SECTIONS),
                        help="extra sections after the method table, comma-separated ('' for "
-                            "none)")
+                            "none), among bandwidth, calibration and patterns (every merge "
+                            "pattern and both rings, measured and predicted)")
     bench.add_argument("--calibration-seq-lens", type=_lengths,
                        default="16384,32768,65536,131072",
                        help="KV lengths at which the cost model is checked")

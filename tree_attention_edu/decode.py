@@ -487,9 +487,10 @@ def tree_energy(
     attention: `tree_decode_from_energy`. Gradients in q, k and v are JAX's autodiff of the
     same streaming computation.
 
+    The other arguments are those of `tree_decode` (the kernel is always "xla").
+
     Args:
       zeta: `[B, Tq, Hq, Dv]` the source, shaped like the attention output.
-      Others as in `tree_decode` (the kernel is always "xla").
 
     Returns:
       A scalar in the accumulation dtype (float32, or float64 for float64 inputs).
