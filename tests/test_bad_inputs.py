@@ -931,7 +931,7 @@ NOT_VALIDATED = {
     "attention": {"accum_dtype", "grouped_scores", "grouped_values", "finite_or_zero",
                   "nonzero_or_one", "two_sum", "masked_softmax_parts", "lse_from_parts",
                   "lse_pair", "select_valid_keys", "scaled_scores"},
-    "energy": {"energy_terms"},  # unchecked by design: called inside shard_map by `decode`
+    "energy": {"energy_terms"},  # unchecked by design: `energy` checks, then calls it
     "states": {"AttentionState",  # a container; the functions that take one check it
                "from_parts",  # builds a state from a kernel's internal sums
                "heads_per_device", "one_pass_window"},  # sizes of validated shapes

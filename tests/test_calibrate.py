@@ -22,6 +22,14 @@ def test_message_sizes_span_the_transfers():
     assert list(big) == sorted(big)
 
 
+def test_fit_link_ignores_large_messages_no_slower_than_alpha():
+    """Noise can time a large message at or under α: it must not set β to n / 1e-12."""
+    link = calibrate.fit_link([(1024, 1e-4), (16384, 1e-4), (65536, 5e-5), (2**20, 3e-4)])
+    assert link.beta_Bps == 2**20 / (3e-4 - 1e-4)
+    unresolved = calibrate.fit_link([(1024, 1e-4), (65536, 5e-5), (2**20, 9e-5)])
+    assert unresolved.beta_Bps == float("inf")
+
+
 def test_fit_link_needs_both_regimes():
     with pytest.raises(ValueError, match="needs messages both"):
         calibrate.fit_link([(1024, 1e-4), (2048, 1e-4)])

@@ -10,8 +10,6 @@ float64 inputs stay float64, which the identities in the tests rely on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import jax
 import jax.numpy as jnp
 from jax import Array
@@ -72,18 +70,13 @@ def two_sum(a: Array, b: Array) -> tuple[Array, Array]:
     return hi, lo
 
 
-def masked_softmax_parts(
-    s: Array, mask: Array, axes: Sequence[str] = ()
-) -> tuple[Array, Array, Array]:
+def masked_softmax_parts(s: Array, mask: Array) -> tuple[Array, Array, Array]:
     """Safe-max softmax pieces along the last axis.
 
     Args:
       s: scores `[..., Tk]`.
       mask: boolean, broadcastable to `s`; False entries are excluded (selected away, so a
         NaN or inf score there never reaches the result).
-      axes: mesh axes (inside `shard_map`) the keys are sharded over, outermost first.
-        If given, the max is Allreduced (max) and the sum Allreduced (sum) over them,
-        innermost axis first: paper, Algorithm 1.
 
     Returns:
       `(p, l, m)`: unnormalised weights `p = exp(s - m)` (0 where masked), their sum `l`
@@ -92,17 +85,10 @@ def masked_softmax_parts(
       `symbolic.shift_invariance`).
     """
     s = jnp.where(mask, s, -jnp.inf)
-    # The shift carries no gradient (and pmax has no differentiation rule), so stop it first.
-    # An empty row's max is -inf: pmax must see that, not a stand-in 0.
-    m = jax.lax.stop_gradient(jnp.max(s, axis=-1))
-    for ax in reversed(tuple(axes)):
-        m = jax.lax.pmax(m, ax)
-    m = finite_or_zero(m)
+    # The shift carries no gradient: the log-sum-exp does not depend on it.
+    m = finite_or_zero(jax.lax.stop_gradient(jnp.max(s, axis=-1)))
     p = jnp.exp(s - m[..., None])
-    l = jnp.sum(p, axis=-1)
-    for ax in reversed(tuple(axes)):
-        l = jax.lax.psum(l, ax)
-    return p, l, m
+    return p, jnp.sum(p, axis=-1), m
 
 
 def lse_from_parts(l: Array, m: Array) -> Array:

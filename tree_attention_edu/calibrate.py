@@ -257,7 +257,8 @@ SMALL_MESSAGE = 16 * 1024
 def fit_link(points: Iterable[tuple[int, float]]) -> costmodel.Link:
     """Hockney parameters from `(bytes, seconds)` points, the way ping-pong benchmarks
     read them: α is the median time of the small messages (≤ `SMALL_MESSAGE`), β the median
-    of `n / (t − α)` over the larger ones. A least-squares line through all points would let
+    of `n / (t − α)` over the larger ones that took longer than α (inf if none did). A
+    least-squares line through all points would let
     the largest messages set α (often to a negative value) and misprice everything else."""
     pts = list(points)
     small = [t for n, t in pts if n <= SMALL_MESSAGE]
@@ -265,7 +266,10 @@ def fit_link(points: Iterable[tuple[int, float]]) -> costmodel.Link:
     if not small or not big:
         raise ValueError(f"fit_link needs messages both <= and > {SMALL_MESSAGE} bytes.")
     alpha = max(statistics.median(small), 0.0)
-    beta = statistics.median(n / max(t - alpha, 1e-12) for n, t in big)
+    # A large message no slower than α says nothing about β (noise, or a transfer too fast
+    # to see at this size); if none is slower, the transfer is unresolved: β = inf.
+    rates = [n / (t - alpha) for n, t in big if t > alpha]
+    beta = statistics.median(rates) if rates else float("inf")
     return costmodel.Link(alpha_s=alpha, beta_Bps=beta)
 
 

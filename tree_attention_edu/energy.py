@@ -13,8 +13,6 @@ its gradient, like `attention`'s output there, is zero.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import jax
 import jax.numpy as jnp
 from jax import Array
@@ -69,22 +67,15 @@ def energy_terms(
     scale: float,
     causal: bool,
     kv_lengths: Array | None,
-    kv_offset: int | Array = 0,
-    axes: Sequence[str] = (),
 ) -> Array:
-    """F_tot for a chunk of keys starting at `kv_offset`, unchecked (shapes as in `energy`).
-
-    With `axes` (inside `shard_map`), the row max and the row sum-exp are Allreduced over
-    those mesh axes before the log, so every device returns the energy of the whole cache:
-    paper, Algorithm 1.
-    """
-    s, mask = scaled_scores(q, k, scale=scale, causal=causal, kv_lengths=kv_lengths,
-                            kv_offset=kv_offset)
+    """F_tot, unchecked (shapes as in `energy`): the einsum energy on one device. The
+    sharded, streaming energy (paper, Algorithm 1) is `decode.tree_energy`."""
+    s, mask = scaled_scores(q, k, scale=scale, causal=causal, kv_lengths=kv_lengths)
     acc = s.dtype
     if kv_lengths is not None:  # padding may hold NaN: select it away before ζ·v
-        v = select_valid_keys(v, kv_lengths, kv_offset)
+        v = select_valid_keys(v, kv_lengths)
     s = s + grouped_scores(zeta.astype(acc), v.astype(acc))  # + ζ·v_a, [B, Hq, Tq, Tk]
-    _, l, m = masked_softmax_parts(s, mask, axes)
+    _, l, m = masked_softmax_parts(s, mask)
     # An empty row (l == 0) contributes 0; a NaN row stays NaN.
     return jnp.sum(jnp.where(l == 0, jnp.zeros_like(l), lse_from_parts(l, m)))
 
