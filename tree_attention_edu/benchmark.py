@@ -296,17 +296,17 @@ def table(records: list[Record]) -> str:
 
 def median_times(calls: dict[str, tuple[Callable, tuple]], repeats: int = 5) -> dict[str, float]:
     """Median wall time of each `fn(*args)` of `calls` (`name -> (fn, args)`), the repeats
-    interleaved: one warm-up call each, then `repeats` rounds that time every call once, in
-    an order rotated by one each round. Noise from the rest of the machine then hits every
-    method alike, instead of whichever one was being timed when it came."""
+    interleaved: `repeats` rounds that time every call once, in an order rotated by one each
+    round, so that noise from the rest of the machine hits every method alike. Each timed
+    call follows an untimed call of the same method: right after another method (a ring that
+    freed hundreds of MB, say) the first call can be twice as slow on the simulated devices,
+    which would charge one method for its neighbour."""
     names = list(calls)
-    for name in names:
-        fn, args = calls[name]
-        jax.block_until_ready(fn(*args))
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
             fn, args = calls[name]
+            jax.block_until_ready(fn(*args))
             t0 = time.perf_counter()
             jax.block_until_ready(fn(*args))
             times[name].append(time.perf_counter() - t0)

@@ -340,13 +340,20 @@ def measure_topology(
             jax.device_put(v, kvs))
     t_local = benchmark.median_time(local, *args, repeats=repeats) - overhead
     mem_Bps = prob.kv_bytes / mesh.size / max(t_local, 1e-9)
+    # A local copy of a K shard on every device (the scan ring copies its block each step):
+    # `at[].set` on an argument writes a fresh buffer, read and written in full.
+    spec = kv_spec(axes)
+    copy = jax.jit(jax.shard_map(lambda k: k.at[:, :1].set(0), mesh=mesh, in_specs=(spec,),
+                                 out_specs=spec))
+    t_copy = benchmark.median_time(copy, args[1], repeats=repeats) - overhead
+    copy_Bps = prob.kv_bytes / mesh.size / max(t_copy, 1e-9)  # K read + K written
 
     topo = costmodel.Topology(
         nodes=1, devices_per_node=mesh.size, intra=link, inter=link, mem_Bps=mem_Bps,
         flops=float("inf"), overhead_s=overhead, overlap=False,
         name=f"{mesh.size} simulated CPU devices (this machine)",
         sources=("measured by tree_attention_edu.calibrate.measure_topology",),
-        measured=tuple(links.items()) if len(kinds) > 1 else (),
+        measured=tuple(links.items()) if len(kinds) > 1 else (), copy_Bps=copy_Bps,
     )
     return Calibration(overhead, link, psum_link, mem_Bps, topo, pts,
                        {**links, "collective-permute": link})
@@ -492,7 +499,7 @@ def validate_patterns(
     sizes spanning the messages the methods will send, and the per-device decode bandwidth at
     a length that is not validated (`measure_topology`). Nothing is fitted to the timings
     being predicted. Then, at each `seq_len`, every method of `methods` runs on the same
-    inputs (`benchmark.median_time`) and is predicted by `predict`.
+    inputs, the repeats interleaved (`benchmark.median_times`), and is predicted by `predict`.
 
     Returns the calibration and rows `{"name", "devices", "seq_len", "median_s",
     "predicted_s", "rel_err"}` (`rel_err = predicted / measured − 1`).
@@ -520,10 +527,11 @@ def validate_patterns(
             k, v = np.pad(k, widths), np.pad(v, widths)
         args = [jax.device_put(x, s) for x, s in zip((q, k, v), (rep, kv, kv), strict=True)]
         fns = pattern_fns(mesh, n if pad else None)
+        if progress:
+            progress(f"Tk={n}: {len(methods)} methods, repeats interleaved")
+        seconds = benchmark.median_times({m: (fns[m], args) for m in methods}, repeats=repeats)
         for name in methods:
-            if progress:
-                progress(f"Tk={n} {name}")
-            measured = benchmark.median_time(fns[name], *args, repeats=repeats)
+            measured = seconds[name]
             predicted = predict(name, n, calibration.topology, prob).total_s
             rows.append(dict(name=name, devices=p, seq_len=n, median_s=measured,
                              predicted_s=predicted, rel_err=predicted / measured - 1))
@@ -536,8 +544,9 @@ def patterns_table(cal: Calibration, rows: list[dict]) -> str:
     worst relative error."""
     links = "; ".join(f"{kind} alpha {link.alpha_s * 1e6:.0f} us, beta "
                       f"{link.beta_Bps / 1e9:.2f} GB/s" for kind, link in cal.links.items())
+    copy = cal.topology.copy_Bps or cal.mem_Bps
     lines = [f"measured: per-call overhead {cal.overhead_s * 1e6:.0f} us; decode "
-             f"{cal.mem_Bps / 1e9:.2f} GB/s per device; {links}",
+             f"{cal.mem_Bps / 1e9:.2f} GB/s and copy {copy / 1e9:.2f} GB/s per device; {links}",
              f"{'name':<16}{'devices':>8}{'seq_len':>9}{'predicted ms':>14}{'measured ms':>13}"
              f"{'rel err':>9}"]
     lines.append("-" * len(lines[-1]))

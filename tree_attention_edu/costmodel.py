@@ -177,6 +177,9 @@ class Topology:
     for `n` bytes counted as `collective_stats` counts them. A measured kind replaces the
     alpha-beta algorithm formulas (`collective_time`): the simulated devices implement each
     collective their own way, with a cost no link model of a GPU describes.
+
+    `copy_Bps` is the rate of a device-local copy, counting the bytes read and written; None
+    means `mem_Bps` (a copy's reads and writes share the memory bus with the decode's reads).
     """
 
     nodes: int
@@ -190,6 +193,7 @@ class Topology:
     name: str = ""
     sources: tuple[str, ...] = ()
     measured: tuple[tuple[str, Link], ...] = ()
+    copy_Bps: float | None = None
 
     def __post_init__(self):
         _checks.check_int(self.nodes, "nodes")
@@ -203,6 +207,9 @@ class Topology:
         _checks.check_real(self.overhead_s, "overhead_s", low=0.0)
         _checks.check_bool(self.overlap, "overlap")
         _checks.check_kind_links(self.measured, "measured", COLLECTIVE_KINDS, Link)
+        if self.copy_Bps is not None:
+            _checks.check_real(self.copy_Bps, "copy_Bps", low=0.0, low_open=True, finite=False,
+                               hint="bytes read + written per second by a local copy")
 
     @property
     def devices(self) -> int:
@@ -370,6 +377,10 @@ def predict_ring(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int =
     Every transfer of a step waits for the slowest link in the ring (inter-node once the ring
     spans nodes). With overlap a step costs `max(compute, transfer)`, else their sum; the last
     block's compute is never hidden. `comm_s` is the part not hidden behind compute.
+
+    XLA copies the loop-carried block before sending it (the permute's result takes the same
+    loop slot; the compiled program shows the two copies in the loop body), so each of the
+    p−1 steps also reads and writes one K/V block at `copy_Bps`: part of `compute_s`.
     """
     kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len)
     v_dim = head_dim if v_dim is None else v_dim
@@ -385,7 +396,10 @@ def predict_ring(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int =
                                 head_dim=head_dim, v_dim=v_dim, p=p, itemsize=itemsize))
     send = send / (p - 1) if p > 1 else 0.0  # per step
     hidden = min(block, send) if overlap else 0.0
-    return Prediction("ring", p, seq_len, p * block, (p - 1) * (send - hidden), topo.overhead_s)
+    copy = (2 * batch * t * kv_heads * (head_dim + v_dim) * itemsize
+            / (topo.copy_Bps or topo.mem_Bps))
+    return Prediction("ring", p, seq_len, p * block + (p - 1) * copy, (p - 1) * (send - hidden),
+                      topo.overhead_s)
 
 
 # --- merge patterns of serving systems (issue 13) -----------------------------------------
