@@ -169,6 +169,7 @@ def xla_state(
     Returns:
       `AttentionState` (`out [B, Tq, Hq, Dv]`, `lse [B, Tq, Hq]`) in the accumulation dtype.
     """
+    _checks.check_layout(layout, LAYOUTS)
     head_ax = 3 - SEQ_AXIS[layout]
     window = kv_head_window
     if window is not None:  # validate against the window's view of the chunk
