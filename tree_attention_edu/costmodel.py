@@ -178,8 +178,10 @@ class Topology:
     alpha-beta algorithm formulas (`collective_time`): the simulated devices implement each
     collective their own way, with a cost no link model of a GPU describes.
 
-    `copy_Bps` is the rate of a device-local copy, counting the bytes read and written; None
-    means `mem_Bps` (a copy's reads and writes share the memory bus with the decode's reads).
+    `copy_Bps` is the rate of a device-local copy (bytes read + written) where the ring's
+    loop copies its block before each send, as XLA compiles `decode.ring_decode` on the
+    simulated CPU devices (`calibrate` measures it); None means no such copy, as in a GPU
+    ring that receives into its second buffer (the published topologies).
     """
 
     nodes: int
@@ -378,9 +380,10 @@ def predict_ring(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int =
     spans nodes). With overlap a step costs `max(compute, transfer)`, else their sum; the last
     block's compute is never hidden. `comm_s` is the part not hidden behind compute.
 
-    XLA copies the loop-carried block before sending it (the permute's result takes the same
-    loop slot; the compiled program shows the two copies in the loop body), so each of the
-    p−1 steps also reads and writes one K/V block at `copy_Bps`: part of `compute_s`.
+    Where `topo.copy_Bps` is set, each of the p−1 steps also reads and writes one K/V block
+    at that rate (part of `compute_s`): XLA:CPU copies the loop-carried block before sending
+    it, the permute's result taking the same loop slot (the compiled loop body shows the two
+    copies).
     """
     kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len)
     v_dim = head_dim if v_dim is None else v_dim
@@ -396,8 +399,8 @@ def predict_ring(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int =
                                 head_dim=head_dim, v_dim=v_dim, p=p, itemsize=itemsize))
     send = send / (p - 1) if p > 1 else 0.0  # per step
     hidden = min(block, send) if overlap else 0.0
-    copy = (2 * batch * t * kv_heads * (head_dim + v_dim) * itemsize
-            / (topo.copy_Bps or topo.mem_Bps))
+    copy = (0.0 if topo.copy_Bps is None else
+            2 * batch * t * kv_heads * (head_dim + v_dim) * itemsize / topo.copy_Bps)
     return Prediction("ring", p, seq_len, p * block + (p - 1) * copy, (p - 1) * (send - hidden),
                       topo.overhead_s)
 
