@@ -11,7 +11,7 @@ from reference import np_attention
 
 import tree_attention_edu as tae
 
-METHODS = [tae.tree_decode, tae.tree_decode_from_energy, tae.ring_decode, tae.ring_decode_pass_q]
+METHODS = [tae.tree_decode, tae.tree_decode_from_energy, tae.ring_decode]
 HARD_CASES = {
     "plain": (dict(), dict()),
     "tk_not_divisible": (dict(Tk=29), dict()),

@@ -8,6 +8,7 @@ from conftest import rand_qkv, tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import np_attention
+from test_decode import HARD_CASES
 
 import tree_attention_edu as tae
 from tree_attention_edu import costmodel, decode, introspect, kernels, states
@@ -39,7 +40,7 @@ def problems(draw):
             draw(st.sampled_from(["mesh8", "mesh2x4"])), draw(st.integers(0, 2**16)))
 
 
-@settings(max_examples=6)
+@settings(max_examples=4)
 @given(problems())
 def test_every_pattern_is_exact(request, problem):
     shape, kw, mesh_name, seed = problem
@@ -50,6 +51,17 @@ def test_every_pattern_is_exact(request, problem):
         got = decoder(q, k, v, mesh=mesh, **kw)
         assert got.shape == want.shape, name
         np.testing.assert_allclose(got, want, **tol(jnp.float64), err_msg=name)
+
+
+@pytest.mark.parametrize("case", ["long_shards", "ragged_fully_masked_shards", "mqa",
+                                  "causal_ragged"])
+def test_pass_q_ring_hard_cases(case, mesh2x4):
+    """The pass-Q ring's kernel reads a window of kv heads: shards longer than a block, whole
+    shards masked, one kv head for 8 devices (7 of 8 query blocks are padding), causal."""
+    shape, kw = HARD_CASES[case]
+    q, k, v = rand_qkv(sorted(HARD_CASES).index(case), **shape)
+    out = tae.ring_decode_pass_q(q, k, v, mesh=mesh2x4, **kw)
+    np.testing.assert_allclose(out, np_attention(q, k, v, **kw), **tol(jnp.float64))
 
 
 @pytest.mark.parametrize("name", ["reduce_scatter", "all_to_all"])
