@@ -266,6 +266,16 @@ def chunk_states(
     return out
 
 
+def _check_axes(state: Any, axes: Any) -> tuple[str, ...]:
+    if not isinstance(state, AttentionState):
+        raise TypeError(f"`state` must be an AttentionState, got {type(state).__name__}.")
+    if isinstance(axes, str) or not (isinstance(axes, list | tuple)
+                                     and all(isinstance(a, str) for a in axes)):
+        raise TypeError(f"`axes` must be a list or tuple of mesh axis names, outermost first, "
+                        f"got {axes!r}.")
+    return tuple(axes)
+
+
 def allreduce_combine(state: AttentionState, axes: Sequence[str]) -> AttentionState:
     """Combine the states held by all devices along mesh `axes` (inside `shard_map`).
 
@@ -277,13 +287,7 @@ def allreduce_combine(state: AttentionState, axes: Sequence[str]) -> AttentionSt
     (e.g. over "gpu" inside a node, then over "node"), which is the topology-aware schedule:
     the slow inter-node links carry one already-reduced message per node position.
     """
-    if not isinstance(state, AttentionState):
-        raise TypeError(f"`state` must be an AttentionState, got {type(state).__name__}.")
-    if isinstance(axes, str) or not (isinstance(axes, list | tuple)
-                                     and all(isinstance(a, str) for a in axes)):
-        raise TypeError(f"`axes` must be a list or tuple of mesh axis names, outermost first, "
-                        f"got {axes!r}.")
-    inner_first = tuple(reversed(tuple(axes)))
+    inner_first = tuple(reversed(_check_axes(state, axes)))
     # The shift is a constant for autodiff (pmax has no derivative, and the result does not
     # depend on it), so gradients flow through the sums only.
     m = lax.stop_gradient(state.lse)
@@ -304,16 +308,6 @@ def allreduce_combine(state: AttentionState, axes: Sequence[str]) -> AttentionSt
 # query head ("allgather", "one_pass"), or of the device's own slice of heads
 # ("reduce_scatter", "all_to_all": `heads_per_device` heads, those of its index along `axes`;
 # the query heads are padded with empty states to a multiple of the device count).
-
-
-def _check_axes(state: Any, axes: Any) -> tuple[str, ...]:
-    if not isinstance(state, AttentionState):
-        raise TypeError(f"`state` must be an AttentionState, got {type(state).__name__}.")
-    if isinstance(axes, str) or not (isinstance(axes, list | tuple)
-                                     and all(isinstance(a, str) for a in axes)):
-        raise TypeError(f"`axes` must be a list or tuple of mesh axis names, outermost first, "
-                        f"got {axes!r}.")
-    return tuple(axes)
 
 
 def _pack(state: AttentionState) -> Array:
