@@ -40,11 +40,13 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import _checks, costmodel, devices, kernels
-from .attention import accum_dtype, finite_or_zero, lse_pair
+from .attention import accum_dtype, finite_or_zero
 from .kernels import _varying_like
 from .states import (
     AttentionState,
+    _allreduce_lse,
     _pack,
+    _psum_inner_first,
     _unpack,
     _weighted_out,
     all_to_all_combine,
@@ -168,7 +170,7 @@ def _specs(plan: _Plan):
     return (P(), kv, kv, P())
 
 
-MERGES = ("allreduce", "allgather", "reduce_scatter", "all_to_all", "one_pass")
+MERGES = costmodel.MERGES
 """How `tree_decode` merges the devices' states (`merge=`; "auto" asks `costmodel`):
 
 * "allreduce": Allreduce(max) of the lse, then Allreduce(sum) of numerator and
@@ -271,7 +273,7 @@ def _pass_q_fn(plan: _Plan) -> Callable:
         qb = jnp.moveaxis(qb.reshape(B, Tq, plan.p, hs * group, D), 2, 0)
         # A padded block reads the last real heads (the slice start is clamped); its queries
         # are dropped at the end.
-        start = jnp.minimum(jnp.arange(plan.p) * hs, hkv - hs) if hs <= hkv else None
+        start = jnp.minimum(jnp.arange(plan.p) * hs, hkv - hs)
 
         def partial(q_blk, block):  # this shard's state for query block `block`
             offset = idx * plan.shard_len
@@ -305,20 +307,6 @@ def _pass_q_fn(plan: _Plan) -> Callable:
                                  check_vma=False))
 
 
-def _global_lse(state: AttentionState, axes: Sequence[str]) -> tuple[Array, Array]:
-    """Paper, Algorithm 1: the log-sum-exp of every row over all devices, as a double word,
-    from Allreduce(max) of the local lse and Allreduce(sum) of the shifted sum-exps."""
-    inner_first = tuple(reversed(tuple(axes)))
-    m = lax.stop_gradient(state.lse)
-    for ax in inner_first:
-        m = lax.pmax(m, ax)
-    m = finite_or_zero(m)
-    den = jnp.exp((state.lse - m) + state.lse_lo)
-    for ax in inner_first:
-        den = lax.psum(den, ax)
-    return lse_pair(den, m)
-
-
 @functools.lru_cache(maxsize=64)
 def _energy_sharded(plan: _Plan) -> Callable:
     """F(ζ) of the whole cache on every device, streamed by the xla kernel, with a custom
@@ -335,7 +323,7 @@ def _energy_sharded(plan: _Plan) -> Callable:
         return jnp.sum(jnp.where(jnp.isneginf(lse), jnp.zeros_like(lse), lse + lse_lo))
 
     def plain(q, k, v, lengths, zeta):  # the same energy, for autodiff in q, k and v
-        return total(*_global_lse(local(q, k, v, lengths, zeta), plan.axes))
+        return total(*_allreduce_lse(local(q, k, v, lengths, zeta), plan.axes))
 
     @jax.custom_vjp
     def energy(q, k, v, lengths, zeta):
@@ -343,16 +331,14 @@ def _energy_sharded(plan: _Plan) -> Callable:
 
     def forward(q, k, v, lengths, zeta):
         state = local(q, k, v, lengths, zeta)
-        lse, lse_lo = _global_lse(state, plan.axes)
+        lse, lse_lo = _allreduce_lse(state, plan.axes)
         return total(lse, lse_lo), (q, k, v, lengths, zeta, state, lse, lse_lo)
 
     def backward(res, g):
         q, k, v, lengths, zeta, state, lse, lse_lo = res
         # Algorithm 2: this shard's share of each row's weights, times its tilted mean of v.
         w = jnp.exp((state.lse - finite_or_zero(lse)) + (state.lse_lo - lse_lo))
-        num = _weighted_out(w, state.out)
-        for ax in tuple(reversed(plan.axes)):
-            num = lax.psum(num, ax)
+        num = _psum_inner_first(_weighted_out(w, state.out), plan.axes)
         # q, k and v: autodiff of the same energy (compiled away when only ζ is asked for).
         _, pullback = jax.vjp(lambda q, k, v: plain(q, k, v, lengths, zeta), q, k, v)
         return (*pullback(g), None, g * num)

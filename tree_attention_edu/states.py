@@ -287,18 +287,35 @@ def allreduce_combine(state: AttentionState, axes: Sequence[str]) -> AttentionSt
     (e.g. over "gpu" inside a node, then over "node"), which is the topology-aware schedule:
     the slow inter-node links carry one already-reduced message per node position.
     """
-    inner_first = tuple(reversed(_check_axes(state, axes)))
-    # The shift is a constant for autodiff (pmax has no derivative, and the result does not
-    # depend on it), so gradients flow through the sums only.
-    m = lax.stop_gradient(state.lse)
-    for ax in inner_first:
-        m = lax.pmax(m, ax)
-    m = finite_or_zero(m)
+    axes = _check_axes(state, axes)
+    m = _shared_max(state, axes)
     w = _weight(state, m)
-    num, den = _weighted_out(w, state.out), w
-    for ax in inner_first:
-        num, den = lax.psum((num, den), ax)
+    num, den = _psum_inner_first((_weighted_out(w, state.out), w), axes)
     return from_parts(num, den, m)
+
+
+def _shared_max(state: AttentionState, axes: Sequence[str]) -> Array:
+    """Allreduce(max) of the lse over `axes` (innermost first), 0 where every device is
+    empty. A constant for autodiff (pmax has no derivative, and the merge does not depend on
+    the shift), so gradients flow through the sums only."""
+    m = lax.stop_gradient(state.lse)
+    for ax in reversed(tuple(axes)):
+        m = lax.pmax(m, ax)
+    return finite_or_zero(m)
+
+
+def _psum_inner_first(x: T, axes: Sequence[str]) -> T:
+    """Allreduce(sum) of a pytree over `axes`, innermost (e.g. "gpu" inside a node) first."""
+    for ax in reversed(tuple(axes)):
+        x = lax.psum(x, ax)
+    return x
+
+
+def _allreduce_lse(state: AttentionState, axes: Sequence[str]) -> tuple[Array, Array]:
+    """Paper, Algorithm 1: every row's log-sum-exp over all devices, as a double word, from
+    Allreduce(max) of the local lse and Allreduce(sum) of the shifted sum-exps (no outputs)."""
+    m = _shared_max(state, axes)
+    return lse_pair(_psum_inner_first(_weight(state, m), axes), m)
 
 
 # --- other merge patterns -----------------------------------------------------------------
@@ -422,22 +439,18 @@ def one_pass_combine(state: AttentionState, axes: Sequence[str],
     merge runs only then).
     """
     axes = _check_axes(state, axes)
-    inner_first = tuple(reversed(axes))
     p = lax.axis_size(axes)
     low, high = one_pass_window(state.out.dtype, p)
     x = (state.lse - shift) + state.lse_lo
     outside = ~jnp.isneginf(state.lse) & ((x < low) | (x > high))
     flag = jnp.any(outside).astype(state.out.dtype)
     w = _weight(state, jnp.asarray(shift, state.out.dtype))
-    num, den = _weighted_out(w, state.out), w
-    for ax in inner_first:
-        num, den, flag = lax.psum((num, den, flag), ax)
+    num, den, flag = _psum_inner_first((_weighted_out(w, state.out), w, flag), axes)
 
     def exact(_):
-        return allreduce_combine(state, list(axes))
+        return allreduce_combine(state, axes)
 
     def fast(_):
-        merged = from_parts(num, den, jnp.full(den.shape, shift, den.dtype))
-        return AttentionState(merged.out, merged.lse, merged.lse_lo)
+        return from_parts(num, den, jnp.full(den.shape, shift, den.dtype))
 
     return lax.cond(flag > 0, exact, fast, None)
