@@ -57,7 +57,8 @@ import numpy as np
 import sympy as sp
 from IPython.display import Markdown
 
-from tree_attention_edu import masks, symbolic
+from tree_attention_edu.core import masks
+from tree_attention_edu.theory import symbolic
 from tree_attention_edu.attention import weights
 
 jax.config.update("jax_enable_x64", True)  # identities are checked in float64
@@ -76,7 +77,7 @@ print(jax.device_count(), "devices,", jax.default_backend())
 #
 # $$\frac{\partial F}{\partial \zeta_j}\Big|_{\zeta=0} = \sum_a \underbrace{\frac{e^{s_a}}{\sum_b e^{s_b}}}_{p_a} v_{a,j},$$
 #
-# which is exactly softmax attention. `tree_attention_edu.symbolic` builds both sides with
+# which is exactly softmax attention. `tree_attention_edu.theory.symbolic` builds both sides with
 # sympy for a small $n$ and $d$. The derivation has the same form for every $n$ and $d$, so a
 # small case shows the pattern; the numerical checks below use larger sizes.
 # (The paper writes no scale, i.e. scale 1; this package's default is $1/\sqrt{D}$. The scale

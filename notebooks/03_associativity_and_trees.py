@@ -60,7 +60,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from IPython.display import Markdown
 
-from tree_attention_edu import costmodel, plots, symbolic
+from tree_attention_edu import plots
+from tree_attention_edu.perf import costmodel
+from tree_attention_edu.theory import symbolic
 
 jax.config.update("jax_enable_x64", True)  # float64 for the laws; section 4 uses float32
 assert jax.device_count() == 8, jax.devices()

@@ -34,7 +34,7 @@
 # process there is no network and no gloo; XLA's CPU runtime performs each collective inside
 # the process by copying between the devices' buffers. On a GPU cluster the same programs
 # run their collectives through NCCL, which implements Allreduce with rings and trees
-# (paper, §5.3); across processes on CPUs JAX uses gloo (see `tree_attention_edu.launch`).
+# (paper, §5.3); across processes on CPUs JAX uses gloo (see `tree_attention_edu.cluster.launch`).
 #
 # **Learning objectives.** After this notebook you can
 #
@@ -65,8 +65,9 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tree_attention_edu import costmodel, plots
-from tree_attention_edu.introspect import structs
+from tree_attention_edu import plots
+from tree_attention_edu.perf import costmodel
+from tree_attention_edu.perf.introspect import structs
 
 jax.config.update("jax_enable_x64", True)  # float64 makes "equal" mean equal to ~1e-13
 assert jax.device_count() == 8, jax.devices()

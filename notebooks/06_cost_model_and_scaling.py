@@ -18,7 +18,7 @@
 #
 # Two questions: how fast is decoding on the hardware in front of us, and what would it do on
 # a cluster we do not have? We answer the first by measuring. For the second we use an
-# alpha-beta model (`tree_attention_edu.costmodel`). We first measure its parameters on this
+# alpha-beta model (`tree_attention_edu.perf.costmodel`). We first measure its parameters on this
 # machine and check its predictions against measured decode latencies. Only then do we
 # extrapolate it to the paper's DGX H100 cluster, and compare it with what the paper reports.
 #
@@ -58,8 +58,12 @@ import sympy as sp
 from IPython.display import Markdown
 from matplotlib import ticker
 
-from tree_attention_edu import benchmark, calibrate, introspect, kernels, plots
-from tree_attention_edu import costmodel as cm
+from tree_attention_edu import plots
+from tree_attention_edu.perf import benchmark
+from tree_attention_edu.perf import calibrate
+from tree_attention_edu.perf import introspect
+from tree_attention_edu.core import kernels
+from tree_attention_edu.perf import costmodel as cm
 
 jax.config.update("jax_enable_x64", True)
 assert jax.device_count() == 8, jax.devices()
@@ -163,7 +167,7 @@ plt.show()
 #   blocks of `kernels.DEFAULT_BLOCK` keys (printed below), transposes each while it is in
 #   cache, and folds it into an online softmax (`lax.scan`). Nothing cache-sized is written.
 # * `xla_bhtd` reads a head-major cache `[B, H, T, D]`, where each head's keys are
-#   contiguous: one streaming pass. This is the layout `tree_attention_edu.model` uses.
+#   contiguous: one streaming pass. This is the layout `tree_attention_edu.llama.model` uses.
 # * `tree_*` run the same kernels on 8 simulated devices, which share this machine's memory
 #   bus. (Timings depend on the machine; this cell's output is not checked.)
 

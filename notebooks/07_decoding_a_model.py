@@ -32,7 +32,7 @@
 #
 # **Learning objectives.** After this notebook you can
 #
-# * describe how `tree_attention_edu.model` builds a small Llama-style decoder (RMSNorm,
+# * describe how `tree_attention_edu.llama.model` builds a small Llama-style decoder (RMSNorm,
 #   rotary embeddings, grouped-query attention, SwiGLU) and shards its cache along the
 #   sequence, and say which device owns a position;
 # * show that single-device, tree (1-D and 2-level meshes) and ring attention generate *the
@@ -64,9 +64,11 @@ import numpy as np
 from matplotlib import ticker
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-from tree_attention_edu import checkpoint, model, plots
-from tree_attention_edu import costmodel as cm
-from tree_attention_edu import hopfield as hf
+from tree_attention_edu import plots
+from tree_attention_edu.llama import checkpoint
+from tree_attention_edu.llama import model
+from tree_attention_edu.perf import costmodel as cm
+from tree_attention_edu.theory import hopfield as hf
 
 assert jax.device_count() == 8, jax.devices()
 mesh = tae.make_mesh(8, "x")
@@ -358,7 +360,7 @@ plt.show()
 # A researcher with a cluster has weights on disk, not a PRNG key. Llama checkpoints come in
 # the Hugging Face layout: a folder with `config.json`, the weights in `*.safetensors` files
 # (with `model.safetensors.index.json` when they are split into shards), and often a
-# `tokenizer.json`. `tree_attention_edu.checkpoint` reads that layout with the `safetensors`
+# `tokenizer.json`. `tree_attention_edu.llama.checkpoint` reads that layout with the `safetensors`
 # and `tokenizers` packages (no torch) into the same `model.Config` and params that the
 # `Generator` above decodes.
 #
@@ -478,7 +480,7 @@ shutil.rmtree(folder)  # the weights now live in memory; the scratch folder can 
 # %% [markdown]
 # ## 7.7 Summary
 #
-# * `tree_attention_edu.model` is a small Llama-style decoder whose KV cache is head-major,
+# * `tree_attention_edu.llama.model` is a small Llama-style decoder whose KV cache is head-major,
 #   of fixed capacity, and cut into contiguous blocks, one per device; decoding appends each
 #   token on the device that owns its position.
 # * Single-device, tree (flat and 2-level) and ring attention generate identical tokens: their
@@ -600,6 +602,6 @@ assert still[BETAS[0]] == 0 and still[BETAS[-1]] > len(xi) // 2
 # * H. Ramsauer et al., *Hopfield Networks is All You Need*, arXiv 2008.02217 (the modern
 #   Hopfield energy, its update rule and the proof that the update decreases the energy).
 # * A. Grattafiori et al., *The Llama 3 Herd of Models*, arXiv 2407.21783 (the architecture
-#   that `tree_attention_edu.model` follows at toy size).
+#   that `tree_attention_edu.llama.model` follows at toy size).
 # * H. Liu, M. Zaharia, P. Abbeel, *Ring Attention with Blockwise Transformers for
 #   Near-Infinite Context*, arXiv 2310.01889.

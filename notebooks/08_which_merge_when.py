@@ -76,8 +76,13 @@ from IPython.display import Markdown, display
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from tree_attention_edu import benchmark, calibrate, costmodel, decode, plots, states
-from tree_attention_edu.introspect import structs
+from tree_attention_edu import plots
+from tree_attention_edu.perf import benchmark
+from tree_attention_edu.perf import calibrate
+from tree_attention_edu.perf import costmodel
+from tree_attention_edu.core import decode
+from tree_attention_edu.core import states
+from tree_attention_edu.perf.introspect import structs
 
 jax.config.update("jax_enable_x64", True)  # float64 makes "equal" mean equal to ~1e-13
 assert jax.device_count() == 8, jax.devices()

@@ -144,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     from jax.sharding import Mesh
     from tqdm import tqdm
 
-    from tree_attention_edu import benchmark, kernels, tree_decode
+    from tree_attention_edu import tree_decode
+    from tree_attention_edu.perf import benchmark
+    from tree_attention_edu.core import kernels
 
     shapes = args.shapes or list(QUICK_SHAPES if args.quick else SHAPES)
     seq_lens = args.seq_lens or list(QUICK_SEQ_LENS if args.quick else SEQ_LENS)

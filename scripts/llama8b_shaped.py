@@ -51,7 +51,8 @@ def write(folder: Path, layers: int, seed: int) -> None:
     import ml_dtypes
     import numpy as np
 
-    from tree_attention_edu import checkpoint, model
+    from tree_attention_edu.llama import checkpoint
+    from tree_attention_edu.llama import model
 
     cfg = model.Config(layers=layers, rope_scaling=model.RopeScaling(), **SHAPE)
     rng = np.random.default_rng(seed)
@@ -82,7 +83,8 @@ def run(args) -> dict:
     import jax
     import numpy as np
 
-    from tree_attention_edu import checkpoint, model
+    from tree_attention_edu.llama import checkpoint
+    from tree_attention_edu.llama import model
 
     mesh = tae.make_mesh(args.devices, "x")
     info = checkpoint.inspect_checkpoint(args.dir)

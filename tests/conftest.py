@@ -56,3 +56,20 @@ def mesh8():
 @pytest.fixture(scope="session")
 def mesh2x4():
     return tae.make_mesh((2, 4), ("node", "gpu"))
+
+
+def padded(decoder):
+    """`decoder`, with the cache padded once to a multiple of the sequence devices
+    (`tae.pad_cache`) where they do not divide it: the decoders themselves never pad."""
+    from tree_attention_edu.core import devices, inputs
+
+    def run(q, k, v, *, mesh, seq_axes=None, layout="bthd", kv_lengths=None, **kw):
+        p = devices.axis_size(mesh, devices.check_seq_axes(seq_axes, mesh))
+        tk = k.shape[inputs.SEQ_AXIS[layout]]
+        if tk % p:
+            k, v, kv_lengths = tae.pad_cache(k, v, p, kv_lengths=kv_lengths, layout=layout)
+        return decoder(q, k, v, mesh=mesh, seq_axes=seq_axes, layout=layout,
+                       kv_lengths=kv_lengths, **kw)
+
+    run.__name__ = decoder.__name__
+    return run

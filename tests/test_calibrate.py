@@ -2,7 +2,7 @@
 
 import pytest
 
-from tree_attention_edu import calibrate, costmodel
+from tree_attention_edu.perf import benchmark, calibrate, costmodel
 
 
 def test_fit_link_recovers_hockney_parameters():
@@ -38,7 +38,7 @@ def test_fit_link_needs_both_regimes():
 def test_predict_uses_the_problem():
     topo = costmodel.Topology(1, 8, costmodel.Link(1e-4, 1e9), costmodel.Link(1e-4, 1e9),
                               mem_Bps=1e9, flops=float("inf"), overlap=False)
-    from tree_attention_edu.benchmark import Problem
+    from tree_attention_edu.perf.benchmark import Problem
 
     prob = Problem(seq_len=8192, q_heads=4, kv_heads=4, head_dim=32)
     tree = calibrate.predict("tree", 8192, topo, prob)
@@ -55,11 +55,11 @@ def _measured_topology():
 
 
 def test_predict_covers_every_pattern_and_ring():
-    from tree_attention_edu.benchmark import Problem
+    from tree_attention_edu.perf.benchmark import Problem
 
     topo, prob = _measured_topology(), Problem(seq_len=8192, q_heads=4, kv_heads=4,
                                                head_dim=32)
-    assert calibrate.PATTERN_METHODS == (*costmodel.MERGES, "ring", "ring_pass_q")
+    assert benchmark.PATTERNS == (*costmodel.MERGES, "ring", "ring_pass_q")
     shape = dict(batch=1, q_heads=4, kv_heads=4, head_dim=32, itemsize=4, q_len=1)
     for m in costmodel.MERGES:
         assert calibrate.predict(m, 8192, topo, prob) == costmodel.predict_merge(
@@ -77,7 +77,7 @@ def test_predict_covers_every_pattern_and_ring():
 
 
 def test_micro_benchmarks_span_the_pattern_messages():
-    from tree_attention_edu.benchmark import Problem
+    from tree_attention_edu.perf.benchmark import Problem
 
     prob = Problem(q_heads=16, kv_heads=16, head_dim=128)
     sizes = calibrate._pattern_payloads(prob, 8, [8192, 32768])

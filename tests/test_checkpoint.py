@@ -27,7 +27,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tree_attention_edu import checkpoint, model
+from tree_attention_edu.llama import checkpoint, model
 
 # name: (tiny_config arguments, stored dtype, files)
 CHECKPOINTS = {

@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tree_attention_edu as tae
-from tree_attention_edu import costmodel as cm
+from tree_attention_edu.perf import costmodel as cm
 
 
 @pytest.mark.parametrize(("n", "p", "b"), [(1, 1, 2), (1024, 1, 2), (1024, 8, 2), (1000, 7, 3),
@@ -39,7 +39,9 @@ def test_model_bytes_equal_compiled_bytes(p, tk):
     tree = tae.collective_stats(lambda q, k, v: tae.tree_decode(q, k, v, mesh=mesh), q, k, v)
     ring = tae.collective_stats(lambda q, k, v: tae.ring_decode(q, k, v, mesh=mesh), q, k, v)
     assert tree.total_bytes == cm.tree_payload_bytes(B, Tq, Hq, Dv)
-    assert ring.total_bytes == cm.ring_payload_bytes(B, tk, Hkv, D, Dv, p)
+    assert ring.by_kind()["collective-permute"] == cm.ring_payload_bytes(B, tk, Hkv, D, Dv, p)
+    assert ring.total_bytes == cm.collective_bytes(cm.ring_collectives(
+        batch=B, kv_len=tk, kv_heads=Hkv, head_dim=D, v_dim=Dv, p=p, q_len=Tq, q_heads=Hq))
 
 
 def test_paper_formulas():
@@ -61,20 +63,25 @@ def test_paper_formulas():
 @pytest.mark.parametrize("layout", ["bthd", "bhtd"])
 @pytest.mark.parametrize(("shape", "axes"), [((8,), ("x",)), ((2, 4), ("node", "gpu"))])
 def test_model_bytes_equal_compiled_bytes_meshes(shape, axes, layout):
-    """Two-level meshes pay the tree payload once per level; a ragged Tk pads the ring blocks."""
+    """Two-level meshes pay the tree payload once per level; a ragged Tk (4100 keys, padded
+    once to 4104 by `pad_cache` and masked) sends blocks of ceil(Tk/p) keys."""
     mesh = tae.make_mesh(shape, axes)
     B, Tq, Hq, Hkv, D, Dv, tk = 1, 1, 4, 2, 16, 8, 4100
-    kv = NamedSharding(mesh, P())  # 4100 keys do not split 8 ways: the decoder pads them
-    kshape = (B, tk, Hkv, D) if layout == "bthd" else (B, Hkv, tk, D)
+    padded = -(-tk // 8) * 8
+    kv = NamedSharding(mesh, tae.core.decode.kv_spec(axes, layout))
+    kshape = (B, padded, Hkv, D) if layout == "bthd" else (B, Hkv, padded, D)
     vshape = (*kshape[:3], Dv)
     q = jax.ShapeDtypeStruct((B, Tq, Hq, D), jnp.float32, sharding=NamedSharding(mesh, P()))
     k = jax.ShapeDtypeStruct(kshape, jnp.float32, sharding=kv)
     v = jax.ShapeDtypeStruct(vshape, jnp.float32, sharding=kv)
+    n = jax.ShapeDtypeStruct((B,), jnp.int32, sharding=NamedSharding(mesh, P()))
     kw = dict(mesh=mesh, layout=layout)
-    tree = tae.collective_stats(lambda q, k, v: tae.tree_decode(q, k, v, **kw), q, k, v)
-    ring = tae.collective_stats(lambda q, k, v: tae.ring_decode(q, k, v, **kw), q, k, v)
+    tree = tae.collective_stats(lambda q, k, v, n: tae.tree_decode(q, k, v, kv_lengths=n, **kw),
+                                q, k, v, n)
+    ring = tae.collective_stats(lambda q, k, v, n: tae.ring_decode(q, k, v, kv_lengths=n, **kw),
+                                q, k, v, n)
     assert tree.total_bytes == cm.tree_payload_bytes(B, Tq, Hq, Dv, levels=len(shape))
-    assert ring.total_bytes == cm.ring_payload_bytes(B, tk, Hkv, D, Dv, 8)
+    assert ring.by_kind()["collective-permute"] == cm.ring_payload_bytes(B, tk, Hkv, D, Dv, 8)
 
 
 def test_model_reduces_to_paper_formulas():
@@ -121,9 +128,11 @@ def test_ring_and_tree_predictions():
     copying = cm.predict_ring(2**20, dataclasses.replace(topo, copy_Bps=topo.mem_Bps))
     assert copying.compute_s == pytest.approx((16 + 2 * 15) * block_s)
     send = 2 * topo.inter.send(t * 16 * 128 * 2)  # the ring crosses nodes: the slow link
-    assert ring.comm_s == pytest.approx(15 * (send - block_s))  # overlap hides one block
+    # ...and one all-reduce of the output [1, 1, 16, 128] broadcasts shard 0's answer.
+    broadcast = cm.collectives_time([("all-reduce", 16 * 128 * 2, 1)], topo)
+    assert ring.comm_s == pytest.approx(15 * (send - block_s) + broadcast)  # overlap: 1 block
     no_overlap = cm.predict_ring(2**20, topo, overlap=False)
-    assert no_overlap.comm_s == pytest.approx(15 * send)
+    assert no_overlap.comm_s == pytest.approx(15 * send + broadcast)
     assert ring.total_s > tree.total_s
 
 
@@ -189,7 +198,7 @@ def test_ridge_point():
 
 def test_model_shape_counts_the_weights_of_the_model():
     """`ModelShape.params` against the package's own model, and Llama 3.1-8B's 8.03B."""
-    from tree_attention_edu import model
+    from tree_attention_edu.llama import model
 
     for cfg in (model.PRESETS["tiny"], model.Config(tie_embeddings=True, q_heads=8, kv_heads=1)):
         params = model.init_params(cfg, jax.random.key(0))
@@ -298,10 +307,13 @@ def test_head_scattered_patterns_pad_the_heads(hq, p):
 
 def test_ring_collectives_sum_to_the_ring_payload():
     got = cm.ring_collectives(batch=2, kv_len=4100, kv_heads=2, head_dim=16, v_dim=8, p=8,
-                              itemsize=4)
+                              itemsize=4, q_len=3, q_heads=6)
     assert got == [("collective-permute", 2 * 513 * 2 * 16 * 4, 7),
-                   ("collective-permute", 2 * 513 * 2 * 8 * 4, 7)]
-    assert cm.collective_bytes(got) == cm.ring_payload_bytes(2, 4100, 2, 16, 8, 8)
+                   ("collective-permute", 2 * 513 * 2 * 8 * 4, 7),
+                   ("all-reduce", 2 * 3 * 6 * 8 * 4, 1)]  # shard 0's output, broadcast
+    assert cm.collective_bytes(got[:2]) == cm.ring_payload_bytes(2, 4100, 2, 16, 8, 8)
+    assert cm.ring_collectives(batch=2, kv_len=4100, kv_heads=2, head_dim=16, v_dim=8,
+                               p=1)[2:] == []  # one device: nothing to broadcast
 
 
 @pytest.mark.parametrize(("hq", "hkv", "p"), [(16, 16, 8), (32, 8, 8), (8, 2, 4), (4, 4, 8)])

@@ -4,14 +4,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import rand_qkv, tol
+from conftest import padded, rand_qkv, tol
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from reference import np_attention
 
 import tree_attention_edu as tae
 
-METHODS = [tae.tree_decode, tae.tree_decode_from_energy, tae.ring_decode]
+METHODS = [padded(f) for f in (tae.tree_decode, tae.tree_decode_from_energy, tae.ring_decode)]
 HARD_CASES = {
     "plain": (dict(), dict()),
     "tk_not_divisible": (dict(Tk=29), dict()),
@@ -50,8 +50,7 @@ def test_low_precision_returns_input_dtype(method, dtype, mesh2x4):
                                **tol(dtype))
 
 
-@pytest.mark.parametrize("method", [tae.tree_decode, tae.ring_decode, tae.tree_decode_from_energy],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize("method", METHODS, ids=lambda f: f.__name__)
 def test_head_major_cache(method, mesh2x4):
     """A `[B, Hkv, Tk, D]` cache sharded along axis 2 gives the same answer."""
     q, k, v = rand_qkv(9, Tq=2, Tk=37)
@@ -74,13 +73,13 @@ def test_sharded_inputs_and_jit(mesh8):
 def test_seq_axes_subset(mesh2x4):
     """Sharding over "gpu" only replicates the cache across "node"; the answer is unchanged."""
     q, k, v = rand_qkv(5, Tk=20)
-    out = tae.tree_decode(q, k, v, mesh=mesh2x4, seq_axes="gpu")
+    out = padded(tae.tree_decode)(q, k, v, mesh=mesh2x4, seq_axes="gpu")
     np.testing.assert_allclose(out, np_attention(q, k, v), **tol(q.dtype))
 
 
 def test_huge_logits(mesh8):
     q, k, v = rand_qkv(6, Tk=40)
-    out = tae.tree_decode(q * 300, k * 300, v, mesh=mesh8)
+    out = padded(tae.tree_decode)(q * 300, k * 300, v, mesh=mesh8)
     np.testing.assert_allclose(out, np_attention(q * 300, k * 300, v), **tol(q.dtype))
 
 
@@ -109,7 +108,7 @@ def test_simulate_devices_too_late():
 
 
 def test_flash_on_cpu_is_a_clear_error(mesh8):
-    q, k, v = rand_qkv(0, Dv=8, dtype=jnp.bfloat16)
+    q, k, v = rand_qkv(0, Dv=8, Tk=16, dtype=jnp.bfloat16)
     with pytest.raises(ValueError, match="local_kernel='flash' needs a CUDA GPU"):
         tae.tree_decode(q, k, v, mesh=mesh8, local_kernel="flash")
     with pytest.raises(ValueError, match="`local_kernel` must be one of"):

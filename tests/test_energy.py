@@ -6,7 +6,7 @@ from conftest import rand_qkv, tol
 from reference import np_attention_state
 
 import tree_attention_edu as tae
-from tree_attention_edu.energy import value_covariance_formula
+from tree_attention_edu.theory.energy import value_covariance_formula
 
 CASES = [dict(), dict(causal=True), dict(causal=True, kv_lengths=np.array([0, 11]))]
 

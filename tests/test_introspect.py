@@ -8,7 +8,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tree_attention_edu as tae
-from tree_attention_edu.introspect import parse_hlo, shape_bytes, structs
+from tree_attention_edu.perf.introspect import parse_hlo, shape_bytes, structs
 
 
 def stats(method, mesh, B=1, Tq=1, Hq=16, Hkv=16, D=128, Dv=128, Tk=8192):
@@ -41,17 +41,19 @@ def test_ring_bytes_match_formula(Tk, mesh_name, request):
     mesh = request.getfixturevalue(mesh_name)
     p, Hkv, D, Dv, itemsize = 8, 4, 64, 32, 4
     s = stats(tae.ring_decode, mesh, Hq=8, Hkv=Hkv, D=D, Dv=Dv, Tk=Tk)
-    # Each of p-1 steps forwards one K block and one V block of Tk/p keys.
-    assert s.total_bytes == (p - 1) * (Tk // p) * Hkv * (D + Dv) * itemsize
-    assert set(s.by_kind()) == {"collective-permute"}
+    # Each of p-1 steps forwards one K block and one V block of Tk/p keys...
+    assert s.by_kind()["collective-permute"] == (p - 1) * (Tk // p) * Hkv * (D + Dv) * itemsize
+    # ...then one all-reduce broadcasts shard 0's output [B, Tq, Hq, Dv].
+    assert s.by_kind()["all-reduce"] == 8 * Dv * itemsize
+    assert set(s.by_kind()) == {"collective-permute", "all-reduce"}
     # A scan: one K and one V permute in the loop body, each run p-1 times.
-    assert sorted(c.count for c in s.collectives) == [p - 1, p - 1]
+    assert sorted(c.count for c in s.collectives) == [1, p - 1, p - 1]
 
 
 def test_ring_to_tree_ratios(mesh8):
     ring = stats(tae.ring_decode, mesh8, Tk=65536).total_bytes
     tree = stats(tae.tree_decode, mesh8, Tk=65536).total_bytes
-    assert ring == 939_524_096 and tree == 8_320
+    assert ring == 939_524_096 + 8_192 and tree == 8_320  # K/V blocks + the output broadcast
     assert ring / tree >= 1e4
     mem = {m.__name__: tae.memory_stats(lambda q, k, v, m=m: m(q, k, v, mesh=mesh8),
                                         *structs(mesh8, 65536)).temp_bytes
@@ -132,7 +134,7 @@ def test_structs_defaults_are_the_paper_microbenchmark(mesh8):
 def test_structs_seq_axes_and_layout(mesh2x4):
     _, k, v = structs(mesh2x4, 64, seq_axes="gpu", layout="bhtd", head_dim=8, v_dim=4)
     assert (k.shape, v.shape) == ((1, 16, 64, 8), (1, 16, 64, 4))
-    assert k.sharding.spec == tae.decode.kv_spec(("gpu",), "bhtd") == P(None, None, ("gpu",))
+    assert k.sharding.spec == tae.core.decode.kv_spec(("gpu",), "bhtd") == P(None, None, ("gpu",))
     assert k.sharding.shard_shape(k.shape) == (1, 16, 16, 8)  # replicated across nodes
 
 

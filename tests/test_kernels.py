@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import np_attention_state
 
-from tree_attention_edu import kernels, memory_stats, states
+from tree_attention_edu import memory_stats
+from tree_attention_edu.core import kernels, states
 
 
 def test_auto_picks_xla_on_cpu():
@@ -37,14 +38,17 @@ def test_auto_picks_xla_on_cpu():
     ],
 )
 def test_flash_limits_on_a_gpu(kw, match, monkeypatch):
-    monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: object())
-    assert match in kernels.flash_unsupported_reason(backend="gpu", **kw)
+    monkeypatch.setattr(kernels.flash.importlib.util, "find_spec", lambda name: object())
+    assert match in kernels.flash.unsupported_reason(backend="gpu", **kw)
 
 
 def test_flash_not_installed_message(monkeypatch):
-    monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: None)
-    reason = kernels.flash_unsupported_reason(jnp.bfloat16, 64, 64, False, backend="gpu")
+    monkeypatch.setattr(kernels.flash.importlib.util, "find_spec", lambda name: None)
+    reason = kernels.flash.unsupported_reason(jnp.bfloat16, 64, 64, False, backend="gpu")
     assert "pip install 'tree_attention_edu[flash]'" in reason
+    q, k, v = rand_qkv(0, Dv=8, dtype=jnp.bfloat16)
+    with pytest.raises(RuntimeError, match="needs flash-attn-jax, which is not installed"):
+        kernels.flash_state(q, k, v)
 
 
 def test_flash_adapter_layout(monkeypatch):
@@ -238,7 +242,8 @@ def test_cudnn_bf16_lse_cost():
         return float(np.abs(np.asarray(states.combine(*parts).out) - want).max())
 
     def mixed(outs, lses):
-        return [states.AttentionState(jnp.asarray(o, jnp.float32), jnp.asarray(s, jnp.float32))
+        return [states.AttentionState.from_lse(jnp.asarray(o, jnp.float32),
+                                               jnp.asarray(s, jnp.float32))
                 for o, s in zip(outs, lses, strict=True)]
 
     err = merged_err(cud)
@@ -280,9 +285,9 @@ def gpu(monkeypatch):
     """Stand in a CUDA GPU of compute capability `cc` (default Hopper) for `resolve`, with
     or without flash-attn-jax."""
     def make(cc=(9, 0), flash=False):
-        monkeypatch.setattr(kernels, "_backend", lambda: "gpu")
-        monkeypatch.setattr(kernels, "_cuda_capability", lambda: cc)
-        monkeypatch.setattr(kernels.importlib.util, "find_spec",
+        monkeypatch.setattr(kernels.common, "default_backend", lambda: "gpu")
+        monkeypatch.setattr(kernels.cudnn, "cuda_capability", lambda: cc)
+        monkeypatch.setattr(kernels.flash.importlib.util, "find_spec",
                             lambda name: object() if flash else None)
     return make
 
@@ -327,5 +332,5 @@ def test_explicit_cudnn_limits_on_a_gpu(gpu, kw, match):
 
 
 def test_cudnn_head_dim_limit():
-    assert [kernels.cudnn_head_dim_limit(c) for c in [(7, 0), (8, 9), (9, 0), (10, 0), None]] \
+    assert [kernels.cudnn.head_dim_limit(c) for c in [(7, 0), (8, 9), (9, 0), (10, 0), None]] \
         == [128, 128, 256, 256, 128]

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tree_attention_edu import launch
+from tree_attention_edu.cluster import launch
 
 ENV = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
 WAIT = 120  # generous: slow start-up on a loaded machine is not what is tested
@@ -227,7 +227,7 @@ def test_overall_timeout(tmp_path, runs):
 def test_init_timeout(tmp_path, runs):
     """jax.distributed gives up on a missing peer after --init-timeout, not 300 s."""
     run = Run(tmp_path, "--init-timeout", "3", "--timeout", "100", sleep="1:60",
-              module=("tree_attention_edu.launch",))
+              module=("tree_attention_edu.cluster.launch",))
     runs.append(run)
     t0 = time.monotonic()
     code, lines = run.wait()

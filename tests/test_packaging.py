@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import tree_attention_edu as tae
-from tree_attention_edu import kernels
+from tree_attention_edu.core import kernels
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "tree_attention_edu"
@@ -141,7 +141,7 @@ def fake_flash(monkeypatch):
             return version if name == "flash-attn-jax" else real(name)
 
         monkeypatch.setattr(importlib.metadata, "version", version_of)
-        monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: object())
+        monkeypatch.setattr(kernels.flash.importlib.util, "find_spec", lambda name: object())
     return install
 
 
@@ -149,7 +149,7 @@ def test_flash_rejects_an_untested_release(fake_flash):
     import jax.numpy as jnp
 
     fake_flash("0.7.0")
-    reason = kernels.flash_unsupported_reason(jnp.bfloat16, 64, 64, False, backend="gpu")
+    reason = kernels.flash.unsupported_reason(jnp.bfloat16, 64, 64, False, backend="gpu")
     assert "tested with flash-attn-jax 0.6.x" in reason and "0.7.0 is installed" in reason
     q = jnp.zeros((1, 1, 2, 8), jnp.bfloat16)
     with pytest.raises(RuntimeError, match=r"0\.7\.0 is installed"):
@@ -160,7 +160,7 @@ def test_flash_private_name_missing_is_a_clear_error(fake_flash):
     import jax.numpy as jnp
 
     fake_flash("0.6.2", private_name=False)
-    assert kernels.flash_unsupported_reason(jnp.bfloat16, 64, 64, False, backend="gpu") is None
+    assert kernels.flash.unsupported_reason(jnp.bfloat16, 64, 64, False, backend="gpu") is None
     q = jnp.zeros((1, 1, 2, 8), jnp.bfloat16)
     with pytest.raises(RuntimeError, match=r"has no such name.*local_kernel='xla'"):
         kernels.flash_state(q, q, q)

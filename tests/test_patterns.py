@@ -4,14 +4,15 @@ move and keep, read from the compiled program."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import rand_qkv, tol
+from conftest import padded, rand_qkv, tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import np_attention
 from test_decode import HARD_CASES
 
 import tree_attention_edu as tae
-from tree_attention_edu import costmodel, decode, introspect, kernels, states
+from tree_attention_edu.core import kernels, merges
+from tree_attention_edu.perf import costmodel, introspect
 
 
 def _merge(name):
@@ -19,11 +20,11 @@ def _merge(name):
         return tae.tree_decode(q, k, v, merge=name, **kw)
 
     run.__name__ = f"tree_decode[{name}]"
-    return run
+    return padded(run)
 
 
-DECODERS = {**{m: _merge(m) for m in decode.MERGES}, "ring": tae.ring_decode,
-            "ring_pass_q": tae.ring_decode_pass_q}
+DECODERS = {**{m: _merge(m) for m in tae.MERGES}, "ring": padded(tae.ring_decode),
+            "ring_pass_q": padded(tae.ring_decode_pass_q)}
 
 
 @st.composite
@@ -60,7 +61,7 @@ def test_pass_q_ring_hard_cases(case, mesh2x4):
     shards masked, one kv head for 8 devices (7 of 8 query blocks are padding), causal."""
     shape, kw = HARD_CASES[case]
     q, k, v = rand_qkv(sorted(HARD_CASES).index(case), **shape)
-    out = tae.ring_decode_pass_q(q, k, v, mesh=mesh2x4, **kw)
+    out = DECODERS["ring_pass_q"](q, k, v, mesh=mesh2x4, **kw)
     np.testing.assert_allclose(out, np_attention(q, k, v, **kw), **tol(jnp.float64))
 
 
@@ -79,7 +80,7 @@ def test_one_pass_falls_back_exactly_past_its_window(mesh8):
     """Logits near 1e4 put every lse outside float32's window around the shared shift: the
     flag is raised and the exact two-collective merge runs, bit for bit."""
     q, k, v = rand_qkv(2, Tk=64, dtype=jnp.float32)
-    low, high = states.one_pass_window(jnp.float32, 8)
+    low, high = merges.one_pass_window(jnp.float32, 8)
     lse = np.asarray(tae.local_state(q, k, v, scale=1e3).lse)
     assert ((lse < low) | (lse > high)).any()  # these logits leave the window
     huge = dict(mesh=mesh8, scale=1e3)
@@ -89,28 +90,66 @@ def test_one_pass_falls_back_exactly_past_its_window(mesh8):
     np.testing.assert_allclose(inside, np_attention(q, k, v), **tol(jnp.float32))
 
 
-def test_one_pass_window_is_where_weights_stay_normal():
+@pytest.mark.parametrize(("value", "shift"), [(1e5, 77.0), (1e-6, -79.0)])
+def test_one_pass_window_counts_the_outputs(value, shift, mesh8):
+    """Weights that are normal numbers are not enough: `e^x · out` must be too. With every
+    lse at `shift` and outputs of 1e5 the numerator overflowed (inf); with outputs of 1e-6
+    it flushed to 0. The window now includes each row's `|out|`, so both fall back to the
+    exact merge and agree with the float64 reference."""
+    B, Tk, H, D = 1, 64, 2, 4
+    q = jnp.zeros((B, 1, H, D), jnp.float32)  # equal scores: lse = shift exactly
+    k = jnp.zeros((B, Tk, H, D), jnp.float32)
+    rng = np.random.default_rng(0)
+    v = jnp.asarray(value * (1 + rng.random((B, Tk, H, D))), jnp.float32)
+    lse = np.log(Tk / 8)  # each device's lse at zero scores
+    # Move every score to `shift - lse` (so each device's lse is `shift`) through one key
+    # feature that is 1 everywhere.
+    k = k.at[..., 0].set(1.0)
+    q = q.at[..., 0].set(np.float32(shift - lse))
+    got = tae.tree_decode(q, k, v, mesh=mesh8, merge="one_pass", scale=1.0)
+    want = np.asarray(v, np.float64).mean(axis=1, keepdims=True)
+    assert np.all(np.isfinite(np.asarray(got))) and np.all(np.asarray(got) != 0)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-6)
+
+
+def test_one_pass_window_is_where_every_term_stays_normal():
+    """At the window's ends each term of the sums, `e^x·out`, is a normal number, and p of
+    them do not overflow (derived in `one_pass_window`)."""
     for dtype in (jnp.float32, jnp.float64):
-        low, high = states.one_pass_window(dtype, 8)
         info = np.finfo(dtype)
-        assert np.exp(np.asarray(low, dtype)) >= info.tiny
-        assert 8 * np.exp(np.asarray(high, np.float64)) < info.max
+        for out_min, out_max in ((1.0, 1.0), (1e-3, 1e3)):
+            low, high = merges.one_pass_window(dtype, 8, out_max=out_max, out_min=out_min)
+            assert np.exp(np.float64(low)) * out_min >= info.tiny * (1 - 1e-12)
+            assert 8 * np.exp(np.float64(high)) * out_max <= info.max * (1 + 1e-12)
+    low, high = merges.one_pass_window(jnp.float32, 8)
+    assert (round(low, 2), round(high, 2)) == (-87.34, 86.64)
 
 
-def test_auto_asks_the_cost_model(mesh8):
+def test_auto_asks_the_registered_policy(mesh8):
+    """The core asks the policy it was given (the package registers the cost model's)."""
     q, k, v = rand_qkv(3, B=1, Tq=1, Hq=4, Hkv=2, Tk=32)
-    dims = tae._checks.check_qkv(q, k, v, None)
-    chosen = decode.auto_merge(mesh8, ("x",), dims, q.dtype)
+    problem = merges.MergeProblem(1, 1, 4, 2, 8, 6, 32, jnp.dtype(jnp.float64), (8,))
+    chosen = costmodel.auto_merge(problem)
     assert chosen == costmodel.best_merge(32, costmodel.DGX_H100.with_devices(8), batch=1,
                                           q_heads=4, kv_heads=2, head_dim=8, v_dim=6,
                                           itemsize=8, q_len=1, stat_itemsize=8,
-                                          patterns=decode.AUTO_MERGES)
+                                          patterns=merges.AUTO_MERGES)
+    assert merges.resolve_merge("auto", problem) == chosen
     np.testing.assert_allclose(tae.tree_decode(q, k, v, mesh=mesh8, merge="auto"),
                                np_attention(q, k, v), **tol(jnp.float64))
+    seen = []
+    try:
+        tae.set_auto_policy(lambda p: seen.append(p) or "allgather")
+        assert merges.resolve_merge("auto", problem) == "allgather" and seen == [problem]
+        tae.set_auto_policy(lambda p: "ring")
+        with pytest.raises(ValueError, match="auto merge policy returned 'ring'"):
+            merges.resolve_merge("auto", problem)
+    finally:
+        tae.set_auto_policy(costmodel.auto_merge)
 
 
 def test_merge_names_are_the_cost_models():
-    assert decode.MERGES == costmodel.MERGES
+    assert tuple(tae.MERGES) == costmodel.MERGES
 
 
 @pytest.mark.parametrize("mesh_name", ["mesh8", "mesh2x4"])
@@ -125,7 +164,7 @@ def test_collective_bytes_equal_the_cost_model(mesh_name, q_heads, request):
     # float32 inputs (`structs`' default): statistics and outputs of 4 bytes.
     sizes = dict(batch=B, q_len=Tq, q_heads=q_heads, v_dim=D, p=p, stat_itemsize=4,
                  out_itemsize=4, levels=len(mesh.axis_names))
-    for name in decode.MERGES:
+    for name in tae.MERGES:
         stats = introspect.collective_stats(
             lambda q, k, v, name=name: tae.tree_decode(q, k, v, mesh=mesh, merge=name), q, k, v)
         model = costmodel.merge_collectives(name, **sizes)
@@ -134,7 +173,8 @@ def test_collective_bytes_equal_the_cost_model(mesh_name, q_heads, request):
             {kind for kind, _, _ in model}), name
     ring = dict(batch=B, kv_heads=Hkv, head_dim=D, v_dim=D, p=p, itemsize=4)
     for fn, model in (
-            (tae.ring_decode, costmodel.ring_collectives(**ring, kv_len=Tk)),
+            (tae.ring_decode, costmodel.ring_collectives(**ring, kv_len=Tk, q_len=Tq,
+                                                         q_heads=q_heads)),
             (tae.ring_decode_pass_q, costmodel.pass_q_collectives(
                 **ring, q_len=Tq, q_heads=q_heads, stat_itemsize=4))):
         stats = introspect.collective_stats(lambda q, k, v, fn=fn: fn(q, k, v, mesh=mesh),

@@ -26,8 +26,8 @@ def states(draw, n=1, size=3):
         o = draw(st.lists(OUT, min_size=size, max_size=size))
         l = draw(st.lists(LSE, min_size=size, max_size=size))
         o = [0.0 if np.isneginf(li) else oi for oi, li in zip(o, l, strict=True)]
-        out.append(tae.AttentionState(jnp.array(o).reshape(1, size, 1, 1),
-                                      jnp.array(l).reshape(1, size, 1)))
+        out.append(tae.AttentionState.from_lse(jnp.array(o).reshape(1, size, 1, 1),
+                                               jnp.array(l).reshape(1, size, 1)))
     return out
 
 

@@ -1,7 +1,7 @@
 import pytest
 import sympy as sp
 
-from tree_attention_edu import symbolic
+from tree_attention_edu.theory import symbolic
 
 
 @pytest.mark.parametrize("name", sorted(symbolic.ALL))

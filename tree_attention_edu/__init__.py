@@ -2,40 +2,35 @@
 
 Single device: `attention`, `energy`, `attention_from_energy`, `value_covariance`,
 `posterior`, `log_likelihood`, `stationary_point`, `conjugate_energy`, `rate_function`,
-`hard_attention`, `gamma_hessian`, and the partial-state algebra
-(`AttentionState`, `local_state`, `combine`, `finalize`, `tree_reduce`, `sequential_reduce`).
+`hard_attention`, `gamma_hessian`, and the partial-state algebra (`AttentionState`,
+`local_state`, `combine`, `finalize`, `tree_reduce`, `sequential_reduce`).
 
-Many devices: `simulate_devices`, `make_mesh`, `tree_decode`, `tree_decode_from_energy`,
-`ring_decode`, and `collective_stats` / `memory_stats` to read the compiled program.
+Many devices: `simulate_devices`, `make_mesh`, `pad_cache`, `tree_decode`,
+`tree_decode_from_energy`, `tree_energy`, `ring_decode`, `ring_decode_pass_q`, and
+`collective_stats` / `memory_stats` to read the compiled program.
 
-Submodules: `kernels` (the streaming local kernel), `costmodel` and `calibrate` (latency
-model and its calibration), `model` (a decoder with a sharded KV cache), `hopfield`
-(associative memory).
+Subpackages, by idea (imports flow one way, from `core` out):
+
+* `core`: the algorithm (numerics, masks, reference, states, merges, kernels, decode,
+  devices); it imports nothing else of the package;
+* `theory`: energy, bayes, symbolic, hopfield;
+* `perf`: introspect, costmodel, calibrate, benchmark;
+* `llama`: a Llama decoder with a sharded cache, and its checkpoints;
+* `cluster`: real processes (`jax.distributed`);
+* `cli`: the `tree-attention-edu` command; `plots`: figures from plain data.
 """
 
-from .attention import attention
-from .bayes import (
-    conjugate_energy,
-    gamma_hessian,
-    hard_attention,
-    log_likelihood,
-    map_estimate,
-    posterior,
-    rate_function,
-    stationary_point,
-)
-from .decode import (
-    MERGES,
+from .core.decode import (
     ring_decode,
     ring_decode_pass_q,
     tree_decode,
     tree_decode_from_energy,
     tree_energy,
 )
-from .devices import make_mesh, simulate_devices
-from .energy import attention_from_energy, energy, value_covariance, value_covariance_formula
-from .introspect import collective_stats, memory_stats
-from .states import (
+from .core.devices import make_mesh, pad_cache, simulate_devices
+from .core.merges import MERGES, set_auto_policy
+from .core.reference import attention
+from .core.states import (
     AttentionState,
     chunk_states,
     combine,
@@ -45,6 +40,27 @@ from .states import (
     sequential_reduce,
     tree_reduce,
 )
+from .perf.costmodel import auto_merge
+from .perf.introspect import collective_stats, memory_stats
+from .theory.bayes import (
+    conjugate_energy,
+    gamma_hessian,
+    hard_attention,
+    log_likelihood,
+    map_estimate,
+    posterior,
+    rate_function,
+    stationary_point,
+)
+from .theory.energy import (
+    attention_from_energy,
+    energy,
+    value_covariance,
+    value_covariance_formula,
+)
+
+# `merge="auto"` asks the cost model (the core is given the policy; it never imports perf).
+set_auto_policy(auto_merge)
 
 
 def _version() -> str:
@@ -84,6 +100,7 @@ __all__ = [
     "make_mesh",
     "map_estimate",
     "memory_stats",
+    "pad_cache",
     "posterior",
     "rate_function",
     "ring_decode",

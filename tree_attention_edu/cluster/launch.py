@@ -30,6 +30,7 @@ Each failure ends in one line on stderr that says what happened; the workers' ow
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import functools
@@ -47,6 +48,8 @@ import threading
 import time
 
 import numpy as np
+
+from .. import commandline as cl
 
 TOLERANCE = 2e-5  # float32 decode vs float64 reference, outputs of size O(1)
 
@@ -193,10 +196,10 @@ def worker(process_id: int, processes: int, devices_per_process: int, port: int,
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from .attention import attention
-    from .benchmark import Problem, make_inputs
-    from .decode import ring_decode, tree_decode
-    from .devices import make_mesh
+    from ..core.decode import ring_decode, tree_decode
+    from ..core.devices import make_mesh
+    from ..core.reference import attention
+    from ..perf.benchmark import Problem, make_inputs
 
     nodes, per_node = jax.process_count(), jax.local_device_count()
     mesh = make_mesh((nodes, per_node), ("node", "gpu"))
@@ -429,7 +432,7 @@ def run_local(processes: int = 2, devices_per_process: int = 4, seq_len: int = 4
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # each worker sets its own
     env["PYTHONUNBUFFERED"] = "1"
     env[PARENT_ENV] = str(os.getpid())
-    cmd = [sys.executable, "-m", "tree_attention_edu.launch", "--worker",
+    cmd = [sys.executable, "-m", "tree_attention_edu.cluster.launch", "--worker",
            "--processes", str(processes), "--devices-per-process", str(devices_per_process),
            "--seq-len", str(seq_len), "--init-timeout", str(max(1, math.ceil(init_timeout)))]
     deadline = time.monotonic() + timeout
@@ -464,19 +467,40 @@ def run_local(processes: int = 2, devices_per_process: int = 4, seq_len: int = 4
             shutil.rmtree(logdir, ignore_errors=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m tree_attention_edu.launch`: a local run, a worker, or a cluster process."""
-    from .cli import HelpFormatter, Parser, launch_args  # one-line usage errors
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of a multi-process run, shared by `launch` and `python -m ...launch`."""
+    p.add_argument("--processes", type=cl.positive, default=2,
+                   help="local processes, one mesh 'node' each")
+    p.add_argument("--devices-per-process", type=cl.positive, default=4,
+                   help="simulated CPU devices per process")
+    p.add_argument("--seq-len", type=cl.positive, default=4096, help="KV length Tk")
+    p.add_argument("--timeout", type=cl.seconds, default=120.0,
+                   help="seconds for the whole run; then every worker is killed")
+    p.add_argument("--init-timeout", type=cl.positive, default=None,
+                   help=f"seconds jax.distributed start-up waits for the other workers "
+                        f"(default: {INIT_TIMEOUT_S}, or --timeout if shorter)")
+    p.add_argument("--port", type=cl.port, default=0,
+                   help="coordinator port on 127.0.0.1 (0: pick a free one)")
+    p.add_argument("--cluster", action="store_true",
+                   help="be one process of a cluster run (e.g. under srun): "
+                        "jax.distributed.initialize() reads SLURM's environment; "
+                        "--processes, --devices-per-process, --port and the timeouts "
+                        "are not used")
 
-    parser = Parser(
-        prog="python -m tree_attention_edu.launch",
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tree_attention_edu.cluster.launch`: a local run, a worker, or a cluster
+    process."""
+    parser = cl.Parser(
+        prog="python -m tree_attention_edu.cluster.launch",
         description="tree_attention_edu multi-process run (localhost, or one process per node "
                     "under SLURM with --cluster)",
-        formatter_class=HelpFormatter)
+        formatter_class=cl.HelpFormatter)
     parser.add_argument("--worker", action="store_true",
                         help="internal: run as one worker of a local launch")
     parser.add_argument("--process-id", type=int, default=0, help="internal: this worker's id")
-    launch_args(parser)
+    add_arguments(parser)
     args = parser.parse_args(argv)
     if args.init_timeout is None:
         args.init_timeout = min(INIT_TIMEOUT_S, math.ceil(args.timeout))

@@ -56,3 +56,29 @@ def valid_keys(chunk_len: int, kv_lengths: Array, *, kv_offset: int | Array = 0)
 def full_lengths(batch: int, kv_len: int) -> Array:
     """`[B]` lengths meaning "every key is valid"."""
     return jnp.full((batch,), kv_len, dtype=jnp.int32)
+
+
+def clamp_lengths(kv_lengths: Array | None, batch: int, kv_len: int) -> Array:
+    """`[B]` int32 lengths clamped into `[0, kv_len]`; `None` means every key is valid.
+
+    Lengths are values, so they are never checked (a check would raise eagerly and be
+    skipped under `jax.jit`): one below 0 acts as 0 and one above the cache as the cache's
+    length, the same on every path, eagerly and under `jit`.
+    """
+    if kv_lengths is None:
+        return full_lengths(batch, kv_len)
+    return jnp.clip(jnp.asarray(kv_lengths, jnp.int32), 0, kv_len)
+
+
+def select_valid_keys(x: Array, kv_lengths: Array, kv_offset: int | Array = 0,
+                      seq_axis: int = 1) -> Array:
+    """Zero the keys or values of `x` at global positions `>= kv_lengths[b]` (with `where`).
+
+    Such slots hold an uninitialised cache or another sequence's leftovers; a zero weight
+    times a stored NaN is NaN, so masked data is selected away before any product.
+    `x` is `[B, ..., Tk, ...]` with the keys along `seq_axis`.
+    """
+    valid = valid_keys(x.shape[seq_axis], kv_lengths, kv_offset=kv_offset)  # [B, Tk]
+    shape = [1] * x.ndim
+    shape[0], shape[seq_axis] = valid.shape
+    return jnp.where(valid.reshape(shape), x, jnp.zeros((), x.dtype))

@@ -2,8 +2,9 @@
 
 Three measurements, each a median of timed calls after a warm-up:
 
-* `machine_read_gbs`: numpy summing a 512 MB float32 array, the streaming read bandwidth
-  that bounds a decode step (one read of K and V, ~0.5 flop per byte);
+* the machine's read bandwidth (`benchmark.DeviceReader`: XLA summing a 512 MB float32
+  array), the streaming read that bounds a decode step (one read of K and V, ~0.5 flop per
+  byte);
 * `bandwidth`: each local kernel's effective bandwidth, `(K + V bytes) / time`, and its
   fraction of the machine's, with its compiled temp memory;
 * `calibrate`: latency α (small messages) and bandwidth β (messages of the sizes the ring
@@ -30,25 +31,15 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import _checks, benchmark, costmodel, kernels
-from .attention import accum_dtype, attention
-from .decode import kv_spec
+from ..core import kernels, validate
+from ..core.decode import kv_spec, tree_decode
+from ..core.numerics import accum_dtype
+from ..core.reference import attention
+from ..core.states import local_state
+from . import benchmark, costmodel
 from .introspect import collective_stats, memory_stats
 
 Progress = Callable[[str], None] | None
-
-
-def _read_seconds(a: np.ndarray) -> float:
-    t0 = time.perf_counter()
-    a.sum()
-    return time.perf_counter() - t0
-
-
-def machine_read_gbs(nbytes: int = 512 * 2**20, repeats: int = 9) -> float:
-    """Streaming read bandwidth in GB/s: numpy's sum over a float32 array of `nbytes`."""
-    a = np.ones(nbytes // 4, np.float32)
-    a.sum()
-    return a.nbytes / statistics.median(_read_seconds(a) for _ in range(repeats)) / 1e9
 
 
 @dataclass
@@ -69,10 +60,8 @@ def kernel_fns(mesh: Mesh) -> dict[str, tuple[Callable, str, int]]:
     `einsum_reference` is `states.local_state`, the plain einsum → softmax → einsum that the
     "xla" kernel replaced; `dot_product_attention` is `jax.nn`'s (cuDNN where available).
     """
-    from . import states, tree_decode
-
     fns: dict[str, tuple[Callable, str, int]] = {
-        "einsum_reference": (lambda q, k, v: states.local_state(q, k, v).out, "bthd", 1),
+        "einsum_reference": (lambda q, k, v: local_state(q, k, v).out, "bthd", 1),
         "dot_product_attention": (jax.nn.dot_product_attention, "bthd", 1),
         "xla_bthd": (lambda q, k, v: kernels.xla_state(q, k, v).out, "bthd", 1),
         "xla_bhtd": (lambda q, k, v: kernels.xla_state(q, k, v, layout="bhtd").out, "bhtd", 1),
@@ -82,9 +71,9 @@ def kernel_fns(mesh: Mesh) -> dict[str, tuple[Callable, str, int]]:
             lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn"),
             "bthd", 1)
         fns["cudnn"] = (lambda q, k, v: kernels.cudnn_state(q, k, v).out, "bthd", 1)
-        if kernels.flash_available():
+        if kernels.flash.available():
             fns["flash"] = (lambda q, k, v: kernels.flash_state(q, k, v).out, "bthd", 1)
-    for layout in kernels.LAYOUTS:
+    for layout in ("bthd", "bhtd"):
         fns[f"tree_{layout}"] = (
             lambda q, k, v, layout=layout: tree_decode(q, k, v, mesh=mesh, layout=layout,
                                                        local_kernel="xla"),
@@ -104,8 +93,7 @@ def bandwidth(
     figure and the kernels' are sampled side by side over the same minutes (neighbours on
     a shared host change both); `machine_read_gbs` is the median of all those reads.
     """
-    buf = np.ones(512 * 2**20 // 4, np.float32)
-    buf.sum()
+    reader = benchmark.DeviceReader(512 * 2**20)
     reads: list[float] = []
     q, k, v = benchmark.make_inputs(problem, seed)
     one = NamedSharding(Mesh(np.array(mesh.devices).ravel()[:1], ("one",)), P())
@@ -127,7 +115,7 @@ def bandwidth(
         jax.block_until_ready(jfn(*args))
         times = []
         for _ in range(repeats):
-            reads.append(buf.nbytes / _read_seconds(buf) / 1e9)
+            reads.append(reader.gbs())
             t0 = time.perf_counter()
             jax.block_until_ready(jfn(*args))
             times.append(time.perf_counter() - t0)
@@ -145,7 +133,7 @@ def bandwidth(
 def bandwidth_table(section: dict) -> str:
     head = (f"{'kernel':<30}{'devices':>8}{'median ms':>11}{'GB/s':>8}{'of machine':>12}"
             f"{'temp MB':>10}{'temp/KV':>9}")
-    rows = [f"machine read bandwidth (numpy sum of 512 MB): {section['machine_read_gbs']:.1f} GB/s",
+    rows = [f"machine read bandwidth (XLA sum of 512 MB): {section['machine_read_gbs']:.1f} GB/s",
             head, "-" * len(head)]
     for name, r in section["kernels"].items():
         rows.append(f"{name:<30}{r['devices']:>8}{r['median_s'] * 1e3:>11.1f}{r['gbs']:>8.2f}"
@@ -185,7 +173,7 @@ def collective_times(
     p = mesh.size
     kinds = tuple(kinds)
     for kind in kinds:
-        _checks.check_choice(kind, tuple(COLLECTIVE_FNS), "kinds")
+        validate.check_choice(kind, tuple(COLLECTIVE_FNS), "kinds")
     fns = {"noop": _smap(mesh, lambda x: x + 1)}
     fns.update({k: _smap(mesh, COLLECTIVE_FNS[k](axes, p)) for k in kinds})
     out: dict[str, list[tuple[int, float]]] = {k: [] for k in fns}
@@ -363,7 +351,7 @@ def predict(method: str, seq_len: int, topo: costmodel.Topology,
             problem: benchmark.Problem) -> costmodel.Prediction:
     """The cost model's latency for a `benchmark.Problem` at `seq_len`: `method` is "tree",
     "ring", "ring_pass_q" or a merge pattern (`costmodel.MERGES`)."""
-    _checks.check_choice(method, ("tree", *costmodel.MERGES, *costmodel.RINGS), "method")
+    validate.check_choice(method, ("tree", *costmodel.MERGES, *costmodel.RINGS), "method")
     shape = dict(batch=problem.batch, q_heads=problem.q_heads, kv_heads=problem.kv_heads,
                  head_dim=problem.head_dim, itemsize=jnp.dtype(problem.dtype).itemsize,
                  q_len=problem.q_len)
@@ -428,27 +416,7 @@ def calibration_table(cal: Calibration, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# --- merge patterns and rings (issue 13) ----------------------------------------------------
-
-PATTERN_METHODS = (*costmodel.MERGES, *costmodel.RINGS)
-"""What `validate_patterns` measures: every merge pattern of `tree_decode`, then both rings."""
-
-
-def pattern_fns(mesh: Mesh, kv_len: int | None = None) -> dict[str, Callable]:
-    """Each pattern and ring as a jitted `fn(q, k, v)` on `mesh` (K/V sharded along the
-    sequence, queries replicated). `kv_len`: the valid keys when K/V carry padding."""
-    from . import decode
-
-    def lengths(q):
-        return None if kv_len is None else jnp.full((q.shape[0],), kv_len, jnp.int32)
-
-    fns = {m: jax.jit(lambda q, k, v, m=m: decode.tree_decode(
-        q, k, v, mesh=mesh, merge=m, kv_lengths=lengths(q))) for m in costmodel.MERGES}
-    fns["ring"] = jax.jit(lambda q, k, v: decode.ring_decode(q, k, v, mesh=mesh,
-                                                             kv_lengths=lengths(q)))
-    fns["ring_pass_q"] = jax.jit(lambda q, k, v: decode.ring_decode_pass_q(
-        q, k, v, mesh=mesh, kv_lengths=lengths(q)))
-    return fns
+# --- merge patterns and rings ------------------------------------------------------------
 
 
 def _pattern_payloads(problem: benchmark.Problem, p: int, seq_lens: Iterable[int]) -> list[int]:
@@ -489,7 +457,7 @@ def pattern_calibration(
 
 def validate_patterns(
     mesh: Mesh, seq_lens: Iterable[int] = (8192, 16384, 32768), *,
-    problem: benchmark.Problem | None = None, methods: Iterable[str] = PATTERN_METHODS,
+    problem: benchmark.Problem | None = None, methods: Iterable[str] = benchmark.PATTERNS,
     calibration: Calibration | None = None, repeats: int = 5, progress: Progress = None,
 ) -> tuple[Calibration, list[dict]]:
     """Predicted against measured latency of every merge pattern and both rings.
@@ -504,32 +472,28 @@ def validate_patterns(
     Returns the calibration and rows `{"name", "devices", "seq_len", "median_s",
     "predicted_s", "rel_err"}` (`rel_err = predicted / measured − 1`).
     """
-    _checks.check_instance(mesh, Mesh, "mesh", "e.g. tree_attention_edu.make_mesh(8, 'x')")
-    seq_lens = _checks.check_sizes_list(seq_lens, "seq_lens", "(8192, 16384, 32768)")
-    methods = _checks.check_sequence(methods, "methods", "pattern or ring names",
+    validate.check_instance(mesh, Mesh, "mesh", "e.g. tree_attention_edu.make_mesh(8, 'x')")
+    seq_lens = validate.check_sizes_list(seq_lens, "seq_lens", "(8192, 16384, 32768)")
+    methods = validate.check_sequence(methods, "methods", "pattern or ring names",
                                      '("allreduce", "ring")')
     for i, m in enumerate(methods):
-        _checks.check_pattern(m, PATTERN_METHODS, f"methods[{i}]")
+        validate.check_str_choice(m, benchmark.PATTERNS, f"methods[{i}]")
     base = problem or benchmark.Problem()
     p = mesh.size
     if calibration is None:
         calibration = pattern_calibration(mesh, seq_lens, problem=base, repeats=repeats,
                                           progress=progress)
-    axes = tuple(mesh.axis_names)
-    rep, kv = NamedSharding(mesh, P()), NamedSharding(mesh, P(None, axes))
     rows = []
     for n in seq_lens:
         prob = benchmark.Problem(**{**asdict(base), "seq_len": n})
-        q, k, v = benchmark.make_inputs(prob)
-        pad = (-n) % p
-        if pad:  # K/V placed along the sequence need a multiple of p keys: mask the rest
-            widths = ((0, 0), (0, pad), (0, 0), (0, 0))
-            k, v = np.pad(k, widths), np.pad(v, widths)
-        args = [jax.device_put(x, s) for x, s in zip((q, k, v), (rep, kv, kv), strict=True)]
-        fns = pattern_fns(mesh, n if pad else None)
+        q, _, _, k, v, kv_len = benchmark.sharded_inputs(mesh, prob)
+        fns = benchmark.method_fns(mesh, kv_len, methods)
+        shardings = next(iter(fns.values()))[1]
+        args = [jax.device_put(x, s) for x, s in zip((q, k, v), shardings, strict=True)]
         if progress:
             progress(f"Tk={n}: {len(methods)} methods, repeats interleaved")
-        seconds = benchmark.median_times({m: (fns[m], args) for m in methods}, repeats=repeats)
+        seconds = benchmark.median_times({m: (fns[m][0], args) for m in methods},
+                                         repeats=repeats)
         for name in methods:
             measured = seconds[name]
             predicted = predict(name, n, calibration.topology, prob).total_s
@@ -611,25 +575,18 @@ def bench_patterns(
     """
     methods = list(methods)
     for i, m in enumerate(methods):
-        if m not in benchmark.PATTERNS:
-            raise ValueError(f"`methods[{i}]`={m!r} is not a pattern; use one of "
-                             f"{', '.join(benchmark.PATTERNS)}.")
+        validate.check_str_choice(m, benchmark.PATTERNS, f"methods[{i}]")
     if calibration is None:
         calibration = pattern_calibration(mesh, [problem.seq_len], problem=problem,
                                                     repeats=repeats, progress=progress)
-    q, k, v = benchmark.make_inputs(problem, seed)
-    want = np.asarray(attention(*(jnp.asarray(x, jnp.float64) for x in (q, k, v))))
-    pad = (-problem.seq_len) % mesh.size
-    if pad:  # K/V placed along the sequence need a multiple of p keys: mask the rest
-        widths = ((0, 0), (0, pad), (0, 0), (0, 0))
-        k, v = np.pad(k, widths), np.pad(v, widths)
-    axes = tuple(mesh.axis_names)
-    shardings = (NamedSharding(mesh, P()), NamedSharding(mesh, P(None, axes)),
-                 NamedSharding(mesh, P(None, axes)))
+    q, k0, v0, k, v, kv_len = benchmark.sharded_inputs(mesh, problem, seed)
+    want = np.asarray(attention(*(jnp.asarray(x, jnp.float64) for x in (q, k0, v0))))
+    built = benchmark.method_fns(mesh, kv_len, methods)
+    fns = {n: fn for n, (fn, _) in built.items()}
+    shardings = next(iter(built.values()))[1]
     args = tuple(jax.device_put(x, s) for x, s in zip((q, k, v), shardings, strict=True))
     structs = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
                for x, s in zip((q, k, v), shardings, strict=True)]
-    fns = pattern_fns(mesh, problem.seq_len if pad else None)
     static = {}
     for name in methods:
         if progress:

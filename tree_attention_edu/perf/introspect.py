@@ -26,8 +26,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import _checks, devices, kernels
-from .decode import kv_spec
+from ..core import devices, inputs, validate
+from ..core.decode import kv_spec
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 
@@ -105,7 +105,7 @@ class CollectiveStats:
 
 def shape_bytes(shape_text: str) -> int:
     """Bytes of an HLO shape such as `f32[1,16]{1,0}` or a tuple `(f32[4], bf16[2,3])`."""
-    _checks.check_instance(shape_text, str, "shape_text", "pass HLO shape text such as "
+    validate.check_instance(shape_text, str, "shape_text", "pass HLO shape text such as "
                            "'f32[1,16]{1,0}'")
     total = 0
     for dtype, dims in _ARRAY.findall(shape_text):
@@ -139,7 +139,7 @@ def _parse_groups(attrs: str) -> tuple[tuple[int, ...], ...]:
 
 def parse_hlo(text: str) -> CollectiveStats:
     """Collectives of an HLO module's text (`compiled.as_text()`), with loop trip counts."""
-    _checks.check_instance(text, str, "text", "pass `compiled.as_text()`")
+    validate.check_instance(text, str, "text", "pass `compiled.as_text()`")
     comps: dict[str, list[str]] = {}
     entry, current = None, None
     for line in text.splitlines():
@@ -152,7 +152,7 @@ def parse_hlo(text: str) -> CollectiveStats:
         elif current is not None:
             comps[current].append(line)
     if entry is None:
-        raise _checks.hlo_without_entry()
+        raise _hlo_without_entry()
 
     # How many times each computation runs: propagate from ENTRY through while bodies.
     # Which computations run only inside a conditional's branch.
@@ -167,7 +167,7 @@ def parse_hlo(text: str) -> CollectiveStats:
                 for callee in re.findall(r"%?([\w.\-]+)", callees):
                     factor = int(trip.group(1)) if role == "body" and trip else 1
                     if role == "body" and " while(" in line and not trip:
-                        raise _checks.uncountable_loop(callee)
+                        raise _uncountable_loop(callee)
                     new = multiplier[name] * factor
                     branch = in_branch[name] or role == "branch_computations"
                     if callee in comps and (multiplier.get(callee, 0) < new
@@ -199,7 +199,7 @@ def parse_hlo(text: str) -> CollectiveStats:
 
 
 def _compile(fn: Callable, *args: Any):
-    _checks.check_callable(fn, "fn", "the function to compile, e.g. "
+    validate.check_callable(fn, "fn", "the function to compile, e.g. "
                                      "`lambda q, k, v: tree_decode(q, k, v, mesh=mesh)`")
     return jax.jit(fn).lower(*args).compile()
 
@@ -265,30 +265,26 @@ def structs(
       kv_heads: defaults to `q_heads` (no grouping); must divide it.
       v_dim: defaults to `head_dim`.
       seq_axes: mesh axes the keys are split over, outermost first (default: all).
-      layout: "bthd" or the head-major "bhtd" (see `tree_attention_edu.kernels`).
+      layout: "bthd" or the head-major "bhtd" (see `core.kernels`).
 
     Returns:
       `jax.ShapeDtypeStruct`s with shardings: q `[batch, q_len, q_heads, head_dim]`
       replicated; k `[batch, kv_len, kv_heads, head_dim]` and v `[batch, kv_len, kv_heads,
       v_dim]` (or `[batch, kv_heads, kv_len, ·]` for "bhtd") split along the keys with
-      `decode.kv_spec(seq_axes, layout)`.
+      `core.decode.kv_spec(seq_axes, layout)`.
     """
-    _checks.check_instance(mesh, Mesh, "mesh", "build one with tree_attention_edu.make_mesh")
+    validate.check_instance(mesh, Mesh, "mesh", "build one with tree_attention_edu.make_mesh")
     kv_heads = q_heads if kv_heads is None else kv_heads
     v_dim = head_dim if v_dim is None else v_dim
     for name, n in (("kv_len", kv_len), ("batch", batch), ("q_len", q_len),
                     ("q_heads", q_heads), ("kv_heads", kv_heads), ("head_dim", head_dim),
                     ("v_dim", v_dim)):
-        _checks.check_int(n, name)
-    _checks.check_head_groups(q_heads, kv_heads)
-    _checks.check_float_dtype(dtype)
-    _checks.check_layout(layout, kernels.LAYOUTS)
-    axes = _checks.check_seq_axes(seq_axes, tuple(mesh.axis_names))
-    p = devices.axis_size(mesh, axes)
-    if kv_len % p:
-        raise ValueError(f"`kv_len` ({kv_len}) must be a multiple of the {p} devices along "
-                         f"{axes}, so that every device holds a whole shard; the decoders "
-                         f"pad only arrays they shard themselves.")
+        validate.check_int(n, name)
+    inputs.check_head_groups(q_heads, kv_heads)
+    validate.check_float_dtype(dtype)
+    inputs.check_layout(layout)
+    axes = devices.check_seq_axes(seq_axes, mesh)
+    devices.check_divisible(kv_len, devices.axis_size(mesh, axes), axes)
     kv_sharding = NamedSharding(mesh, kv_spec(axes, layout))
 
     def cache(last: int) -> jax.ShapeDtypeStruct:
@@ -299,3 +295,19 @@ def structs(
     q = jax.ShapeDtypeStruct((batch, q_len, q_heads, head_dim), dtype,
                              sharding=NamedSharding(mesh, P()))
     return q, cache(head_dim), cache(v_dim)
+
+
+def _hlo_without_entry() -> ValueError:
+    return ValueError(
+        "`text` has no ENTRY computation, so it is not an HLO module; pass the text of a "
+        "compiled program, `jax.jit(f).lower(*args).compile().as_text()`."
+    )
+
+
+def _uncountable_loop(callee: str) -> ValueError:
+    return ValueError(
+        f"a while loop without a known trip count calls {callee}; its collectives cannot be "
+        f"counted statically. Give the loop static bounds (`lax.fori_loop` with Python ints "
+        f"or `lax.scan`)."
+    )
+

@@ -17,16 +17,9 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from . import _checks
-from .attention import (
-    accum_dtype,
-    grouped_scores,
-    lse_from_parts,
-    masked_softmax_parts,
-    scaled_scores,
-    select_valid_keys,
-    weights,
-)
+from ..core import inputs, masks
+from ..core.numerics import accum_dtype, lse_pair, masked_softmax_parts
+from ..core.reference import grouped_scores, scaled_scores, weights
 
 
 def energy(
@@ -52,9 +45,11 @@ def energy(
 
     Stable for huge logits: every log-sum-exp is shifted by its row max.
     """
-    dims = _checks.check_qkv(q, k, v, kv_lengths)
-    _checks.check_zeta(zeta, dims)
-    scale = _checks.resolve_scale(scale, dims.head_dim, q.dtype)
+    dims = inputs.check_qkv(q, k, v, kv_lengths)
+    inputs.check_zeta(zeta, dims)
+    scale = inputs.resolve_scale(scale, dims.head_dim, q.dtype)
+    if kv_lengths is not None:
+        kv_lengths = masks.clamp_lengths(kv_lengths, dims.batch, dims.kv_len)
     return energy_terms(q, k, v, zeta, scale=scale, causal=causal, kv_lengths=kv_lengths)
 
 
@@ -68,16 +63,17 @@ def energy_terms(
     causal: bool,
     kv_lengths: Array | None,
 ) -> Array:
-    """F_tot, unchecked (shapes as in `energy`): the einsum energy on one device. The
-    sharded, streaming energy (paper, Algorithm 1) is `decode.tree_energy`."""
+    """F_tot, unchecked (shapes as in `energy`, lengths already clamped): the einsum energy
+    on one device. The sharded, streaming energy (paper, Algorithm 1) is
+    `core.decode.tree_energy`."""
     s, mask = scaled_scores(q, k, scale=scale, causal=causal, kv_lengths=kv_lengths)
     acc = s.dtype
     if kv_lengths is not None:  # padding may hold NaN: select it away before ζ·v
-        v = select_valid_keys(v, kv_lengths)
+        v = masks.select_valid_keys(v, kv_lengths)
     s = s + grouped_scores(zeta.astype(acc), v.astype(acc))  # + ζ·v_a, [B, Hq, Tq, Tk]
     _, l, m = masked_softmax_parts(s, mask)
     # An empty row (l == 0) contributes 0; a NaN row stays NaN.
-    return jnp.sum(jnp.where(l == 0, jnp.zeros_like(l), lse_from_parts(l, m)))
+    return jnp.sum(jnp.where(l == 0, jnp.zeros_like(l), lse_pair(l, m)[0]))
 
 
 def _zero_source(q: Array, v: Array) -> Array:
@@ -95,7 +91,7 @@ def attention_from_energy(
     kv_lengths: Array | None = None,
 ) -> Array:
     """Attention `[B, Tq, Hq, Dv]` as `jax.grad` of `energy` in ζ at ζ = 0 (q's dtype)."""
-    _checks.check_qkv(q, k, v, kv_lengths)
+    inputs.check_qkv(q, k, v, kv_lengths)
     grad = jax.grad(energy, argnums=3)(
         q, k, v, _zero_source(q, v), scale=scale, causal=causal, kv_lengths=kv_lengths
     )
@@ -119,7 +115,7 @@ def value_covariance(
     forward-over-reverse products give all blocks. The result equals the covariance
     `E[v vᵀ] - E[v] E[v]ᵀ` under the attention weights (tested against that formula).
     """
-    _checks.check_qkv(q, k, v, kv_lengths)
+    inputs.check_qkv(q, k, v, kv_lengths)
     zeta0 = _zero_source(q, v)
     dv = zeta0.shape[-1]
 
@@ -149,12 +145,19 @@ def value_covariance_formula(
     `[B, Tq, Hq, Dv, Dv]`, with `p` the attention weights. This is the closed form that
     `value_covariance` (autodiff) must reproduce.
     """
-    _checks.check_qkv(q, k, v, kv_lengths)
+    inputs.check_qkv(q, k, v, kv_lengths)
     p = weights(q, k, scale=scale, causal=causal, kv_lengths=kv_lengths)  # [B, Hq, Tq, Tk]
     _B, Hq = p.shape[:2]
     if kv_lengths is not None:
-        v = select_valid_keys(v, kv_lengths)
+        v = masks.select_valid_keys(v, masks.clamp_lengths(kv_lengths, _B, v.shape[1]))
     vh = jnp.repeat(v.astype(p.dtype), Hq // v.shape[2], axis=2)  # [B, Tk, Hq, Dv]
+    return value_moments(p, vh)[1]
+
+
+def value_moments(p: Array, vh: Array) -> tuple[Array, Array]:
+    """Mean `[B, Tq, Hq, Dv]` and covariance `[B, Tq, Hq, Dv, Dv]` of the values under weights
+    `p [B, Hq, Tq, Tk]`, with the values repeated per query head, `vh [B, Tk, Hq, Dv]`:
+    `Σ_a p_a v_a` and `Σ_a p_a v_a v_aᵀ − (Σ_a p_a v_a)(Σ_a p_a v_a)ᵀ`."""
     mean = jnp.einsum("bhqk,bkhv->bqhv", p, vh)
     second = jnp.einsum("bhqk,bkhv,bkhu->bqhvu", p, vh, vh)
-    return second - mean[..., :, None] * mean[..., None, :]
+    return mean, second - mean[..., :, None] * mean[..., None, :]

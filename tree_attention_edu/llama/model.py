@@ -44,7 +44,7 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -53,11 +53,76 @@ from jax import Array, lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import _checks, devices
-from .attention import attention
-from .decode import kv_spec, ring_decode, tree_decode
+from ..core import devices, inputs, validate
+from ..core.decode import kv_spec, ring_decode, tree_decode
+from ..core.reference import attention
 
 METHODS = ("single", "tree", "ring")
+
+
+def check_prompts(prompts: Any, vocab: int) -> list[np.ndarray]:
+    """Prompts: a non-empty sequence of non-empty sequences of token ids in [0, vocab)."""
+    example = "[[1, 2, 3], [4, 5]]"
+    if isinstance(prompts, str | bytes) or not isinstance(prompts, list | tuple | np.ndarray):
+        raise TypeError(f"`prompts` must be a list of prompts, each a sequence of token ids, "
+                        f"e.g. {example}, got {validate.describe(prompts)}.")
+    if len(prompts) == 0:
+        raise ValueError(f"`prompts` is empty; pass at least one prompt, e.g. {example}.")
+    out = []
+    for i, p in enumerate(prompts):
+        name = f"prompts[{i}]"
+        if isinstance(p, str | bytes) or not (isinstance(p, list | tuple | range)
+                                              or hasattr(p, "shape")):
+            raise TypeError(f"`{name}` must be a sequence of token ids (ints), e.g. [1, 2, 3], "
+                            f"got {validate.describe(p)}.")
+        arr = np.asarray(p)
+        if arr.ndim != 1:
+            raise ValueError(f"`{name}` must be a flat sequence of token ids, got shape "
+                             f"{arr.shape}.")
+        if arr.size == 0:
+            raise ValueError(f"`{name}` is empty; every prompt needs at least one token.")
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise TypeError(f"`{name}` must hold int token ids, got dtype {arr.dtype}; "
+                            f"convert with `[int(t) for t in {name}]`.")
+        bad = (arr < 0) | (arr >= vocab)
+        if bad.any():
+            j = int(np.argmax(bad))
+            raise ValueError(f"`{name}` has token id {arr[j]} at position {j}; token ids must "
+                             f"lie in [0, vocab) = [0, {vocab}).")
+        out.append(arr.astype(np.int32))
+    return out
+
+
+def _check_capacity(capacity: int, longest: int, padded: int, new_tokens: int = 0) -> None:
+    """The cache holds the prompts padded to whole prefill chunks, and the new tokens."""
+    need = max(padded, longest + new_tokens)
+    if capacity < need:
+        plus = f" plus {new_tokens} new tokens" if new_tokens else ""
+        raise ValueError(
+            f"`capacity` {capacity} cannot hold the longest prompt ({longest} tokens, "
+            f"{padded} once padded to whole prefill chunks){plus}; pass capacity >= {need} "
+            f"(or None for the smallest that fits)."
+        )
+
+
+def _check_even_head_dim(head_dim: int, name: str = "head_dim") -> None:
+    if head_dim % 2 and name == "head_dim":
+        raise ValueError(f"`head_dim` must be even for rotary embeddings (they rotate pairs of "
+                         f"features), got {head_dim}; use e.g. {head_dim + 1}.")
+    if head_dim % 2:
+        raise ValueError(f"`{name}` must have an even last axis (head_dim) for rotary "
+                         f"embeddings, which rotate pairs of features; got {head_dim}.")
+
+
+def _params_mismatch(path: str, got: Any, want: Any) -> None:
+    """A model's weights against the shapes its `Config` implies."""
+    if got is None:
+        raise ValueError(f"`params` lacks {path}; build params with `init_params(cfg, key)` "
+                         f"for the same `cfg`.")
+    if got != want:
+        raise ValueError(f"`params` {path} has shape {got} but `cfg` implies {want}; params "
+                         f"and cfg must come from the same Config (`init_params(cfg, key)`).")
+
 
 
 @dataclass(frozen=True)
@@ -77,13 +142,13 @@ class RopeScaling:
     original_max_position_embeddings: int = 8192
 
     def __post_init__(self):
-        _checks.check_real(self.factor, "factor", low=1.0, hint="Llama 3.1 uses 8.0")
-        _checks.check_real(self.low_freq_factor, "low_freq_factor", low=0.0, low_open=True,
+        validate.check_real(self.factor, "factor", low=1.0, hint="Llama 3.1 uses 8.0")
+        validate.check_real(self.low_freq_factor, "low_freq_factor", low=0.0, low_open=True,
                            hint="Llama 3.1 uses 1.0")
-        _checks.check_real(self.high_freq_factor, "high_freq_factor",
+        validate.check_real(self.high_freq_factor, "high_freq_factor",
                            low=float(self.low_freq_factor), low_open=True,
                            hint="it must exceed low_freq_factor; Llama 3.1 uses 4.0")
-        _checks.check_int(self.original_max_position_embeddings,
+        validate.check_int(self.original_max_position_embeddings,
                           "original_max_position_embeddings", example="8192")
 
 
@@ -109,17 +174,17 @@ class Config:
 
     def __post_init__(self):
         for name in ("vocab", "dim", "layers", "q_heads", "kv_heads", "head_dim", "hidden"):
-            _checks.check_int(getattr(self, name), name)
-        _checks.check_head_groups(self.q_heads, self.kv_heads)
-        _checks.check_even_head_dim(self.head_dim)
-        _checks.check_real(self.rope_theta, "rope_theta", low=0.0, low_open=True,
+            validate.check_int(getattr(self, name), name)
+        inputs.check_head_groups(self.q_heads, self.kv_heads)
+        _check_even_head_dim(self.head_dim)
+        validate.check_real(self.rope_theta, "rope_theta", low=0.0, low_open=True,
                            hint="the RoPE base, e.g. 500000.0")
-        _checks.check_real(self.norm_eps, "norm_eps", low=0.0, hint="e.g. 1e-5")
-        _checks.check_real(self.init_scale, "init_scale", low=0.0, low_open=True,
+        validate.check_real(self.norm_eps, "norm_eps", low=0.0, hint="e.g. 1e-5")
+        validate.check_real(self.init_scale, "init_scale", low=0.0, low_open=True,
                            hint="e.g. 1.0")
-        _checks.check_bool(self.tie_embeddings, "tie_embeddings")
+        validate.check_bool(self.tie_embeddings, "tie_embeddings")
         if self.rope_scaling is not None:
-            _checks.check_instance(self.rope_scaling, RopeScaling, "rope_scaling",
+            validate.check_instance(self.rope_scaling, RopeScaling, "rope_scaling",
                                    "None, or RopeScaling(factor=8.0, ...) for Llama 3.1")
 
 
@@ -135,8 +200,8 @@ Params = dict
 
 def init_params(cfg: Config, key: Array) -> Params:
     """Random float32 weights from `key`: normal, scaled by 1/sqrt(fan_in), RMSNorm gains 1."""
-    _check_config(cfg)
-    _checks.check_prng_key(key)
+    check_config(cfg)
+    validate.check_prng_key(key)
     keys = iter(jax.random.split(key, 2 + 7 * cfg.layers))
 
     def dense(shape, fan_in):  # float32 whatever jax_enable_x64 says
@@ -160,20 +225,20 @@ def init_params(cfg: Config, key: Array) -> Params:
     return params
 
 
-def _check_config(cfg: Config) -> None:
-    _checks.check_instance(cfg, Config, "cfg", "e.g. Config() or PRESETS['tiny']")
+def check_config(cfg: Config) -> None:
+    validate.check_instance(cfg, Config, "cfg", "e.g. Config() or PRESETS['tiny']")
 
 
 def _check_mesh(mesh: Mesh) -> None:
-    _checks.check_instance(mesh, Mesh, "mesh", "build one with make_mesh(...)")
+    validate.check_instance(mesh, Mesh, "mesh", "build one with make_mesh(...)")
 
 
 def rms_norm(x: Array, gain: Array, eps: float) -> Array:
     """`x / rms(x) · gain` over the last axis; `gain` is `[x.shape[-1]]`, `eps >= 0`."""
-    s = _checks.check_array(x, "x", kind="float", min_rank=1)
-    _checks.check_shape(_checks.check_array(gain, "gain", rank=1, layout="[dim]", kind="float"),
+    s = validate.check_array(x, "x", kind="float", min_rank=1)
+    validate.check_shape(validate.check_array(gain, "gain", rank=1, layout="[dim]", kind="float"),
                         s[-1:], "gain", "[x.shape[-1]]", "one gain per feature")
-    _checks.check_real(eps, "eps", low=0.0, hint="e.g. 1e-5")
+    validate.check_real(eps, "eps", low=0.0, hint="e.g. 1e-5")
     return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * gain
 
 
@@ -205,13 +270,13 @@ def rope(x: Array, positions: Array, theta: float, scaling: RopeScaling | None =
     checkpoints need no permutation of their q/k weights. The frequencies are computed in
     float64 and rounded once to float32; angles and the rotation are float32.
     """
-    s = _checks.check_array(x, "x", rank=4, layout="[B, T, H, D]", kind="float")
-    _checks.check_even_head_dim(s[3], "x")
-    _checks.check_shape(_checks.check_array(positions, "positions", kind="int"), s[:2],
+    s = validate.check_array(x, "x", rank=4, layout="[B, T, H, D]", kind="float")
+    _check_even_head_dim(s[3], "x")
+    validate.check_shape(validate.check_array(positions, "positions", kind="int"), s[:2],
                         "positions", "[B, T] (x's first two axes)", "one position per token")
-    _checks.check_real(theta, "theta", low=0.0, low_open=True, hint="the RoPE base, e.g. 1e4")
+    validate.check_real(theta, "theta", low=0.0, low_open=True, hint="the RoPE base, e.g. 1e4")
     if scaling is not None:
-        _checks.check_instance(scaling, RopeScaling, "scaling",
+        validate.check_instance(scaling, RopeScaling, "scaling",
                                "None, or RopeScaling(factor=8.0, ...) for Llama 3.1")
     half = x.shape[-1] // 2
     freqs = jnp.asarray(_inverse_frequencies(2 * half, float(theta), scaling), jnp.float32)
@@ -242,9 +307,9 @@ def cache_sharding(mesh: Mesh) -> NamedSharding:
 
 def empty_cache(cfg: Config, batch: int, capacity: int, mesh: Mesh) -> KVCache:
     """A zero cache of `capacity` positions (rounded up to a multiple of the device count)."""
-    _check_config(cfg)
-    _checks.check_int(batch, "batch")
-    _checks.check_int(capacity, "capacity")
+    check_config(cfg)
+    validate.check_int(batch, "batch")
+    validate.check_int(capacity, "capacity")
     _check_mesh(mesh)
     p = mesh.size
     capacity = -(-capacity // p) * p
@@ -261,8 +326,7 @@ def write(cache_k: Array, cache_v: Array, k: Array, v: Array, start: Array, mesh
 
     Each device writes only the positions it owns. For `T == 1` (a decode step) that is one
     slot updated in place; for a prefill chunk each device gathers its part of the chunk.
-    Positions at or beyond the capacity are dropped. `start` must be >= 0 (checked where it
-    is concrete).
+    Positions outside `[0, capacity)` are dropped (`start` is a value: it is not inspected).
     """
     _check_write(cache_k, cache_v, k, v, start, mesh)
     spec = kv_spec(tuple(mesh.axis_names), "bhtd")
@@ -295,19 +359,16 @@ def write(cache_k: Array, cache_v: Array, k: Array, v: Array, start: Array, mesh
 
 def _check_write(cache_k, cache_v, k, v, start, mesh) -> None:
     layout = "[B, Hkv, S, D]"
-    ck = _checks.check_array(cache_k, "cache_k", rank=4, layout=layout, kind="float")
-    _checks.check_shape(_checks.check_array(cache_v, "cache_v", rank=4, layout=layout,
+    ck = validate.check_array(cache_k, "cache_k", rank=4, layout=layout, kind="float")
+    validate.check_shape(validate.check_array(cache_v, "cache_v", rank=4, layout=layout,
                                             kind="float"), ck, "cache_v", layout, "like cache_k")
-    ks = _checks.check_array(k, "k", rank=4, layout="[B, Hkv, T, D]", kind="float")
-    _checks.check_shape(ks, (ck[0], ck[1], ks[2], ck[3]), "k", "[B, Hkv, T, D]",
+    ks = validate.check_array(k, "k", rank=4, layout="[B, Hkv, T, D]", kind="float")
+    validate.check_shape(ks, (ck[0], ck[1], ks[2], ck[3]), "k", "[B, Hkv, T, D]",
                         "batch, heads and head_dim of the cache")
-    _checks.check_shape(_checks.check_array(v, "v", rank=4, layout="[B, Hkv, T, D]",
+    validate.check_shape(validate.check_array(v, "v", rank=4, layout="[B, Hkv, T, D]",
                                             kind="float"), ks, "v", "[B, Hkv, T, D]", "like k")
-    _checks.check_shape(_checks.check_array(start, "start", kind="int"), ck[:1], "start", "[B]",
+    validate.check_shape(validate.check_array(start, "start", kind="int"), ck[:1], "start", "[B]",
                         "one start position per sequence")
-    values = _checks.concrete(start)
-    if values is not None and values.size and values.min() < 0:
-        _checks.check_int(int(values.min()), "start", minimum=0)
     _check_mesh(mesh)
 
 
@@ -315,7 +376,7 @@ def _check_write(cache_k, cache_v, k, v, start, mesh) -> None:
 
 def _attend_fn(method: str, mesh: Mesh) -> Callable:
     """`attend(q [B, T, Hq, D], k, v [B, Hkv, S, D], lengths [B]) -> [B, T, Hq, D]`, causal."""
-    _checks.check_choice(method, METHODS, "method")
+    validate.check_choice(method, METHODS, "method")
     if method == "single":
         def single(q, k, v, lengths):
             kt, vt = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # the textbook layout
@@ -335,7 +396,9 @@ def forward(params: Params, cfg: Config, tokens: Array, cache: KVCache, attend: 
     """Run `tokens [B, T]` at positions `cache.lengths[b] + t`; return logits `[B, T, vocab]`
     and the cache with their k/v written (lengths advanced by `T`).
 
-    Token ids must lie in `[0, vocab)` (checked where `tokens` is concrete)."""
+    Token ids index the embedding, `[0, vocab)`; their values are not inspected (that
+    would differ under `jit`): an id outside gives NaN logits for its sequence, eagerly and
+    under `jit` alike. `Generator` checks prompts before they reach the device."""
     x, cache = _trunk(params, cfg, tokens, cache, attend, mesh)
     return _unembed(params, cfg, x), cache
 
@@ -343,24 +406,25 @@ def forward(params: Params, cfg: Config, tokens: Array, cache: KVCache, attend: 
 def _trunk(params: Params, cfg: Config, tokens: Array, cache: KVCache, attend: Callable,
            mesh: Mesh) -> tuple[Array, KVCache]:
     """`forward` up to the final RMSNorm: hidden states `[B, T, dim]` (float32) and the cache."""
-    _check_config(cfg)
-    _checks.check_instance(params, dict, "params", "build them with init_params(cfg, key)")
-    _checks.check_instance(cache, KVCache, "cache", "build one with empty_cache(...)")
+    check_config(cfg)
+    validate.check_instance(params, dict, "params", "build them with init_params(cfg, key)")
+    validate.check_instance(cache, KVCache, "cache", "build one with empty_cache(...)")
     if len(cache.layers) != cfg.layers:
-        _checks.check_shape((len(cache.layers),), (cfg.layers,), "cache", "[layers]",
+        validate.check_shape((len(cache.layers),), (cfg.layers,), "cache", "[layers]",
                             "one (k, v) pair per layer of cfg")
-    ts = _checks.check_array(tokens, "tokens", rank=2, layout="[B, T]", kind="int")
-    _checks.check_shape(ts[:1], tuple(cache.lengths.shape), "tokens", "[B, T] with B",
+    ts = validate.check_array(tokens, "tokens", rank=2, layout="[B, T]", kind="int")
+    validate.check_shape(ts[:1], tuple(cache.lengths.shape), "tokens", "[B, T] with B",
                         "the cache's batch")
-    _checks.check_index_range(tokens, "tokens", cfg.vocab, f"token ids, vocab = {cfg.vocab}")
-    _checks.check_callable(attend, "attend", "attention of q, k, v and lengths, as the "
+    validate.check_callable(attend, "attend", "attention of q, k, v and lengths, as the "
                                              "Generator builds it")
     _check_mesh(mesh)
     B, T = tokens.shape
     start = cache.lengths
     positions = start[:, None] + jnp.arange(T)[None, :]
     split = _split_tokens(mesh, T)
-    x = split(params["embed"][tokens].astype(jnp.float32))
+    # An id outside the vocabulary embeds as NaN (JAX would clamp it to another token).
+    x = split(jnp.asarray(params["embed"]).at[tokens].get(
+        mode="fill", fill_value=jnp.nan, wrap_negative_indices=False).astype(jnp.float32))
     new_layers = []
     for layer, (ck, cv) in zip(params["layers"], cache.layers, strict=True):
         h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
@@ -402,27 +466,27 @@ def sample(logits: Array, key: Array, temperature: float) -> Array:
 
     `temperature` is a concrete number >= 0 (not NaN or inf); `key` is a PRNG key.
     """
-    _checks.check_array(logits, "logits", rank=2, layout="[B, vocab]", kind="float")
+    validate.check_array(logits, "logits", rank=2, layout="[B, vocab]", kind="float")
     temperature = _check_temperature(temperature)
-    _checks.check_prng_key(key)
+    validate.check_prng_key(key)
     if temperature == 0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
 
 
 def _check_temperature(temperature: float) -> float:
-    return _checks.check_real(temperature, "temperature", low=0.0,
+    return validate.check_real(temperature, "temperature", low=0.0,
                               hint="0 is greedy, 1 samples the model's distribution")
 
 
-def _check_params(params: Params, cfg: Config) -> None:
+def check_params(params: Params, cfg: Config) -> None:
     """`params` has the structure and shapes `init_params(cfg, ...)` gives."""
-    _checks.check_instance(params, dict, "params", "build them with init_params(cfg, key)")
+    validate.check_instance(params, dict, "params", "build them with init_params(cfg, key)")
     want = jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))
     got_leaves = dict(jax.tree_util.tree_flatten_with_path(params)[0])
     for path, leaf in jax.tree_util.tree_flatten_with_path(want)[0]:
         got = got_leaves.get(path)
-        _checks.check_params(jax.tree_util.keystr(path),
+        _params_mismatch(jax.tree_util.keystr(path),
                              None if got is None else tuple(getattr(got, "shape", ())),
                              tuple(leaf.shape))
 
@@ -454,13 +518,13 @@ class Generator:
 
     def __init__(self, params: Params, cfg: Config, mesh: Mesh, method: str = "tree",
                  prefill_chunk: int = 512, prefill_method: str | None = None):
-        _check_config(cfg)
-        _check_params(params, cfg)
+        check_config(cfg)
+        check_params(params, cfg)
         _check_mesh(mesh)
-        _checks.check_choice(method, METHODS, "method")
+        validate.check_choice(method, METHODS, "method")
         prefill_method = method if prefill_method is None else prefill_method
-        _checks.check_choice(prefill_method, METHODS, "prefill_method")
-        _checks.check_int(prefill_chunk, "prefill_chunk", example="`prefill_chunk=512`")
+        validate.check_choice(prefill_method, METHODS, "prefill_method")
+        validate.check_int(prefill_chunk, "prefill_chunk", example="`prefill_chunk=512`")
         if method == "single":
             mesh = Mesh(np.array(mesh.devices).ravel()[:1], ("x",))
         self.cfg, self.mesh, self.method, self.chunk = cfg, mesh, method, prefill_chunk
@@ -502,12 +566,12 @@ class Generator:
         """
         from tqdm import tqdm
 
-        prompts = _checks.check_prompts(prompts, self.cfg.vocab)
-        _checks.check_int(capacity, "capacity")
-        _checks.check_bool(progress, "progress", optional=True)
+        prompts = check_prompts(prompts, self.cfg.vocab)
+        validate.check_int(capacity, "capacity")
+        validate.check_bool(progress, "progress", optional=True)
         lengths = np.array([len(p) for p in prompts])
         padded = self._padded(int(lengths.max()))
-        _checks.check_capacity(capacity, int(lengths.max()), padded)
+        _check_capacity(capacity, int(lengths.max()), padded)
         tokens = np.zeros((len(prompts), padded), np.int32)
         for b, p in enumerate(prompts):
             tokens[b, : len(p)] = p
@@ -553,17 +617,17 @@ class Generator:
 
         from tqdm import tqdm
 
-        prompts = _checks.check_prompts(prompts, self.cfg.vocab)
-        _checks.check_int(new_tokens, "new_tokens", example="`new_tokens=32`")
-        _checks.check_prng_key(key)
+        prompts = check_prompts(prompts, self.cfg.vocab)
+        validate.check_int(new_tokens, "new_tokens", example="`new_tokens=32`")
+        validate.check_prng_key(key)
         temperature = _check_temperature(temperature)
-        _checks.check_bool(progress, "progress", optional=True)
+        validate.check_bool(progress, "progress", optional=True)
         longest = max(len(p) for p in prompts)
         padded = self._padded(longest)
         if capacity is None:
             capacity = padded + new_tokens
-        _checks.check_int(capacity, "capacity", example="`capacity=None` (the smallest that fits)")
-        _checks.check_capacity(capacity, longest, padded, new_tokens)
+        validate.check_int(capacity, "capacity", example="`capacity=None` (the smallest that fits)")
+        _check_capacity(capacity, longest, padded, new_tokens)
         t0 = time.perf_counter()
         logits, cache = self.prefill(prompts, capacity, progress=progress)
         jax.block_until_ready(logits)

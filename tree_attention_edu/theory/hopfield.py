@@ -32,9 +32,10 @@ import numpy as np
 from jax import Array
 from jax.sharding import Mesh
 
-from . import _checks
-from .attention import attention
-from .decode import tree_decode
+from ..core import validate
+from ..core.decode import tree_decode
+from ..core.devices import pad_cache
+from ..core.reference import attention
 
 
 class Memory(NamedTuple):
@@ -49,25 +50,33 @@ _MEMORY_HINT = "build one with make_memory(key, num_patterns, dim) or Memory(key
 
 def _check_memory(memory: Memory) -> tuple[int, int, int]:
     """`(M, D, Dv)` of a valid memory."""
-    _checks.check_instance(memory, Memory, "memory", _MEMORY_HINT)
-    m, d = _checks.check_array(memory.keys, "memory.keys", rank=2, layout="[M, D]", kind="float")
-    mv, dv = _checks.check_array(memory.values, "memory.values", rank=2, layout="[M, Dv]",
+    validate.check_instance(memory, Memory, "memory", _MEMORY_HINT)
+    m, d = validate.check_array(memory.keys, "memory.keys", rank=2, layout="[M, D]", kind="float")
+    mv, dv = validate.check_array(memory.values, "memory.values", rank=2, layout="[M, Dv]",
                                  kind="float")
-    _checks.check_shape((mv, dv), (m, dv), "memory.values", "[M, Dv]",
+    validate.check_shape((mv, dv), (m, dv), "memory.values", "[M, Dv]",
                         "one value pattern per key pattern")
-    _checks.check_no_empty_axis((m, d), "memory.keys", "[M, D]")
+    validate.check_no_empty_axis((m, d), "memory.keys", "[M, D]")
     return m, d, dv
 
 
 def _check_indices(indices: Array, m: int, name: str = "indices") -> int:
-    """`indices [Q]` into `m` patterns; returns Q."""
-    (q,) = _checks.check_array(indices, name, rank=1, layout="[queries]", kind="int")
-    _checks.check_index_range(indices, name, m, f"the {m} stored patterns")
+    """`indices [Q]` into `m` patterns; returns Q. Their values are not inspected (that would
+    differ under `jax.jit`): an index outside `[0, m)` reads NaN (`_rows`), never another
+    pattern, eagerly and under `jit` alike."""
+    (q,) = validate.check_array(indices, name, rank=1, layout="[queries]", kind="int")
     return q
 
 
+def _rows(patterns: Array, indices: Array) -> Array:
+    """`patterns[indices]`, with NaN rows for indices outside `[0, M)` (JAX would clamp them
+    to the nearest row: a wrong pattern that looks right)."""
+    return jnp.asarray(patterns).at[indices].get(mode="fill", fill_value=jnp.nan,
+                                                wrap_negative_indices=False)
+
+
 def _check_beta(beta: float, *, traced: bool = False, name: str = "beta") -> float:
-    return _checks.check_real(beta, name, low=0.0, low_open=True, traced=traced,
+    return validate.check_real(beta, name, low=0.0, low_open=True, traced=traced,
                               hint="beta is the inverse temperature, e.g. 8.0")
 
 
@@ -75,11 +84,11 @@ def make_memory(key: Array, num_patterns: int, dim: int, value_dim: int | None =
                 ) -> Memory:
     """`num_patterns` random ±1 key and value patterns from `key` (values of `value_dim`,
     default `dim`)."""
-    _checks.check_prng_key(key)
-    _checks.check_int(num_patterns, "num_patterns")
-    _checks.check_int(dim, "dim")
+    validate.check_prng_key(key)
+    validate.check_int(num_patterns, "num_patterns")
+    validate.check_int(dim, "dim")
     if value_dim is not None:
-        _checks.check_int(value_dim, "value_dim")
+        validate.check_int(value_dim, "value_dim")
     kk, kv = jax.random.split(key)
     shape_v = (num_patterns, dim if value_dim is None else value_dim)
     return Memory(jax.random.rademacher(kk, (num_patterns, dim), jnp.float32),
@@ -89,14 +98,15 @@ def make_memory(key: Array, num_patterns: int, dim: int, value_dim: int | None =
 def noisy_queries(key: Array, memory: Memory, indices: Array, flip: float) -> Array:
     """Stored keys `memory.keys[indices]` with a random fraction `flip` of signs flipped.
 
-    `indices [Q]` must lie in `[0, M)`; an index outside raises (it is not clamped).
+    `indices [Q]` index the stored patterns, `[0, M)`; an index outside reads a pattern of
+    NaN (never another pattern, whose retrieval would look like a success).
     """
-    _checks.check_prng_key(key)
+    validate.check_prng_key(key)
     m, _, _ = _check_memory(memory)
     _check_indices(indices, m)
-    flip = _checks.check_real(flip, "flip", low=0.0, high=0.5,
+    flip = validate.check_real(flip, "flip", low=0.0, high=0.5,
                               hint="the fraction of signs flipped; 0.5 erases the key")
-    clean = memory.keys[indices]
+    clean = _rows(memory.keys, indices)
     flips = jax.random.bernoulli(key, flip, clean.shape)
     return jnp.where(flips, -clean, clean)
 
@@ -106,21 +116,24 @@ def retrieve(queries: Array, memory: Memory, beta: float, *, mesh: Mesh | None =
     """Read the memory: `softmax(beta · X ξ / D)ᵀ Y` for each query `[Q, D]` -> `[Q, Dv]`.
 
     `beta > 0` is the inverse temperature, a concrete number. With `mesh`, the patterns are
-    sharded along `M` over the mesh and combined by `tree_decode` (a pattern count not
-    divisible by the devices is padded and masked).
+    sharded along `M` over the mesh and combined by `tree_decode` (a pattern count that the
+    devices do not divide is padded and masked, `pad_cache`).
     """
     _, d, _ = _check_memory(memory)
-    nq, dq = _checks.check_array(queries, "queries", rank=2, layout="[Q, D]", kind="float")
-    _checks.check_shape((nq, dq), (nq, d), "queries", "[Q, D]", "D is the memory's key dim")
+    nq, dq = validate.check_array(queries, "queries", rank=2, layout="[Q, D]", kind="float")
+    validate.check_shape((nq, dq), (nq, d), "queries", "[Q, D]", "D is the memory's key dim")
     scale = _check_beta(beta) / d
     if mesh is not None:
-        _checks.check_instance(mesh, Mesh, "mesh", "build one with make_mesh(...), or pass None")
+        validate.check_instance(mesh, Mesh, "mesh", "build one with make_mesh(...), or pass None")
     q = queries[None, :, None, :]  # [1, Q, 1, D]: one sequence, Q queries, one head
     k, v = memory.keys[None, :, None, :], memory.values[None, :, None, :]
     if mesh is None:
         out = attention(q, k, v, scale=scale)
     else:
-        out = tree_decode(q, k, v, mesh=mesh, scale=scale, local_kernel="xla")
+        k, v, lengths = pad_cache(k, v, mesh)
+        lengths = None if k.shape[1] == memory.keys.shape[0] else lengths
+        out = tree_decode(q, k, v, mesh=mesh, scale=scale, local_kernel="xla",
+                          kv_lengths=lengths)
     return out[0, :, 0]
 
 
@@ -128,15 +141,15 @@ def retrieved(out: Array, memory: Memory, indices: Array) -> Array:
     """`[Q]` bools: is `sign(out)` exactly the stored value of each query's pattern?"""
     m, _, dv = _check_memory(memory)
     q = _check_indices(indices, m)
-    _checks.check_shape(_checks.check_array(out, "out", rank=2, layout="[Q, Dv]", kind="float"),
+    validate.check_shape(validate.check_array(out, "out", rank=2, layout="[Q, Dv]", kind="float"),
                         (q, dv), "out", "[Q, Dv]", "one readout per index, as `retrieve` "
                         "returns")
-    return jnp.all(jnp.sign(out) == memory.values[indices], axis=-1)
+    return jnp.all(jnp.sign(out) == _rows(memory.values, indices), axis=-1)
 
 
 def _check_state(xi: Array, keys: Array) -> None:
-    _, d = _checks.check_array(keys, "keys", rank=2, layout="[M, D]", kind="float")
-    _checks.check_shape(_checks.check_array(xi, "xi", rank=1, layout="[D]", kind="float"),
+    _, d = validate.check_array(keys, "keys", rank=2, layout="[M, D]", kind="float")
+    validate.check_shape(validate.check_array(xi, "xi", rank=1, layout="[D]", kind="float"),
                         (d,), "xi", "[D]", "one state of the keys' dim (vmap over a batch)")
 
 
@@ -163,18 +176,18 @@ def accuracy_grid(key: Array, sizes, betas, *, dim: int = 64, flip: float = 0.2,
     The same memories and queries (from `key`) are used for every `beta`. Every argument is
     checked before any work is done.
     """
-    _checks.check_prng_key(key)
-    sizes = _checks.check_sequence(sizes, "sizes", "pattern counts", "(16, 256)")
+    validate.check_prng_key(key)
+    sizes = validate.check_sequence(sizes, "sizes", "pattern counts", "(16, 256)")
     for i, m in enumerate(sizes):
-        _checks.check_int(m, f"sizes[{i}]", example="`sizes=(16, 256)`")
-    betas = _checks.check_sequence(betas, "betas", "inverse temperatures", "(1.0, 8.0)")
+        validate.check_int(m, f"sizes[{i}]", example="`sizes=(16, 256)`")
+    betas = validate.check_sequence(betas, "betas", "inverse temperatures", "(1.0, 8.0)")
     for i, beta in enumerate(betas):
         _check_beta(beta, name=f"betas[{i}]")
-    _checks.check_int(dim, "dim")
-    _checks.check_real(flip, "flip", low=0.0, high=0.5)
-    _checks.check_int(queries, "queries")
+    validate.check_int(dim, "dim")
+    validate.check_real(flip, "flip", low=0.0, high=0.5)
+    validate.check_int(queries, "queries")
     if mesh is not None:
-        _checks.check_instance(mesh, Mesh, "mesh", "build one with make_mesh(...), or pass None")
+        validate.check_instance(mesh, Mesh, "mesh", "build one with make_mesh(...), or pass None")
     grid = np.zeros((len(sizes), len(betas)))
     for i, m in enumerate(sizes):
         km, ki, kq = jax.random.split(jax.random.fold_in(key, int(m)), 3)

@@ -48,19 +48,13 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import Array
+from jax import Array, lax
 from jax.scipy.sparse.linalg import gmres
 
-from . import _checks
-from .attention import (
-    accum_dtype,
-    finite_or_zero,
-    grouped_scores,
-    scaled_scores,
-    select_valid_keys,
-    weights,
-)
-from .energy import energy
+from ..core import inputs, masks, numerics, validate
+from ..core.numerics import accum_dtype
+from ..core.reference import grouped_scores, scaled_scores, weights
+from .energy import energy, value_moments
 
 
 def posterior(
@@ -97,9 +91,9 @@ def log_likelihood(
     normalised and has no maximum. Its stationary point is a saddle (`gamma_hessian`); its
     maximum over ζ is the convex conjugate F*(z) (`conjugate_energy`).
     """
-    dims = _checks.check_qkv(q, k, v, kv_lengths)
-    _checks.check_like_output(z, "z", dims)
-    _checks.check_like_output(zeta, "zeta", dims)
+    dims = inputs.check_qkv(q, k, v, kv_lengths)
+    inputs.check_like_output(z, "z", dims)
+    inputs.check_like_output(zeta, "zeta", dims)
     f = energy(q, k, v, zeta, scale=scale, causal=causal, kv_lengths=kv_lengths)
     return jnp.sum(z * zeta) - f
 
@@ -126,46 +120,54 @@ def stationary_point(
     `seed`). `attention` is never called; the solution agrees with it because the
     stationary point *is* attention.
 
-    Raises:
-      RuntimeError: if Newton does not reach `tol` (default 1e-12 in float64, 1e-5 otherwise)
-        within `max_newton` steps.
+    The whole solve is one jitted program (a `lax.while_loop`), so it runs the same eagerly
+    and under `jax.jit`. If Newton does not reach `tol` (default 1e-12 in float64, 1e-5
+    otherwise) within `max_newton` steps, both results are NaN: a jitted program cannot
+    raise on a value, and NaN cannot be mistaken for an answer.
     """
-    dims = _checks.check_qkv(q, k, v, kv_lengths)
-    _checks.resolve_scale(scale, dims.head_dim)  # fail here, not inside the Newton solver
+    dims = inputs.check_qkv(q, k, v, kv_lengths)
+    scale = inputs.resolve_scale(scale, dims.head_dim, q.dtype)
+    validate.check_bool(causal, "causal")
     if tol is not None:
-        tol = _checks.check_real(tol, "tol", low=0.0, low_open=True,
-                                 hint="a residual bound such as 1e-10")
-    _checks.check_int(max_newton, "max_newton", example="`max_newton=20`")
-    _checks.check_int(seed, "seed", minimum=0, example="`seed=0`")
+        tol = validate.check_real(tol, "tol", low=0.0, low_open=True,
+                                  hint="a residual bound such as 1e-10")
+    validate.check_int(max_newton, "max_newton", example="`max_newton=20`")
+    validate.check_int(seed, "seed", minimum=0, example="`seed=0`")
     acc = accum_dtype(q.dtype)
     tol = (1e-12 if acc == jnp.float64 else 1e-5) if tol is None else tol
     shape = (dims.batch, dims.q_len, dims.q_heads, dims.v_dim)
+    key_z, key_zeta = jax.random.split(jax.random.key(seed))
+    x0 = (jax.random.normal(key_z, shape, acc), jax.random.normal(key_zeta, shape, acc))
+    return _newton(q, k, v, kv_lengths, x0, scale=scale, causal=bool(causal), tol=float(tol),
+                   max_newton=int(max_newton))
+
+
+@partial(jax.jit, static_argnames=("scale", "causal", "tol", "max_newton"))
+def _newton(q, k, v, kv_lengths, x0, *, scale, causal, tol, max_newton):
+    """Newton's method on ∇Γ = 0 as one `lax.while_loop`; NaN if it does not converge."""
     kw = dict(scale=scale, causal=causal, kv_lengths=kv_lengths)
 
-    residual = jax.jit(
-        lambda x: jax.grad(log_likelihood, argnums=(0, 1))(x[0], x[1], q, k, v, **kw)
-    )
+    def residual(x):
+        return jax.grad(log_likelihood, argnums=(0, 1))(x[0], x[1], q, k, v, **kw)
 
-    @jax.jit
-    def newton_step(x):
+    def size(r):  # max |∇Γ|
+        return jnp.maximum(jnp.max(jnp.abs(r[0])), jnp.max(jnp.abs(r[1])))
+
+    def step(carry):
+        i, x, _ = carry
         r = residual(x)
         jvp = lambda t: jax.jvp(residual, (x,), (t,))[1]  # noqa: E731
-        neg_r = jax.tree.map(jnp.negative, r)
-        delta, _ = gmres(jvp, neg_r, tol=tol * 1e-2, atol=0.0, restart=40, maxiter=20)
-        return jax.tree.map(jnp.add, x, delta)
+        delta, _ = gmres(jvp, jax.tree.map(jnp.negative, r), tol=tol * 1e-2, atol=0.0,
+                         restart=40, maxiter=20)
+        x = jax.tree.map(jnp.add, x, delta)
+        return i + 1, x, size(residual(x))
 
-    key_z, key_zeta = jax.random.split(jax.random.key(seed))
-    x = (jax.random.normal(key_z, shape, acc), jax.random.normal(key_zeta, shape, acc))
-    err = np.inf
-    for _ in range(max_newton):
-        x = newton_step(x)
-        err = float(max(jnp.max(jnp.abs(r)) for r in residual(x)))
-        if err < tol:
-            return x
-    raise RuntimeError(
-        f"stationary_point: Newton did not converge (max |∇Γ| = {err:.3g} after "
-        f"{max_newton} steps, tol = {tol:g}); raise `max_newton` or loosen `tol`."
-    )
+    def unfinished(carry):
+        i, _, err = carry
+        return (i < max_newton) & ~(err < tol)
+
+    _, x, err = lax.while_loop(unfinished, step, (0, x0, jnp.asarray(jnp.inf, x0[0].dtype)))
+    return jax.tree.map(lambda a: jnp.where(err < tol, a, jnp.nan), x)
 
 
 def map_estimate(
@@ -212,12 +214,12 @@ def gamma_hessian(
     stationary point is a saddle. Computed as `2·Dv` Jacobian-vector products of
     `jax.grad(log_likelihood)`, each with one unit vector placed in every row.
     """
-    dims = _checks.check_qkv(q, k, v, kv_lengths)
-    scale = _checks.resolve_scale(scale, dims.head_dim, q.dtype)
+    dims = inputs.check_qkv(q, k, v, kv_lengths)
+    scale = inputs.resolve_scale(scale, dims.head_dim, q.dtype)
     shape = (dims.batch, dims.q_len, dims.q_heads, dims.v_dim)
     if zeta is None:
         zeta = jnp.zeros(shape, accum_dtype(q.dtype))
-    _checks.check_like_output(zeta, "zeta", dims)
+    inputs.check_like_output(zeta, "zeta", dims)
     return _gamma_hessian(q, k, v, kv_lengths, zeta, scale=scale, causal=causal)
 
 
@@ -249,8 +251,11 @@ def _gamma_hessian(q, k, v, kv_lengths, zeta, *, scale, causal):
 def _rows(q, k, v, scale, causal, kv_lengths):
     """Validated sizes, scores `s [B, Hq, Tq, Tk]`, mask (same shape), values per query head
     `vh [B, Tk, Hq, Dv]` and the rows that see at least one key, `nonempty [B, Tq, Hq]`."""
-    dims = _checks.check_qkv(q, k, v, kv_lengths)
-    scale = _checks.resolve_scale(scale, dims.head_dim, q.dtype)
+    dims = inputs.check_qkv(q, k, v, kv_lengths)
+    scale = inputs.resolve_scale(scale, dims.head_dim, q.dtype)
+    validate.check_bool(causal, "causal")
+    if kv_lengths is not None:
+        kv_lengths = masks.clamp_lengths(kv_lengths, dims.batch, dims.kv_len)
     return (dims, *_prepare(q, k, v, kv_lengths, scale=scale, causal=bool(causal),
                             group=dims.group))
 
@@ -260,7 +265,7 @@ def _prepare(q, k, v, kv_lengths, *, scale, causal, group):
     s, mask = scaled_scores(q, k, scale=scale, causal=causal, kv_lengths=kv_lengths)
     mask = jnp.broadcast_to(mask, s.shape)
     if kv_lengths is not None:  # padding may hold NaN: select it away before any product
-        v = select_valid_keys(v, kv_lengths)
+        v = masks.select_valid_keys(v, kv_lengths)
     vh = jnp.repeat(v.astype(s.dtype), group, axis=2)
     return s, mask, vh, jnp.swapaxes(mask.any(-1), 1, 2)
 
@@ -272,25 +277,13 @@ def _logits(s, mask, vh, zeta):
 
 def _lse(logits):
     """Per-row log-sum-exp `[B, Tq, Hq]`; 0 for a row with no visible key (as in `energy`)."""
-    m = finite_or_zero(jnp.max(logits, axis=-1, keepdims=True))
-    total = jnp.sum(jnp.exp(logits - m), axis=-1)
-    out = jnp.where(total > 0, m[..., 0] + jnp.log(jnp.where(total > 0, total, 1.0)), 0.0)
-    return jnp.swapaxes(out, 1, 2)
+    lse = numerics.logsumexp(logits, jnp.isfinite(logits))
+    return jnp.swapaxes(jnp.where(jnp.isneginf(lse), 0.0, lse), 1, 2)
 
 
 def _softmax(logits):
     """Normalised weights `[B, Hq, Tq, Tk]`; an all-zero row where nothing is visible."""
-    m = finite_or_zero(jnp.max(logits, axis=-1, keepdims=True))
-    p = jnp.exp(logits - m)
-    total = jnp.sum(p, axis=-1, keepdims=True)
-    return p / jnp.where(total > 0, total, 1.0)
-
-
-def _moments(p, vh):
-    """Mean `[B, Tq, Hq, Dv]` and covariance `[B, Tq, Hq, Dv, Dv]` of v under weights `p`."""
-    mean = jnp.einsum("bhqk,bkhv->bqhv", p, vh)
-    second = jnp.einsum("bhqk,bkhv,bkhu->bqhvu", p, vh, vh)
-    return mean, second - mean[..., :, None] * mean[..., None, :]
+    return numerics.softmax(logits, jnp.isfinite(logits))
 
 
 @jax.jit
@@ -308,7 +301,7 @@ def _conjugate_step(zeta, z, s, mask, vh, nonempty):
         return jnp.sum(z * x, -1) - lse, lse
 
     g0, lse0 = objective(zeta)
-    mean, cov = _moments(_softmax(_logits(s, mask, vh, zeta)), vh)
+    mean, cov = value_moments(_softmax(_logits(s, mask, vh, zeta)), vh)
     r = jnp.where(nonempty[..., None], z - mean, 0.0)
     lam, u = jnp.linalg.eigh(cov)
     cut = 100 * eps * jnp.maximum(lam[..., -1:], jnp.finfo(s.dtype).tiny)
@@ -323,28 +316,33 @@ def _conjugate_step(zeta, z, s, mask, vh, nonempty):
     return zeta + t[..., None] * delta, jnp.max(jnp.abs(r))
 
 
-def _maximise(z, s, mask, vh, nonempty, tol, max_newton, who):
-    zeta = jnp.zeros_like(z)
-    err = np.inf
-    for _ in range(max_newton):
-        new, err_now = _conjugate_step(zeta, z, s, mask, vh, nonempty)
-        err = float(err_now)
-        if err < tol:
-            return zeta
-        zeta = new
-    raise RuntimeError(
-        f"{who}: the maximisation over ζ did not converge (max |z − E[v]| = {err:.3g} after "
-        f"{max_newton} Newton steps, tol = {tol:g}). F*(z) is finite only for z inside the "
-        f"convex hull of a row's visible values (+inf outside); check that `z` lies strictly "
-        f"inside it, or raise `max_newton`."
-    )
+def _maximise(z, s, mask, vh, nonempty, tol, max_newton):
+    """Damped Newton ascent from ζ = 0 as one `lax.while_loop`, until every row's
+    |z − E[v]| is below `tol` or `max_newton` steps are spent. Returns the last ζ whose
+    residual was measured, and that residual's maximum."""
+
+    def step(carry):
+        i, _, new, _ = carry
+        newer, err = _conjugate_step(new, z, s, mask, vh, nonempty)  # err at `new`
+        return i + 1, new, newer, err
+
+    def unfinished(carry):
+        i, _, _, err = carry
+        return (i < max_newton) & ~(err < tol)
+
+    zeta0 = jnp.zeros_like(z)
+    new, err = _conjugate_step(zeta0, z, s, mask, vh, nonempty)
+    _, zeta, _, err = lax.while_loop(unfinished, step, (1, zeta0, new, err))
+    return zeta
 
 
-@jax.jit
-def _at_maximiser(z, zeta, s, mask, vh, nonempty):
-    """What the public functions read off the maximiser ζ̂ of z·ζ − F(ζ), each `[B, Tq, Hq]`:
-    F*(z), I(z), KL(Q‖P) summed from the weights, and log det Cov_Q[v] (Q the tilted
-    posterior). Rows that see no key follow F ≡ 0: 0 at z = 0 and +inf elsewhere."""
+@partial(jax.jit, static_argnames=("tol", "max_newton"))
+def _solve_rows(z, s, mask, vh, nonempty, *, tol, max_newton):
+    """The maximiser ζ̂ of z·ζ − F(ζ) and what the public functions read off it, each
+    `[B, Tq, Hq]`: F*(z), I(z), KL(Q‖P) summed from the weights, and log det Cov_Q[v] (Q the
+    tilted posterior). Rows that see no key follow F ≡ 0: 0 at z = 0 and +inf elsewhere.
+    Rows whose residual |z − E_Q[v]| did not fall below `tol` are NaN."""
+    zeta = _maximise(z, s, mask, vh, nonempty, tol, max_newton)
     logits = _logits(s, mask, vh, zeta)
     f0 = _lse(jnp.where(mask, s, -jnp.inf))
     conj = jnp.sum(z * zeta, -1) - _lse(logits)
@@ -352,30 +350,37 @@ def _at_maximiser(z, zeta, s, mask, vh, nonempty):
     log_p = jax.nn.log_softmax(jnp.where(mask, s, -jnp.inf), axis=-1)
     log_q = jax.nn.log_softmax(logits, axis=-1)
     kl = jnp.swapaxes(jnp.sum(jnp.where(mask, jnp.exp(log_q) * (log_q - log_p), 0.0), -1), 1, 2)
-    _, cov = _moments(_softmax(logits), vh)
+    mean, cov = value_moments(_softmax(logits), vh)
     logdet = jnp.linalg.slogdet(cov)[1]
+    # Not converged (e.g. z outside the convex hull, where F* is +inf): NaN, not a number
+    # that could be mistaken for an answer.
+    solved = ~nonempty | (jnp.max(jnp.abs(z - mean), axis=-1) < tol)
     empty = jnp.where(jnp.all(z == 0, axis=-1), 0.0, jnp.inf)
-    pick = lambda x: jnp.where(nonempty, x, empty)  # noqa: E731
-    return dict(conj=pick(conj), rate=pick(rate), kl=pick(kl), logdet=logdet,
-                nonempty=nonempty)
+
+    def pick(x):
+        return jnp.where(nonempty, jnp.where(solved, x, jnp.nan), empty)
+
+    return jnp.where(solved[..., None], zeta, jnp.nan), dict(
+        conj=pick(conj), rate=pick(rate), kl=pick(kl),
+        logdet=jnp.where(solved, logdet, jnp.nan), nonempty=nonempty)
 
 
 def _check_solver(tol, max_newton, dtype):
     if tol is not None:
-        tol = _checks.check_real(tol, "tol", low=0.0, low_open=True,
+        tol = validate.check_real(tol, "tol", low=0.0, low_open=True,
                                  hint="a gradient bound such as 1e-10")
-    _checks.check_int(max_newton, "max_newton", example="`max_newton=100`")
+    validate.check_int(max_newton, "max_newton", example="`max_newton=100`")
     return (1e-11 if accum_dtype(dtype) == jnp.float64 else 1e-4) if tol is None else tol
 
 
-def _solve(z, q, k, v, scale, causal, kv_lengths, tol, max_newton, who):
+def _solve(z, q, k, v, scale, causal, kv_lengths, tol, max_newton):
     """Validate, find the maximiser ζ̂(z) and read everything off it."""
     dims, s, mask, vh, nonempty = _rows(q, k, v, scale, causal, kv_lengths)
-    _checks.check_like_output(z, "z", dims)
+    inputs.check_like_output(z, "z", dims)
     tol = _check_solver(tol, max_newton, q.dtype)
-    z = z.astype(s.dtype)
-    zeta = _maximise(z, s, mask, vh, nonempty, tol, max_newton, who)
-    return dims, zeta, _at_maximiser(z, zeta, s, mask, vh, nonempty)
+    zeta, out = _solve_rows(z.astype(s.dtype), s, mask, vh, nonempty, tol=float(tol),
+                            max_newton=int(max_newton))
+    return dims, zeta, out
 
 
 def conjugate_energy(
@@ -410,13 +415,11 @@ def conjugate_energy(
       ∇F*(z). Γ is concave in ζ (its Hessian there is −Cov), so the maximum is found by
       damped Newton ascent; nothing here calls `attention`. The minimum of F* over z is
       −F(0), at z = attention (the Legendre reading of the paper's stationary point).
-
-    Raises:
-      RuntimeError: if the maximisation does not converge, as when `z` lies outside the
-        convex hull of the values (F* is +inf there).
+      The solve is one jitted program (a `lax.while_loop`), the same eagerly and under
+      `jax.jit`; a row where it does not converge within `max_newton` steps, as when `z`
+      lies outside the convex hull of the values (F* is +inf there), is NaN in both.
     """
-    _, zeta, out = _solve(z, q, k, v, scale, causal, kv_lengths, tol, max_newton,
-                          "conjugate_energy")
+    _, zeta, out = _solve(z, q, k, v, scale, causal, kv_lengths, tol, max_newton)
     return out["conj"], zeta
 
 
@@ -438,10 +441,9 @@ def rate_function(
     under the posterior p, and I its convex conjugate. I ≥ 0, with I = 0 only at attention;
     near attention μ, I(z) ≈ ½ (z − μ)ᵀ Σ⁻¹ (z − μ) (Σ the value covariance); and the mean
     of n draws from p has density ≈ e^{−n I(z)} (Cramér's theorem). `z` is `[B, Tq, Hq, Dv]`;
-    `tol`, `max_newton` and the errors are those of `conjugate_energy`.
+    `tol`, `max_newton` and the NaN rows are those of `conjugate_energy`.
     """
-    return _solve(z, q, k, v, scale, causal, kv_lengths, tol, max_newton,
-                  "rate_function")[2]["rate"]
+    return _solve(z, q, k, v, scale, causal, kv_lengths, tol, max_newton)[2]["rate"]
 
 
 def tilted_posterior(
@@ -461,7 +463,7 @@ def tilted_posterior(
     in KL(Q‖P) (`min_kl_with_mean`). A row with no visible key is all zeros.
     """
     dims, s, mask, vh, _ = _rows(q, k, v, scale, causal, kv_lengths)
-    _checks.check_like_output(zeta, "zeta", dims)
+    inputs.check_like_output(zeta, "zeta", dims)
     return _tilted(s, mask, vh, zeta)
 
 
@@ -487,10 +489,9 @@ def min_kl_with_mean(
     The minimiser is the tilted posterior Q ∝ P e^{ζ·v} whose mean is z (exponential
     tilting; ζ from the same concave maximisation as `conjugate_energy`), and the KL is
     summed directly as Σ_a Q_a log(Q_a / P_a). It equals the rate function I(z). `z` is
-    `[B, Tq, Hq, Dv]`; `tol`, `max_newton` and the errors are those of `conjugate_energy`.
+    `[B, Tq, Hq, Dv]`; `tol`, `max_newton` and the NaN rows are those of `conjugate_energy`.
     """
-    return _solve(z, q, k, v, scale, causal, kv_lengths, tol, max_newton,
-                  "min_kl_with_mean")[2]["kl"]
+    return _solve(z, q, k, v, scale, causal, kv_lengths, tol, max_newton)[2]["kl"]
 
 
 def saddlepoint_density(
@@ -515,9 +516,8 @@ def saddlepoint_density(
     histogram on scales larger than the spacing of attainable means. A row with no visible
     key has mean exactly 0: +inf at z = 0 and 0 elsewhere.
     """
-    n = _checks.check_int(n, "n", example="`n=16` draws")
-    dims, _, out = _solve(z, q, k, v, scale, causal, kv_lengths, tol, max_newton,
-                          "saddlepoint_density")
+    n = validate.check_int(n, "n", example="`n=16` draws")
+    dims, _, out = _solve(z, q, k, v, scale, causal, kv_lengths, tol, max_newton)
     log_density = (0.5 * dims.v_dim * np.log(n / (2 * np.pi)) - 0.5 * out["logdet"]
                    - n * out["rate"])
     # A row with no key: its mean is exactly 0, a point mass (+inf at z = 0, 0 elsewhere).
@@ -545,9 +545,9 @@ def sample_means(
     theorem their density is ≈ e^{−n I(z)} (`rate_function`, `saddlepoint_density`). A row
     with no visible key gives 0.
     """
-    _checks.check_prng_key(key)
-    n = _checks.check_int(n, "n", example="`n=16` draws")
-    num_samples = _checks.check_int(num_samples, "num_samples", example="`num_samples=10_000`")
+    validate.check_prng_key(key)
+    n = validate.check_int(n, "n", example="`n=16` draws")
+    num_samples = validate.check_int(num_samples, "num_samples", example="`num_samples=10_000`")
     _, s, mask, vh, nonempty = _rows(q, k, v, scale, causal, kv_lengths)
     return _sample_means(key, s, mask, vh, nonempty, n=n, num_samples=num_samples)
 
@@ -582,7 +582,7 @@ def posterior_risk(
     (z = μ) is the Bayes estimate under squared loss. A row with no visible key gives 0.
     """
     dims, s, mask, vh, _ = _rows(q, k, v, scale, causal, kv_lengths)
-    _checks.check_like_output(z, "z", dims)
+    inputs.check_like_output(z, "z", dims)
     return _risk(s, mask, vh, z)
 
 

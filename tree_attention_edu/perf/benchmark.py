@@ -15,9 +15,12 @@ Methods:
 * `xla_auto`: plain `jax.nn.dot_product_attention` under `jax.jit` with K/V carrying a
   sequence `NamedSharding` and no `shard_map`: what XLA's partitioner does on its own.
 
+Patterns (`PATTERNS`): each merge pattern of `tree_decode` (`core.merges.MERGES`) and both
+rings, by name; `calibrate.bench_patterns` measures them in one run, next to the cost
+model's prediction. `method_fns` builds every method and pattern: the one registry.
+
 `median_times` interleaves the repeats of several methods, so that noise hits them alike;
-`calibrate.bench_patterns` uses it to measure every merge pattern of `tree_decode`
-(`decode.MERGES`) and both rings in one run, next to the cost model's prediction.
+`median_time` is the same helper for one function.
 
 The device (`device_info`): its platform and kind, the JAX version, the published HBM peak of
 the kind where known (`nominal_hbm_gbs`) and the read bandwidth measured on it
@@ -37,14 +40,23 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .attention import attention
-from .decode import MERGES, ring_decode, ring_decode_pass_q, tree_decode, tree_decode_from_energy
+from ..core.decode import (
+    kv_spec,
+    ring_decode,
+    ring_decode_pass_q,
+    tree_decode,
+    tree_decode_from_energy,
+)
+from ..core.devices import pad_cache
+from ..core.reference import attention
+from .costmodel import MERGES, RINGS
 from .introspect import CollectiveStats, collective_stats, memory_stats
 
 METHODS = ("single", "tree", "tree_energy", "ring", "ring_pass_q", "xla_auto")
-PATTERNS = (*MERGES, "ring", "ring_pass_q")
-"""What `patterns` measures: each `tree_decode(merge=...)`, then both rings (the same names
-as `calibrate.PATTERN_METHODS`)."""
+"""What `run` (the demo and `bench`) measures, by name."""
+PATTERNS = (*MERGES, *RINGS)
+"""What `calibrate.bench_patterns` and `validate_patterns` measure: each
+`tree_decode(merge=...)`, then both rings."""
 
 
 @dataclass(frozen=True)
@@ -98,14 +110,9 @@ def make_inputs(problem: Problem, seed: int = 0) -> tuple[np.ndarray, np.ndarray
 
 
 def median_time(fn: Callable, *args, repeats: int = 5) -> float:
-    """Median wall time of `fn(*args)` over `repeats` calls, after one warm-up call."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median wall time of `fn(*args)` over `repeats` timed calls, each after an untimed one
+    (`median_times` of one function)."""
+    return median_times({"fn": (fn, args)}, repeats=repeats)["fn"]
 
 
 # Published peak HBM bandwidth, GB/s, by substrings of `jax.Device.device_kind` (lower-case;
@@ -152,17 +159,31 @@ def device_read_gbs(nbytes: int | None = None, *, repeats: int = 7, device=None)
     (`median_time`). A reduction reads each byte once and writes nothing, as a decode step
     does. The array is 256 MiB on CPU and 2 GiB elsewhere unless `nbytes` says otherwise.
 
-    `calibrate.machine_read_gbs` measures the host with numpy; this measures the device
-    through XLA, the figure a kernel on that device can be held to.
+    This measures the device through XLA, the figure a kernel on that device can be held
+    to (on CPU, the simulated devices share this bus).
     """
-    device = jax.devices()[0] if device is None else device
-    if nbytes is None:
-        nbytes = DEVICE_READ_BYTES.get(device.platform, 2 * 2**30)
-    x = jax.device_put(jnp.ones((max(int(nbytes) // 4, 1),), jnp.float32), device)
-    seconds = median_time(jax.jit(jnp.sum), x, repeats=repeats)
-    nbytes = x.nbytes
-    del x
-    return nbytes / seconds / 1e9
+    reader = DeviceReader(nbytes, device)
+    seconds = median_time(reader.fn, reader.x, repeats=repeats)
+    return reader.x.nbytes / seconds / 1e9
+
+
+class DeviceReader:
+    """A float32 array of `nbytes` on `device` (default: the first; 256 MiB on CPU, 2 GiB
+    elsewhere) and a jitted `jnp.sum` that reads it: `gbs()` times one read."""
+
+    def __init__(self, nbytes: int | None = None, device=None):
+        device = jax.devices()[0] if device is None else device
+        if nbytes is None:
+            nbytes = DEVICE_READ_BYTES.get(device.platform, 2 * 2**30)
+        self.x = jax.device_put(jnp.ones((max(int(nbytes) // 4, 1),), jnp.float32), device)
+        self.fn = jax.jit(jnp.sum)
+        jax.block_until_ready(self.fn(self.x))
+
+    def gbs(self) -> float:
+        """One timed read, in GB/s."""
+        t0 = time.perf_counter()
+        jax.block_until_ready(self.fn(self.x))
+        return self.x.nbytes / (time.perf_counter() - t0) / 1e9
 
 
 def device_info(measure: bool = True, *, nbytes: int | None = None, repeats: int = 7) -> dict:
@@ -201,34 +222,55 @@ def describe(stats: CollectiveStats) -> str:
     return ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) or "none"
 
 
-def method_fns(mesh: Mesh, kv_len: int | None = None) -> dict[str, tuple[Callable, tuple]]:
-    """Each method as a jitted function and the shardings of its `(q, k, v)`.
+def method_fns(mesh: Mesh, kv_len: int | None = None,
+               names: Iterable[str] | None = None) -> dict[str, tuple[Callable, tuple]]:
+    """Each method (`METHODS`) and pattern (`PATTERNS`) as a jitted `fn(q, k, v)` and the
+    shardings of its `(q, k, v)`: the one registry of what is measured.
 
     `kv_len`: the sharded methods' K/V carry padding after this many keys (so that their
-    length is a multiple of the device count) and mask it; `None`: no padding.
+    length is a multiple of the device count, `pad_cache`) and mask it; `None`: no padding.
     """
-    axes = tuple(mesh.axis_names)
     rep = NamedSharding(mesh, P())
-    kv = NamedSharding(mesh, P(None, axes))
+    kv = NamedSharding(mesh, kv_spec(tuple(mesh.axis_names)))
     one = NamedSharding(Mesh(np.array(mesh.devices).ravel()[:1], ("one",)), P())
     dpa = jax.nn.dot_product_attention
 
     def lengths(q):  # a trace-time constant, or None when there is no padding
         return None if kv_len is None else jnp.full((q.shape[0],), kv_len, jnp.int32)
 
-    return {
-        "single": (jax.jit(dpa), (one, one, one)),
-        "tree": (jax.jit(lambda q, k, v: tree_decode(q, k, v, mesh=mesh,
-                                                     kv_lengths=lengths(q))), (rep, kv, kv)),
-        "tree_energy": (jax.jit(lambda q, k, v: tree_decode_from_energy(
-            q, k, v, mesh=mesh, kv_lengths=lengths(q))), (rep, kv, kv)),
-        "ring": (jax.jit(lambda q, k, v: ring_decode(q, k, v, mesh=mesh,
-                                                     kv_lengths=lengths(q))), (rep, kv, kv)),
-        "ring_pass_q": (jax.jit(lambda q, k, v: ring_decode_pass_q(
-            q, k, v, mesh=mesh, kv_lengths=lengths(q))), (rep, kv, kv)),
-        "xla_auto": (jax.jit(lambda q, k, v: dpa(q, k, v, key_value_seq_lengths=lengths(q)),
-                             in_shardings=(rep, kv, kv), out_shardings=rep), (rep, kv, kv)),
+    def sharded(decode: Callable, **kw) -> tuple[Callable, tuple]:
+        return (jax.jit(lambda q, k, v: decode(q, k, v, mesh=mesh, kv_lengths=lengths(q),
+                                               **kw)), (rep, kv, kv))
+
+    builders: dict[str, Callable[[], tuple[Callable, tuple]]] = {
+        "single": lambda: (jax.jit(dpa), (one, one, one)),
+        "tree": lambda: sharded(tree_decode),
+        "tree_energy": lambda: sharded(tree_decode_from_energy),
+        "ring": lambda: sharded(ring_decode),
+        "ring_pass_q": lambda: sharded(ring_decode_pass_q),
+        "xla_auto": lambda: (jax.jit(lambda q, k, v: dpa(q, k, v,
+                                                           key_value_seq_lengths=lengths(q)),
+                                     in_shardings=(rep, kv, kv), out_shardings=rep),
+                             (rep, kv, kv)),
+        **{m: (lambda m=m: sharded(tree_decode, merge=m)) for m in MERGES},
     }
+    names = list(builders) if names is None else list(names)
+    for n in names:
+        if n not in builders:
+            raise ValueError(f"unknown method {n!r}; use one of {', '.join(builders)}.")
+    return {n: builders[n]() for n in names}
+
+
+def sharded_inputs(mesh: Mesh, problem: Problem, seed: int = 0
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                              int | None]:
+    """`(q, k, v, k_padded, v_padded, kv_len)`: the problem's inputs, and K/V padded once to
+    a multiple of the device count (`pad_cache`) for the sharded methods, with the valid
+    length to mask (None when no padding was needed)."""
+    q, k, v = make_inputs(problem, seed)
+    kp, vp, _ = pad_cache(k, v, mesh)
+    padded = kp.shape[1] != problem.seq_len
+    return q, k, v, np.asarray(kp), np.asarray(vp), problem.seq_len if padded else None
 
 
 def run(
@@ -241,14 +283,11 @@ def run(
     progress: Callable[[str], None] | None = None,
 ) -> list[Record]:
     """Measure each method on the same inputs; see the module docstring for what is measured."""
-    q, k, v = make_inputs(problem, seed)
+    q, k, v, kp, vp, kv_len = sharded_inputs(mesh, problem, seed)
     want = np.asarray(attention(*(jnp.asarray(x, jnp.float64) for x in (q, k, v))))
-    # K/V are placed on the mesh along the sequence, which needs a multiple of the device
-    # count: pad with masked keys when it is not (as tree_decode does inside).
-    pad = (-problem.seq_len) % mesh.size
-    widths = ((0, 0), (0, pad), (0, 0), (0, 0))
-    sharded_qkv = (q, np.pad(k, widths), np.pad(v, widths)) if pad else (q, k, v)
-    fns = method_fns(mesh, problem.seq_len if pad else None)
+    sharded_qkv = (q, kp, vp)
+    methods = list(methods)
+    fns = method_fns(mesh, kv_len, methods)
     records = []
     for name in methods:
         if progress:
@@ -291,7 +330,7 @@ def table(records: list[Record]) -> str:
     return "\n".join(rows)
 
 
-# --- merge patterns and rings, side by side (issue 13) ----------------------------------------
+# --- timing ---------------------------------------------------------------------------------
 
 
 def median_times(calls: dict[str, tuple[Callable, tuple]], repeats: int = 5) -> dict[str, float]:

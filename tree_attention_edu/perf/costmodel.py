@@ -1,8 +1,7 @@
 """Closed-form costs of tree and ring decoding: steps, bytes on the wire, memory, latency.
 
-Plain Python arithmetic (no JAX arrays), so it can be read and used without a device; only
-its argument checks come from `_checks`, like every error message of the package. The byte
-formulas are checked against what `introspect.collective_stats` measures in the compiled
+Plain Python arithmetic (no JAX arrays), so it can be read and used without a device. The
+byte formulas are checked against what `introspect.collective_stats` measures in the compiled
 program, and the latency model (`Topology`, `predict_tree`, `predict_ring`) is calibrated on the
 simulated devices by `calibrate.calibrate` before it is used to extrapolate to `DGX_H100`.
 
@@ -24,23 +23,61 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
-from . import _checks
+import numpy as np
+
+from ..core import inputs, merges, validate
+
+MAX_SIZE = 2**50
+"""Largest size the model takes: products of six such sizes stay inside float64's range."""
 
 
 def _sizes(**sizes) -> None:
-    """Each size a positive int (or a sympy expression)."""
+    """Each size a positive int at most `MAX_SIZE` (or a sympy expression)."""
     for name, value in sizes.items():
-        _checks.check_int(value, name, symbolic=True)
+        validate.check_int(value, name, symbolic=True)
+        if isinstance(value, int) and value > MAX_SIZE:
+            raise ValueError(f"`{name}` = {value} exceeds the model's largest size, 2**50 "
+                             f"({MAX_SIZE:.3g}): the formulas multiply sizes in floating "
+                             f"point, and such products would leave its range.")
 
 
 def _branching(branching: int) -> None:
-    _checks.check_int(branching, "branching", minimum=2, symbolic=True,
+    validate.check_int(branching, "branching", minimum=2, symbolic=True,
                       example="`branching=2` for a binary tree")
 
 
 def _nbytes(nbytes: float) -> None:
-    _checks.check_real(nbytes, "nbytes", low=0.0, symbolic=True)
+    validate.check_real(nbytes, "nbytes", low=0.0, symbolic=True)
+
+
+def _check_whole_nodes(p: int, devices_per_node: int) -> None:
+    if p > devices_per_node and p % devices_per_node:
+        raise ValueError(
+            f"`p`={p} is not a whole number of {devices_per_node}-device nodes; pass at most "
+            f"{devices_per_node} or a multiple of {devices_per_node}."
+        )
+
+
+def _check_kind_links(pairs: Any, name: str, kinds: tuple[str, ...], link_cls: type) -> None:
+    """A tuple of `(kind, Link)` pairs, each kind one of `kinds` and given once."""
+    eg = '(("all-gather", Link(alpha_s=1e-4, beta_Bps=1e9)),)'
+    if not isinstance(pairs, tuple):
+        raise TypeError(f"`{name}` must be a tuple of (kind, Link) pairs, e.g. {eg}, got "
+                        f"{validate.describe(pairs)}.")
+    seen = set()
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], link_cls)):
+            raise TypeError(f"`{name}[{i}]` must be a (kind, Link) pair, e.g. {eg}, got "
+                            f"{validate.describe(pair)}.")
+        validate.check_choice(pair[0], kinds, f"{name}[{i}][0]")
+        if pair[0] in seen:
+            raise ValueError(f"`{name}` gives {pair[0]!r} twice; give each kind once.")
+        seen.add(pair[0])
+
+
+
 
 
 def reduction_steps(n: int, p: int, branching: int = 2) -> int:
@@ -50,8 +87,8 @@ def reduction_steps(n: int, p: int, branching: int = 2) -> int:
     `p` partial results meet in a `branching`-ary tree of `ceil(log_branching p)` levels:
     O(N/p + log p) (paper, Theorem 1). With `p = 1` this is the serial `n - 1`.
     """
-    _checks.check_int(n, "n")
-    _checks.check_int(p, "p")
+    validate.check_int(n, "n")
+    validate.check_int(p, "p")
     _branching(branching)
     p = min(p, n)
     return math.ceil(n / p) - 1 + tree_depth(p, branching)
@@ -59,7 +96,7 @@ def reduction_steps(n: int, p: int, branching: int = 2) -> int:
 
 def tree_depth(p: int, branching: int = 2) -> int:
     """Levels of a `branching`-ary reduction tree over `p` leaves."""
-    _checks.check_int(p, "p")
+    validate.check_int(p, "p")
     _branching(branching)
     depth, width = 0, p
     while width > 1:
@@ -152,9 +189,9 @@ class Link:
     beta_Bps: float
 
     def __post_init__(self):
-        _checks.check_real(self.alpha_s, "alpha_s", low=0.0, symbolic=True,
+        validate.check_real(self.alpha_s, "alpha_s", low=0.0, symbolic=True,
                            hint="seconds per message, e.g. 3e-6")
-        _checks.check_real(self.beta_Bps, "beta_Bps", low=0.0, low_open=True, finite=False,
+        validate.check_real(self.beta_Bps, "beta_Bps", low=0.0, low_open=True, finite=False,
                            symbolic=True, hint="bytes per second, e.g. 50e9")
 
     def send(self, nbytes: float) -> float:
@@ -198,19 +235,19 @@ class Topology:
     copy_Bps: float | None = None
 
     def __post_init__(self):
-        _checks.check_int(self.nodes, "nodes")
-        _checks.check_int(self.devices_per_node, "devices_per_node")
-        _checks.check_instance(self.intra, Link, "intra", "pass Link(alpha_s, beta_Bps)")
-        _checks.check_instance(self.inter, Link, "inter", "pass Link(alpha_s, beta_Bps)")
-        _checks.check_real(self.mem_Bps, "mem_Bps", low=0.0, low_open=True, finite=False,
+        validate.check_int(self.nodes, "nodes")
+        validate.check_int(self.devices_per_node, "devices_per_node")
+        validate.check_instance(self.intra, Link, "intra", "pass Link(alpha_s, beta_Bps)")
+        validate.check_instance(self.inter, Link, "inter", "pass Link(alpha_s, beta_Bps)")
+        validate.check_real(self.mem_Bps, "mem_Bps", low=0.0, low_open=True, finite=False,
                            hint="memory read bytes per second, e.g. 3.35e12")
-        _checks.check_real(self.flops, "flops", low=0.0, low_open=True, finite=False,
+        validate.check_real(self.flops, "flops", low=0.0, low_open=True, finite=False,
                            hint="peak flop/s, e.g. 989e12 (inf: never compute-bound)")
-        _checks.check_real(self.overhead_s, "overhead_s", low=0.0)
-        _checks.check_bool(self.overlap, "overlap")
-        _checks.check_kind_links(self.measured, "measured", COLLECTIVE_KINDS, Link)
+        validate.check_real(self.overhead_s, "overhead_s", low=0.0)
+        validate.check_bool(self.overlap, "overlap")
+        _check_kind_links(self.measured, "measured", COLLECTIVE_KINDS, Link)
         if self.copy_Bps is not None:
-            _checks.check_real(self.copy_Bps, "copy_Bps", low=0.0, low_open=True, finite=False,
+            validate.check_real(self.copy_Bps, "copy_Bps", low=0.0, low_open=True, finite=False,
                                hint="bytes read + written per second by a local copy")
 
     @property
@@ -225,8 +262,8 @@ class Topology:
 
     def with_devices(self, p: int) -> Topology:
         """The same hardware with `p` devices: whole nodes once `p` exceeds a node."""
-        _checks.check_int(p, "p")
-        _checks.check_whole_nodes(p, self.devices_per_node)
+        validate.check_int(p, "p")
+        _check_whole_nodes(p, self.devices_per_node)
         # Collectives measured on this many devices say nothing about another count.
         measured = self.measured if p == self.devices else ()
         if p <= self.devices_per_node:
@@ -236,8 +273,8 @@ class Topology:
 
 def _allreduce_args(nbytes: float, p: int, link: Link) -> None:
     _nbytes(nbytes)
-    _checks.check_int(p, "p")
-    _checks.check_instance(link, Link, "link", "pass Link(alpha_s, beta_Bps)")
+    validate.check_int(p, "p")
+    validate.check_instance(link, Link, "link", "pass Link(alpha_s, beta_Bps)")
 
 
 def ring_allreduce_time(nbytes: float, p: int, link: Link) -> float:
@@ -268,7 +305,7 @@ def hierarchical_allreduce_time(nbytes: float, topo: Topology) -> float:
     The second stage carries the already-reduced message: one per node position.
     """
     _nbytes(nbytes)
-    _checks.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
+    validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
     return (allreduce_time(nbytes, topo.devices_per_node, topo.intra)[0]
             + allreduce_time(nbytes, topo.nodes, topo.inter)[0])
 
@@ -320,8 +357,8 @@ def local_decode_time(batch: int, kv_len: int, kv_heads: int, head_dim: int, v_d
     K and V once at `mem_Bps` (`kv_read_bytes`) and doing `decode_flops` at `flops`."""
     _sizes(batch=batch, kv_len=kv_len, kv_heads=kv_heads, head_dim=head_dim, v_dim=v_dim,
            q_heads=q_heads, itemsize=itemsize, q_len=q_len)
-    _checks.check_head_groups(q_heads, kv_heads)
-    _checks.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
+    inputs.check_head_groups(q_heads, kv_heads)
+    validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
     nbytes = kv_read_bytes(batch, kv_len, kv_heads, head_dim, v_dim, itemsize)
     flops = decode_flops(batch, kv_len, q_heads, head_dim, v_dim, q_len)
     return max(nbytes / topo.mem_Bps, flops / topo.flops)
@@ -346,11 +383,11 @@ class Prediction:
 
 def _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len) -> int:
     """Check a prediction's sizes; return `kv_heads` (default: `q_heads`)."""
-    _checks.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
+    validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
     kv_heads = q_heads if kv_heads is None else kv_heads
     _sizes(seq_len=seq_len, batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
            itemsize=itemsize, q_len=q_len)
-    _checks.check_head_groups(q_heads, kv_heads)
+    inputs.check_head_groups(q_heads, kv_heads)
     return kv_heads
 
 
@@ -378,7 +415,8 @@ def predict_ring(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int =
     it into the running state while the transfer is in flight, then the last block is folded.
     Every transfer of a step waits for the slowest link in the ring (inter-node once the ring
     spans nodes). With overlap a step costs `max(compute, transfer)`, else their sum; the last
-    block's compute is never hidden. `comm_s` is the part not hidden behind compute.
+    block's compute is never hidden. Then one all-reduce of the output makes the replicated
+    result the same on every device. `comm_s` is the part not hidden behind compute.
 
     Where `topo.copy_Bps` is set, each of the p−1 steps also reads and writes one K/V block
     at that rate (part of `compute_s`): XLA:CPU copies the loop-carried block before sending
@@ -388,32 +426,33 @@ def predict_ring(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int =
     kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len)
     v_dim = head_dim if v_dim is None else v_dim
     _sizes(v_dim=v_dim)
-    _checks.check_bool(overlap, "overlap", optional=True)
+    validate.check_bool(overlap, "overlap", optional=True)
     overlap = topo.overlap if overlap is None else overlap
     p = topo.devices
     t = math.ceil(seq_len / p)
     block = local_decode_time(batch, t, kv_heads, head_dim, v_dim, q_heads, topo, itemsize,
                               q_len)
-    send = sum(count * collective_time(kind, nbytes, topo) for kind, nbytes, count in
-               ring_collectives(batch=batch, kv_len=seq_len, kv_heads=kv_heads,
-                                head_dim=head_dim, v_dim=v_dim, p=p, itemsize=itemsize))
-    send = send / (p - 1) if p > 1 else 0.0  # per step
+    k_send, v_send, *broadcast = ring_collectives(
+        batch=batch, kv_len=seq_len, kv_heads=kv_heads, head_dim=head_dim, v_dim=v_dim, p=p,
+        itemsize=itemsize, q_len=q_len, q_heads=q_heads)
+    send = sum(collective_time(kind, nbytes, topo) for kind, nbytes, _ in (k_send, v_send))
+    send = send if p > 1 else 0.0  # per step
     hidden = min(block, send) if overlap else 0.0
     copy = (0.0 if topo.copy_Bps is None else
             2 * batch * t * kv_heads * (head_dim + v_dim) * itemsize / topo.copy_Bps)
-    return Prediction("ring", p, seq_len, p * block + (p - 1) * copy, (p - 1) * (send - hidden),
-                      topo.overhead_s)
+    comm = (p - 1) * (send - hidden) + collectives_time(broadcast, topo)
+    return Prediction("ring", p, seq_len, p * block + (p - 1) * copy, comm, topo.overhead_s)
 
 
-# --- merge patterns of serving systems (issue 13) -----------------------------------------
+# --- merge patterns of serving systems -----------------------------------------
 #
 # Every pattern merges the same per-device states (out, lse) exactly; they differ only in
 # the collectives that move them. Bytes are counted the way `introspect.collective_stats`
 # counts them: for all-reduce, reduce-scatter, all-to-all and collective-permute the buffer
 # one device contributes, for all-gather the buffer it receives (p times its contribution).
 
-MERGES = ("allreduce", "allgather", "reduce_scatter", "all_to_all", "one_pass")
-"""The merge patterns of `decode.tree_decode(merge=...)`, in that order:
+MERGES = tuple(merges.MERGES)
+"""The merge patterns of `core.decode.tree_decode(merge=...)` (`core.merges.MERGES`):
 
 * "allreduce": Allreduce(max) + Allreduce(sum), the paper's Algorithm 3;
 * "allgather": one all-gather of the packed states, then a local merge;
@@ -430,7 +469,7 @@ RINGS = ("ring", "ring_pass_q")
 
 
 def _pattern(pattern: str) -> str:
-    return _checks.check_pattern(pattern, MERGES)
+    return validate.check_str_choice(pattern, MERGES, "pattern")
 
 
 def padded_heads(q_heads: int, p: int) -> int:
@@ -471,7 +510,7 @@ def merge_collectives(pattern: str, *, batch: int, q_len: int, q_heads: int, v_d
     _pattern(pattern)
     _sizes(batch=batch, q_len=q_len, q_heads=q_heads, v_dim=v_dim, p=p,
            stat_itemsize=stat_itemsize, levels=levels, out_itemsize=out_itemsize)
-    _checks.check_bool(fallback, "fallback")
+    validate.check_bool(fallback, "fallback")
     s, n = stat_itemsize, batch * q_len * q_heads
     n_pad = batch * q_len * padded_heads(q_heads, p)
     if pattern == "allreduce":
@@ -511,22 +550,27 @@ def merge_read_bytes(pattern: str, *, batch: int, q_len: int, q_heads: int, v_di
 
 
 def ring_collectives(*, batch: int, kv_len: int, kv_heads: int, head_dim: int, v_dim: int,
-                     p: int, itemsize: int = 4) -> list[tuple[str, int, int]]:
-    """Pass-KV ring (`decode.ring_decode`): p−1 steps, each two collective-permutes, the K
-    block `B·t·Hkv·D·itemsize` and the V block `B·t·Hkv·Dv·itemsize` (t = ceil(N/p)).
-    Their sum is `ring_payload_bytes`."""
+                     p: int, itemsize: int = 4, q_len: int = 1,
+                     q_heads: int | None = None) -> list[tuple[str, int, int]]:
+    """Pass-KV ring (`core.decode.ring_decode`): p−1 steps, each two collective-permutes, the
+    K block `B·t·Hkv·D·itemsize` and the V block `B·t·Hkv·Dv·itemsize` (t = ceil(N/p)), whose
+    sum is `ring_payload_bytes`; then one all-reduce of the output `B·Tq·Hq·Dv·itemsize`
+    (`q_heads` defaults to `kv_heads`) that broadcasts shard 0's result, so that the
+    replicated output is the same on every device (none when p = 1)."""
+    q_heads = kv_heads if q_heads is None else q_heads
     _sizes(batch=batch, kv_len=kv_len, kv_heads=kv_heads, head_dim=head_dim, v_dim=v_dim, p=p,
-           itemsize=itemsize)
+           itemsize=itemsize, q_len=q_len, q_heads=q_heads)
     t = -(-kv_len // p)
     block = batch * t * kv_heads * itemsize
+    out = [("all-reduce", batch * q_len * q_heads * v_dim * itemsize, 1)] if p > 1 else []
     return [("collective-permute", block * head_dim, p - 1),
-            ("collective-permute", block * v_dim, p - 1)]
+            ("collective-permute", block * v_dim, p - 1), *out]
 
 
 def pass_q_heads(q_heads: int, kv_heads: int, p: int) -> int:
     """Query heads in one travelling block of the pass-Q ring: `Gs = ceil(Hkv/p)·Hq/Hkv`."""
     _sizes(q_heads=q_heads, kv_heads=kv_heads, p=p)
-    _checks.check_head_groups(q_heads, kv_heads)
+    inputs.check_head_groups(q_heads, kv_heads)
     return -(-kv_heads // p) * (q_heads // kv_heads)
 
 
@@ -558,7 +602,7 @@ def collective_bytes(collectives: list[tuple[str, int, int]]) -> int:
 
 
 def _collective_list(collectives) -> list:
-    return _checks.check_sequence(collectives, "collectives", "(kind, nbytes, count) triples",
+    return validate.check_sequence(collectives, "collectives", "(kind, nbytes, count) triples",
                                   '[("all-gather", 8192, 1)]')
 
 
@@ -614,9 +658,9 @@ def collective_time(kind: str, nbytes: float, topo: Topology) -> float:
       links, `(p−dpn)(α_inter + n/(p·β_inter))`;
     * collective-permute (a ring's step): one send over the slowest link of the ring.
     """
-    _checks.check_choice(kind, COLLECTIVE_KINDS, "kind")
+    validate.check_choice(kind, COLLECTIVE_KINDS, "kind")
     _nbytes(nbytes)
-    _checks.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
+    validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
     measured = dict(topo.measured)
     if kind in measured:
         return measured[kind].send(nbytes)
@@ -643,7 +687,7 @@ def collective_time(kind: str, nbytes: float, topo: Topology) -> float:
 def collectives_time(collectives: list[tuple[str, int, int]], topo: Topology) -> float:
     """Seconds of a list of `(kind, nbytes, count)` run one after the other on `topo`."""
     collectives = _collective_list(collectives)
-    _checks.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
+    validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
     return sum(count * collective_time(kind, nbytes, topo) for kind, nbytes, count in collectives)
 
 
@@ -665,7 +709,7 @@ def predict_merge(pattern: str, seq_len: int, topo: Topology, *, batch: int = 1,
     kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len)
     v_dim = head_dim if v_dim is None else v_dim
     _sizes(v_dim=v_dim)
-    _checks.check_int(stat_itemsize, "stat_itemsize")
+    validate.check_int(stat_itemsize, "stat_itemsize")
     p = topo.devices
     t = math.ceil(seq_len / p)
     compute = local_decode_time(batch, t, kv_heads, head_dim, v_dim, q_heads, topo, itemsize,
@@ -694,8 +738,8 @@ def predict_pass_q_ring(seq_len: int, topo: Topology, *, batch: int = 1, q_heads
     kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len)
     v_dim = head_dim if v_dim is None else v_dim
     _sizes(v_dim=v_dim)
-    _checks.check_int(stat_itemsize, "stat_itemsize")
-    _checks.check_bool(overlap, "overlap", optional=True)
+    validate.check_int(stat_itemsize, "stat_itemsize")
+    validate.check_bool(overlap, "overlap", optional=True)
     overlap = topo.overlap if overlap is None else overlap
     p = topo.devices
     t = math.ceil(seq_len / p)
@@ -737,10 +781,10 @@ def best_merge(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int = 1
     "one_pass" is priced by its fast path: it never loses to "allreduce" (one all-reduce
     fewer), so leave it out of `patterns` where the fallback would run often.
     """
-    names = _checks.check_sequence(patterns, "patterns", "merge pattern names",
+    names = validate.check_sequence(patterns, "patterns", "merge pattern names",
                                    '("allreduce", "allgather")')
     for i, name in enumerate(names):
-        _checks.check_pattern(name, MERGES, f"patterns[{i}]")
+        validate.check_str_choice(name, MERGES, f"patterns[{i}]")
     shape = dict(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
                  v_dim=v_dim, itemsize=itemsize, q_len=q_len, stat_itemsize=stat_itemsize)
     order = sorted(set(names), key=lambda m: (m != "allreduce", MERGES.index(m)))
@@ -750,6 +794,22 @@ def best_merge(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int = 1
         if times[m] < times[best] * (1 - 1e-12):
             best = m
     return best
+
+
+def auto_merge(problem: merges.MergeProblem) -> str:
+    """The policy behind `tree_decode(merge="auto")` (registered with
+    `core.merges.set_auto_policy` when the package is imported): the pattern `best_merge`
+    predicts fastest among `core.merges.AUTO_MERGES`, on DGX H100 links shaped like the
+    mesh: the innermost sequence axis inside a node, the others across nodes."""
+    sizes = problem.axis_sizes
+    per_node = sizes[-1]
+    topo = replace(DGX_H100, nodes=math.prod(sizes) // per_node, devices_per_node=per_node)
+    itemsize = int(np.dtype(problem.dtype).itemsize)
+    return best_merge(
+        problem.kv_len, topo, batch=problem.batch, q_heads=problem.q_heads,
+        kv_heads=problem.kv_heads, head_dim=problem.head_dim, v_dim=problem.v_dim,
+        itemsize=itemsize, q_len=problem.q_len, stat_itemsize=8 if itemsize == 8 else 4,
+        patterns=merges.AUTO_MERGES)
 
 
 def crossover_map(topo: Topology | None = None, *, ps: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128),
@@ -772,16 +832,16 @@ def crossover_map(topo: Topology | None = None, *, ps: tuple[int, ...] = (2, 4, 
     "speedup": [[allreduce / winner]], "topology": name}`.
     """
     topo = DGX_H100 if topo is None else topo
-    _checks.check_instance(topo, Topology, "topo", "e.g. DGX_H100")
-    ps = _checks.check_sizes_list(ps, "ps", "(8, 16, 32)")
-    bhs = _checks.check_sizes_list(batch_heads, "batch_heads", "(16, 256, 4096)")
+    validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100")
+    ps = validate.check_sizes_list(ps, "ps", "(8, 16, 32)")
+    bhs = validate.check_sizes_list(batch_heads, "batch_heads", "(16, 256, 4096)")
     _sizes(q_heads=q_heads)
     for i, bh in enumerate(bhs):
-        _checks.check_multiple_of(bh, f"batch_heads[{i}]", q_heads, "q_heads")
-    names = _checks.check_sequence(patterns, "patterns", "merge pattern names",
+        validate.check_multiple_of(bh, f"batch_heads[{i}]", q_heads, "q_heads")
+    names = validate.check_sequence(patterns, "patterns", "merge pattern names",
                                    '("allreduce", "allgather")')
     for i, name in enumerate(names):
-        _checks.check_pattern(name, MERGES, f"patterns[{i}]")
+        validate.check_str_choice(name, MERGES, f"patterns[{i}]")
     seconds = {m: [[0.0] * len(ps) for _ in bhs] for m in names}
     winner = [[""] * len(ps) for _ in bhs]
     speedup = [[1.0] * len(ps) for _ in bhs]
@@ -866,8 +926,8 @@ def paper_microbenchmark(seq_len: int, p: int, topo: Topology = DGX_H100
                          ) -> dict[str, Prediction]:
     """Predicted latency of one decode step of the paper's microbenchmark on `p` devices of
     `topo` (whole nodes beyond one): `{"tree": Prediction, "ring": Prediction}`."""
-    _checks.check_instance(topo, Topology, "topo", "e.g. DGX_H100")
-    _checks.check_int(p, "p")
+    validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100")
+    validate.check_int(p, "p")
     topo = topo.with_devices(p)
     return {"tree": predict_tree(seq_len, topo, **PAPER_MICROBENCHMARK),
             "ring": predict_ring(seq_len, topo, **PAPER_MICROBENCHMARK)}
@@ -899,8 +959,8 @@ class ModelShape:
         _sizes(layers=self.layers, dim=self.dim, q_heads=self.q_heads, kv_heads=self.kv_heads,
                head_dim=self.head_dim, hidden=self.hidden, vocab=self.vocab,
                itemsize=self.itemsize)
-        _checks.check_head_groups(self.q_heads, self.kv_heads)
-        _checks.check_bool(self.tie_embeddings, "tie_embeddings")
+        inputs.check_head_groups(self.q_heads, self.kv_heads)
+        validate.check_bool(self.tie_embeddings, "tie_embeddings")
 
     @property
     def params(self) -> int:
@@ -936,9 +996,9 @@ def generation_time(seq_len: int, topo: Topology, *, model: ModelShape = LLAMA_3
     device reads once per token when only the sequence is sharded: `weight_bytes / mem_Bps`,
     the same for both methods. The prefill is not included.
     """
-    _checks.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(8)")
-    _checks.check_instance(model, ModelShape, "model", "e.g. LLAMA_3_1_8B")
-    _checks.check_int(tokens, "tokens")
+    validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(8)")
+    validate.check_instance(model, ModelShape, "model", "e.g. LLAMA_3_1_8B")
+    validate.check_int(tokens, "tokens")
     shape = dict(q_heads=model.q_heads, kv_heads=model.kv_heads, head_dim=model.head_dim,
                  itemsize=model.itemsize)
     weights_s = model.weight_bytes / topo.mem_Bps
@@ -970,3 +1030,11 @@ PAPER_LLAMA_SPEEDUP: dict[str, dict[int, int]] = {
     "4x MI300X": {32768: 3, 65536: 3, 131072: 3, 262144: 2},
 }
 """The table's "Speedup" column (×): ring over tree, rounded to a whole number."""
+
+
+def _check_whole_nodes(p: int, devices_per_node: int) -> None:
+    if p > devices_per_node and p % devices_per_node:
+        raise ValueError(
+            f"`p`={p} is not a whole number of {devices_per_node}-device nodes; pass at most "
+            f"{devices_per_node} or a multiple of {devices_per_node}."
+        )

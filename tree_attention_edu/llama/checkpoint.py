@@ -41,13 +41,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import _checks
-from .model import Config, Params, RopeScaling, _check_config, _check_params
+from ..core import validate
+from .model import Config, Params, RopeScaling, check_config, check_params
 
 CONFIG = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -123,9 +124,9 @@ def _read_json(file: Path) -> dict:
     try:
         data = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise _checks.checkpoint_json(file, err) from None
+        raise _checkpoint_json(file, err) from None
     if not isinstance(data, dict):
-        raise _checks.checkpoint_json(file)
+        raise _checkpoint_json(file)
     return data
 
 
@@ -139,42 +140,42 @@ def config_from_hf(config: dict, where: str = "config.json") -> Config:
     `rope_scaling`, or transformers 5's `rope_parameters`; `rope_type` "default" or "llama3".
     Biases, activations other than SiLU, and other rope types are refused with a clear error.
     """
-    _checks.check_instance(config, dict, "config", "the parsed contents of config.json")
-    _checks.check_instance(where, str, "where", "a name for messages, e.g. the folder")
+    validate.check_instance(config, dict, "config", "the parsed contents of config.json")
+    validate.check_instance(where, str, "where", "a name for messages, e.g. the folder")
     model_type = config.get("model_type", "llama")
     if model_type != "llama":
-        raise _checks.config_unsupported(where, "model_type", model_type,
+        raise _config_unsupported(where, "model_type", model_type,
                                          "Llama checkpoints (model_type \"llama\")")
 
     def get(key, kind, default=None, minimum=None):
-        return _checks.config_value(config, key, where, kind, default, minimum)
+        return _config_value(config, key, where, kind, default, minimum)
 
     if get("hidden_act", "str", "silu") != "silu":
-        raise _checks.config_unsupported(where, "hidden_act", config["hidden_act"],
+        raise _config_unsupported(where, "hidden_act", config["hidden_act"],
                                          "SwiGLU MLPs (\"silu\")")
     for key in ("attention_bias", "mlp_bias"):
         if get(key, "bool", False):
-            raise _checks.config_unsupported(where, key, True, "Llama layers without biases")
+            raise _config_unsupported(where, key, True, "Llama layers without biases")
     heads = get("num_attention_heads", "int")
     kv_heads = get("num_key_value_heads", "int", heads)
     hidden_size = get("hidden_size", "int")
     head_dim_given = config.get("head_dim") is not None
-    _checks.check_config_heads(where, heads, kv_heads, hidden_size, head_dim_given)
+    _check_config_heads(where, heads, kv_heads, hidden_size, head_dim_given)
     head_dim = get("head_dim", "int", hidden_size // heads)
     if head_dim % 2:
-        raise _checks.config_unsupported(where, "head_dim", head_dim,
+        raise _config_unsupported(where, "head_dim", head_dim,
                                          "an even head_dim (rotary embeddings rotate pairs)")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if not isinstance(rope, dict):
-        raise _checks.config_unsupported(where, "rope_parameters", rope, "a dict or null")
-    theta = _checks.config_value(rope, "rope_theta", where, "real",
+        raise _config_unsupported(where, "rope_parameters", rope, "a dict or null")
+    theta = _config_value(rope, "rope_theta", where, "real",
                                  get("rope_theta", "real", 10000.0, 0.0), 0.0)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
-        raise _checks.config_unsupported(where, "partial_rotary_factor",
+        raise _config_unsupported(where, "partial_rotary_factor",
                                          rope["partial_rotary_factor"], "1.0 (full rotary)")
     if rope_type not in ("default", "llama3"):
-        raise _checks.config_unsupported(where, "rope_type", rope_type,
+        raise _config_unsupported(where, "rope_type", rope_type,
                                          "\"default\" and \"llama3\" rotary embeddings")
     sizes = dict(vocab=get("vocab_size", "int"), dim=hidden_size,
                  layers=get("num_hidden_layers", "int"), q_heads=heads, kv_heads=kv_heads,
@@ -185,23 +186,23 @@ def config_from_hf(config: dict, where: str = "config.json") -> Config:
         if rope_type == "llama3":
             max_pos = get("max_position_embeddings", "int", 8192)
             sizes["rope_scaling"] = RopeScaling(
-                factor=float(_checks.config_value(rope, "factor", where, "real")),
-                low_freq_factor=float(_checks.config_value(rope, "low_freq_factor", where,
+                factor=float(_config_value(rope, "factor", where, "real")),
+                low_freq_factor=float(_config_value(rope, "low_freq_factor", where,
                                                            "real")),
-                high_freq_factor=float(_checks.config_value(rope, "high_freq_factor", where,
+                high_freq_factor=float(_config_value(rope, "high_freq_factor", where,
                                                             "real")),
-                original_max_position_embeddings=_checks.config_value(
+                original_max_position_embeddings=_config_value(
                     rope, "original_max_position_embeddings", where, "int", max_pos))
         return Config(**sizes)
     except (ValueError, TypeError) as err:
         if str(err).startswith("`config.json`"):
             raise
-        raise _checks.config_invalid(where, err) from None
+        raise _config_invalid(where, err) from None
 
 
 def config_to_hf(cfg: Config) -> dict:
     """The config.json of `cfg` (a `LlamaConfig` that transformers 4 and 5 both read)."""
-    _check_config(cfg)
+    check_config(cfg)
     rope_scaling = None
     if cfg.rope_scaling is not None:
         s = cfg.rope_scaling
@@ -232,19 +233,19 @@ def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None, Path |
         weight_map = data.get("weight_map")
         if not isinstance(weight_map, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
-            raise _checks.checkpoint_json(index, what='an index with a "weight_map" of '
+            raise _checkpoint_json(index, what='an index with a "weight_map" of '
                                                       'tensor names to file names')
         files = []
         for shard in dict.fromkeys(weight_map.values()):
             if not (path / shard).is_file():
-                raise _checks.checkpoint_shard_missing(index, shard)
+                raise _checkpoint_shard_missing(index, shard)
             files.append(path / shard)
         return files, weight_map, index
     if (path / SINGLE_FILE).is_file():
         return [path / SINGLE_FILE], None, None
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise _checks.checkpoint_no_weights(path)
+        raise _checkpoint_no_weights(path)
     return files, None, None
 
 
@@ -254,7 +255,7 @@ def _open(file: Path):
     try:
         return safe_open(str(file), framework="numpy")
     except Exception as err:  # safetensors raises its own SafetensorError, or OSError
-        raise _checks.checkpoint_unreadable(file, err) from None
+        raise _checkpoint_unreadable(file, err) from None
 
 
 def inspect_checkpoint(path: Any) -> CheckpointInfo:
@@ -265,7 +266,7 @@ def inspect_checkpoint(path: Any) -> CheckpointInfo:
     rope type...), a missing, misplaced or unexpected tensor, a wrong shape, or a dtype other
     than F32, BF16, F16 or F64.
     """
-    path = _checks.check_checkpoint_dir(path)
+    path = _check_checkpoint_dir(path)
     cfg = config_from_hf(_read_json(path / CONFIG), str(path))
     files, weight_map, index = _weight_files(path)
     found: dict[str, TensorInfo] = {}
@@ -277,20 +278,20 @@ def inspect_checkpoint(path: Any) -> CheckpointInfo:
     if weight_map is not None:  # the index and the files must agree
         for name, shard in weight_map.items():
             if found.get(name, TensorInfo(None, "", ())).file != path / shard:
-                raise _checks.checkpoint_tensor_misplaced(name, index, shard)
+                raise _checkpoint_tensor_misplaced(name, index, shard)
     tensors = {}
     for name, _, shape, _ in _layout(cfg):
         if name not in found:
-            raise _checks.checkpoint_tensor_missing(name, path, shape)
+            raise _checkpoint_tensor_missing(name, path, shape)
         t = found[name]
-        _checks.check_checkpoint_tensor(name, t.file, t.dtype, list(t.shape), shape,
+        _check_checkpoint_tensor(name, t.file, t.dtype, list(t.shape), shape,
                                         tuple(READABLE))
         tensors[name] = t
     for name, t in found.items():
         ignorable = name.endswith(_IGNORED_SUFFIXES) or (cfg.tie_embeddings
                                                          and name == "lm_head.weight")
         if name not in tensors and not ignorable:
-            raise _checks.checkpoint_tensor_unexpected(name, t.file)
+            raise _checkpoint_tensor_unexpected(name, t.file)
     tokenizer = path / TOKENIZER
     return CheckpointInfo(path, cfg, tensors, tokenizer if tokenizer.is_file() else None)
 
@@ -337,9 +338,9 @@ def load_checkpoint(path: Any, *, dtype: Any = np.float32, mesh: Mesh | None = N
     that tensor in flight. (A 2-layer model of these shapes, 1.49 B weights, loaded as
     float32 on 8 simulated devices: 6.1 GB resident after loading, 8.2 GB at the peak.)
     """
-    dtype = _checks.check_weight_dtype(dtype)
+    dtype = _check_weight_dtype(dtype)
     if mesh is not None:
-        _checks.check_instance(mesh, Mesh, "mesh", "build one with make_mesh(...)")
+        validate.check_instance(mesh, Mesh, "mesh", "build one with make_mesh(...)")
     info = inspect_checkpoint(path)
     where = NamedSharding(mesh, P()) if mesh is not None else None
     cfg = info.cfg
@@ -370,7 +371,7 @@ def load_tokenizer(path: Any):
     `tok.encode(text).ids` gives token ids (with the checkpoint's special tokens, e.g. Llama
     3's `<|begin_of_text|>`), `tok.decode(ids)` the text.
     """
-    path = _checks.check_checkpoint_dir(path)
+    path = _check_checkpoint_dir(path)
     file = path / TOKENIZER
     if not file.is_file():
         return None
@@ -379,7 +380,7 @@ def load_tokenizer(path: Any):
     try:
         return Tokenizer.from_file(str(file))
     except Exception as err:  # tokenizers raises a bare Exception on a malformed file
-        raise _checks.checkpoint_json(file, err, "a tokenizers file") from None
+        raise _checkpoint_json(file, err, "a tokenizers file") from None
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -403,11 +404,11 @@ def save_checkpoint(path: Any, params: Params, cfg: Config, *, dtype: Any = None
     """
     from safetensors.numpy import save_file
 
-    path = _checks.check_path(path)
-    _check_config(cfg)
-    _check_params(params, cfg)
-    dtype = _checks.check_weight_dtype(dtype)
-    max_shard_bytes = _checks.check_shard_bytes(max_shard_bytes)
+    path = _check_path(path)
+    check_config(cfg)
+    check_params(params, cfg)
+    dtype = _check_weight_dtype(dtype)
+    max_shard_bytes = _check_shard_bytes(max_shard_bytes)
     path.mkdir(parents=True, exist_ok=True)
     (path / CONFIG).write_text(json.dumps(config_to_hf(cfg), indent=2) + "\n")
 
@@ -453,3 +454,155 @@ def _leaf(params: Params, dest: tuple):
     for key in dest:
         params = params[key]
     return params
+
+
+# --- errors: what a malformed checkpoint is told --------------------------------------------
+
+_CHECKPOINT_HINT = ("a Hugging Face checkpoint folder holds config.json and the weights "
+                    "(model.safetensors, or shards listed in model.safetensors.index.json)")
+
+
+def _check_path(path: Any, name: str = "path") -> Any:
+    """A filesystem path (str or os.PathLike), returned as a `pathlib.Path`."""
+    import os
+    from pathlib import Path
+
+    if isinstance(path, bool) or not isinstance(path, str | os.PathLike):
+        raise TypeError(f"`{name}` must be a folder path (str or pathlib.Path), got "
+                        f"{validate.describe(path)}.")
+    return Path(path)
+
+
+def _check_checkpoint_dir(path: Any, name: str = "path") -> Any:
+    """An existing folder with a config.json; returns it as a `pathlib.Path`."""
+    p = _check_path(path, name)
+    if not p.is_dir():
+        raise ValueError(f"`{name}` {str(p)!r} is not a folder; {_CHECKPOINT_HINT}.")
+    if not (p / "config.json").is_file():
+        raise ValueError(f"`{name}` {str(p)!r} has no config.json; {_CHECKPOINT_HINT}.")
+    return p
+
+
+def _checkpoint_json(file: Any, err: Exception | None = None, what: str = "a JSON object"
+                    ) -> ValueError:
+    """`file` (config.json or the shard index) could not be read as `what`."""
+    why = f" ({' '.join(str(err).split())})" if err is not None else ""
+    return ValueError(f"`{file.name}` in {str(file.parent)!r} is not {what}{why}; it must be "
+                      f"the file a Hugging Face checkpoint saves.")
+
+
+def _config_value(config: dict, key: str, where: str, kind: str, default: Any = None,
+                 minimum: float | None = None) -> Any:
+    """`config[key]` of a config.json as `kind` ("int", "real", "bool" or "str"); `default`
+    when absent (None: the key is required). Ints must be >= `minimum` (default 1); reals
+    > `minimum` when it is given."""
+    if key not in config or config[key] is None:
+        if default is None:
+            raise ValueError(f"`config.json` in {where!r} lacks \"{key}\"; a Llama config "
+                             f"names vocab_size, hidden_size, intermediate_size, "
+                             f"num_hidden_layers and num_attention_heads.")
+        return default
+    value = config[key]
+    ok = {"int": isinstance(value, int) and not isinstance(value, bool),
+          "real": isinstance(value, int | float) and not isinstance(value, bool)
+          and math.isfinite(value),
+          "bool": isinstance(value, bool), "str": isinstance(value, str)}[kind]
+    if kind == "int" and ok:
+        ok = value >= (1 if minimum is None else minimum)
+    elif kind == "real" and ok and minimum is not None:
+        ok = value > minimum
+    if not ok:
+        want = {"int": f"an int >= {1 if minimum is None else int(minimum)}",
+                "real": "a finite number" + (f" > {minimum:g}" if minimum is not None else ""),
+                "bool": "true or false", "str": "a string"}[kind]
+        raise ValueError(f"`config.json` in {where!r}: \"{key}\" must be {want}, got "
+                         f"{value!r}.")
+    return value
+
+
+def _config_invalid(where: str, err: Exception) -> ValueError:
+    """A config.json value that `model.Config` or `model.RopeScaling` refused."""
+    return ValueError(f"`config.json` in {where!r}: {err}")
+
+
+def _config_unsupported(where: str, key: str, value: Any, supported: str) -> ValueError:
+    return ValueError(f"`config.json` in {where!r}: \"{key}\" is {value!r}, which this "
+                      f"loader does not support; it reads {supported}.")
+
+
+def _check_config_heads(where: str, q_heads: int, kv_heads: int, hidden: int,
+                       head_dim_given: bool) -> None:
+    """Grouped-query attention needs kv heads dividing the query heads; without an explicit
+    head_dim, the heads must divide hidden_size."""
+    if q_heads % kv_heads:
+        raise ValueError(f"`config.json` in {where!r}: num_attention_heads ({q_heads}) must be "
+                         f"a multiple of num_key_value_heads ({kv_heads}) (grouped-query "
+                         f"attention: each kv head serves a whole group of query heads).")
+    if not head_dim_given and hidden % q_heads:
+        raise ValueError(f"`config.json` in {where!r}: hidden_size ({hidden}) is not a "
+                         f"multiple of num_attention_heads ({q_heads}), and no head_dim is "
+                         f"given; add \"head_dim\" or fix the head count.")
+
+
+def _checkpoint_no_weights(path: Any) -> ValueError:
+    return ValueError(f"`path` {str(path)!r} has no weights: no model.safetensors, no "
+                      f"model.safetensors.index.json and no other *.safetensors file.")
+
+
+def _checkpoint_shard_missing(index: Any, shard: str) -> ValueError:
+    return ValueError(f"`{index.name}` in {str(index.parent)!r} lists the shard {shard!r}, "
+                      f"which is not there; copy the whole checkpoint folder.")
+
+
+def _checkpoint_unreadable(file: Any, err: Exception) -> ValueError:
+    return ValueError(f"`{file.name}` in {str(file.parent)!r} is not a readable safetensors "
+                      f"file ({' '.join(str(err).split())}).")
+
+
+def _checkpoint_tensor_missing(name: str, path: Any, shape: tuple[int, ...]) -> ValueError:
+    return ValueError(f"`{name}` is missing from the checkpoint {str(path)!r}; config.json "
+                      f"implies a tensor of shape {list(shape)} under that name.")
+
+
+def _checkpoint_tensor_misplaced(name: str, index: Any, shard: str) -> ValueError:
+    return ValueError(f"`{name}` is listed in {index.name} under {shard!r} but that file does "
+                      f"not hold it; the index and the shards disagree.")
+
+
+def _checkpoint_tensor_unexpected(name: str, file: Any) -> ValueError:
+    return ValueError(f"`{name}` in {file.name} is not a weight of the Llama model that "
+                      f"config.json describes (a bias, an extra layer, another architecture?); "
+                      f"the loader will not guess what it is for.")
+
+
+def _check_checkpoint_tensor(name: str, file: Any, dtype: str, shape: list[int],
+                            want: tuple[int, ...], readable: tuple[str, ...]) -> None:
+    """A stored tensor's safetensors dtype and shape against what the loader reads."""
+    if dtype not in readable:
+        raise ValueError(f"`{name}` in {file.name} has dtype {dtype}, which the loader cannot "
+                         f"read as weights; it reads {', '.join(readable)} (dequantise the "
+                         f"checkpoint first).")
+    if tuple(shape) != tuple(want):
+        raise ValueError(f"`{name}` in {file.name} has shape {list(shape)}, but config.json "
+                         f"implies {list(want)} (Hugging Face stores Linear weights as "
+                         f"[out, in]).")
+
+
+def _checkpoint_no_tokenizer(path: Any) -> ValueError:
+    return ValueError(f"`path` {str(path)!r} has no tokenizer.json, so text cannot be turned "
+                      f"into token ids; pass token ids instead.")
+
+
+def _check_weight_dtype(dtype: Any, name: str = "dtype") -> Any:
+    """None (keep the checkpoint's dtype) or a floating dtype, as a numpy dtype."""
+    if dtype is None:
+        return None
+    validate.check_float_dtype(dtype, name)
+    return np.dtype(jnp.dtype(dtype))
+
+
+def _check_shard_bytes(value: Any, name: str = "max_shard_bytes") -> Any:
+    if value is None:
+        return None
+    return validate.check_int(value, name, example="`max_shard_bytes=2_000_000_000` (2 GB files)")
+

@@ -1,0 +1,92 @@
+"""What the subcommands share: device setup before JAX computes anything, the mesh, the
+decode problem and its flags, and measuring the methods with a progress bar."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tqdm import tqdm
+
+from .. import commandline as cl
+
+
+def setup(args: Any) -> None:
+    """Simulate `--devices` CPU devices (before any JAX computation), and float64 for the
+    references."""
+    import jax
+
+    from ..core.devices import simulate_devices
+
+    simulate_devices(args.devices)
+    jax.config.update("jax_enable_x64", True)  # for float64 references; inputs stay explicit
+
+
+def mesh(args: Any):
+    """The `--mesh` of `--devices` devices: 1d ("x") or 2level (2 nodes of ("node", "gpu"))."""
+    from ..core.devices import make_mesh
+
+    if args.mesh == "2level":  # `check_mesh` made sure --devices is even
+        return make_mesh((2, args.devices // 2), ("node", "gpu"))
+    return make_mesh(args.devices, "x")
+
+
+def check_mesh(parser: argparse.ArgumentParser, args: Any) -> None:
+    if getattr(args, "mesh", "1d") == "2level" and args.devices % 2:
+        parser.error(f"--mesh 2level needs an even --devices (2 nodes), got {args.devices}")
+
+
+def problem(args: Any, seq_len: int):
+    from ..perf.benchmark import Problem
+
+    return Problem(seq_len=seq_len, batch=args.batch, q_heads=args.heads, kv_heads=args.heads,
+                   head_dim=args.head_dim, dtype=args.dtype)
+
+
+def check_decode_memory(parser: argparse.ArgumentParser, args: Any, flag: str,
+                        seq_len: int) -> None:
+    """K/V of `2·B·Tk·H·D·itemsize` bytes, held on the host, once more on the devices, and
+    in float64 for the reference: `(2 + 8 / itemsize)` times K/V in all."""
+    item = cl.itemsize(args.dtype)
+    kv = 2 * args.batch * seq_len * args.heads * args.head_dim * item
+    need = kv * (2 + 8 // item)
+    cl.check_memory(parser, flag, need,
+                  f"Tk={seq_len} with batch {args.batch}, {args.heads} heads x {args.head_dim}, "
+                  f"{args.dtype} (K and V alone are 2·B·Tk·H·D·itemsize = {kv:,} bytes)")
+    cl.check_positions(parser, flag, seq_len)
+
+
+def measure(args, seq_len: int, methods):
+    from ..perf import benchmark
+
+    bar = tqdm(total=len(methods), desc=f"Tk={seq_len}: compiling and timing", unit="method",
+               file=sys.stderr, disable=None)
+
+    def progress(name):
+        bar.set_postfix_str(name)
+        bar.update(0)
+
+    try:
+        return benchmark.run(mesh(args), problem(args, seq_len), methods=methods,
+                             repeats=args.repeats,
+                             progress=lambda n: (progress(n), bar.update(1)))
+    finally:
+        bar.close()
+
+
+def problem_args(p: argparse.ArgumentParser, seq_len: int | None = 65536) -> None:
+    p.add_argument("--devices", type=cl.devices, default=8,
+                   help=f"simulated CPU devices (at most {cl.MAX_DEVICES})")
+    p.add_argument("--seq-len", type=cl.positive, default=seq_len,
+                   help="KV length Tk" + ("" if seq_len else
+                                          " (default 65536; the same as --seq-lens N)"))
+    p.add_argument("--heads", type=cl.positive, default=16, help="query (and kv) heads")
+    p.add_argument("--head-dim", type=cl.positive, default=128, help="size of each head")
+    p.add_argument("--batch", type=cl.positive, default=1, help="sequences decoded together")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of q, K and V")
+    p.add_argument("--repeats", type=cl.positive, default=5, help="timed calls per method (median)")
+    p.add_argument("--mesh", default="1d", choices=["1d", "2level"],
+                   help="1d: one 'x' axis; 2level: ('node', 'gpu') with 2 nodes")
+

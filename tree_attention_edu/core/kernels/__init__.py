@@ -1,0 +1,94 @@
+"""Local decode kernels: the per-device computation of an `AttentionState` for one KV shard.
+
+* `"xla"`: pure JAX (`xla.xla_state`): a streaming, flash-decoding style kernel that reads
+  the cache once and makes no copy of it; every backend, dtype, mask and layout.
+* `"cudnn"`: cuDNN's flash attention through `jax.nn.dot_product_attention`
+  (`cudnn.cudnn_state`), with its own VJP so that gradients through out *and* lse are exact.
+* `"flash"`: flash-attn-jax's FlashAttention-2 forward on a CUDA GPU (`flash.flash_state`):
+  unmasked shards only, forward-only.
+* `"auto"`: on a CUDA GPU, flash where all of its limits hold and flash-attn-jax (the tested
+  release) is installed, else cudnn where its limits hold and the layout is "bthd", else
+  xla. On any other backend, xla.
+
+Every kernel has the signature of `core.states.local_state` plus `layout`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .. import inputs, validate
+from ..inputs import LAYOUTS
+from ..states import AttentionState
+from . import cudnn, flash, xla
+from .common import default_backend, to_layout
+from .cudnn import cudnn_state
+from .flash import flash_state
+from .xla import DEFAULT_BLOCK, xla_state
+
+Kernel = Callable[..., AttentionState]
+KERNELS: dict[str, Kernel] = {"xla": xla_state, "flash": flash_state, "cudnn": cudnn_state}
+"""Local kernels by name (`local_kernel=`)."""
+KERNEL_NAMES = ("auto", *KERNELS)
+
+
+def check_name(name: Any) -> str:
+    if name not in KERNEL_NAMES:
+        raise ValueError(f"`local_kernel` must be one of {KERNEL_NAMES}, got {name!r}.")
+    return name
+
+
+def resolve(name: str, *, dtype: Any, head_dim: int, v_dim: int, needs_mask: bool,
+            layout: str = "bthd") -> str:
+    """Turn "auto" into a concrete kernel name; check an explicit "flash" or "cudnn" can run.
+
+    "auto" picks, on a CUDA GPU, flash (when `flash.unsupported_reason` has no objection and
+    the layout is "bthd"), else cudnn (when `cudnn.unsupported_reason` has none and the
+    layout is "bthd": on "bhtd" the cudnn kernel would copy the cache into "bthd" first,
+    while xla streams "bhtd" as it lies), else xla; on any other backend, xla. An explicit
+    "flash" or "cudnn" that cannot run here raises a ValueError that says why and what to
+    use instead.
+    """
+    check_name(name)
+    inputs.check_layout(layout)
+    validate.check_float_dtype(dtype, "dtype")
+    validate.check_int(head_dim, "head_dim")
+    validate.check_int(v_dim, "v_dim")
+    if name == "xla":
+        return name
+    if name in ("auto", "flash"):
+        why = flash.unsupported_reason(dtype, head_dim, v_dim, needs_mask)
+        if why is None and layout != "bthd":
+            why = flash.layout_reason(layout)
+        if name == "flash":
+            if why:
+                raise ValueError(why)
+            return name
+        if why is None:
+            return "flash"
+    why = cudnn.unsupported_reason(dtype, head_dim, v_dim)
+    if name == "cudnn":
+        if why:
+            raise ValueError(why)
+        return name
+    return "cudnn" if why is None and layout == "bthd" else "xla"
+
+
+__all__ = [
+    "DEFAULT_BLOCK",
+    "KERNELS",
+    "KERNEL_NAMES",
+    "LAYOUTS",
+    "Kernel",
+    "check_name",
+    "cudnn",
+    "cudnn_state",
+    "default_backend",
+    "flash",
+    "flash_state",
+    "resolve",
+    "to_layout",
+    "xla",
+    "xla_state",
+]

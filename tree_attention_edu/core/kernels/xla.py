@@ -1,0 +1,218 @@
+"""The streaming local kernel in pure JAX: a flash-decoding style pass over one KV shard that
+reads the cache once and makes no copy of it. Works on every backend, dtype, mask and
+layout, and is differentiable by JAX's autodiff.
+
+Cache layouts (`layout`):
+
+* `"bthd"`: `k [B, Tk, Hkv, D]`, the layout of `jax.nn.dot_product_attention`. A decode
+  step is a matrix-vector product per head, and a head's keys are strided in this layout:
+  handed to `einsum` whole, XLA first copies K and V into head-major order (a copy as big
+  as the cache, and most of the time). `xla_state` instead walks the cache in blocks of
+  `block` keys, transposes each block while it is in cache, and folds it into an
+  online-softmax state (`lax.scan`), so nothing as large as the cache is ever written.
+* `"bhtd"`: `k [B, Hkv, Tk, D]`, head-major. Each head's keys are contiguous, so the
+  scores are one batched matrix-vector product that streams the cache at close to the
+  machine's read bandwidth. This is the layout to give a KV cache you own
+  (see `tree_attention_edu.llama.model`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array, lax
+
+from .. import inputs, masks, validate
+from ..devices import varying_like
+from ..inputs import SEQ_AXIS
+from ..numerics import accum_dtype, finite_or_zero, lse_pair, nonzero_or_one
+from ..states import AttentionState
+
+DEFAULT_BLOCK = 256
+"""Keys per block of the streaming kernel on the "bthd" layout: 256 keys × 16 heads × 128
+× 4 bytes is 2 MiB per block of K, small enough to transpose in cache. Measured on a 2-core
+CPU at Tk=65536: 128 to 512 stream at 12-15 GB/s; 64 and below pay for the loop when 8
+simulated devices share the cores, and 1024 and up spill and drop to ~6 GB/s."""
+
+
+def _fold(carry, qg, kb, vb, visible, valid, zg=None):
+    """Fold one head-major block into the running online-softmax state.
+
+    `qg [B, Hkv, G·Tq, D]` (scaled), `kb [B, Hkv, C, D]`, `vb [B, Hkv, C, Dv]`,
+    `visible [B, 1, 1, Tq, C]`, `valid [B, C]` (keys that hold data, or None when all do),
+    `zg [B, Hkv, G·Tq, Dv]` an energy source ζ added to the scores as `ζ·v` (or None);
+    carry `(m, l, o)`:
+    running max `[B, Hkv, G·Tq]` (-inf while nothing is visible), sum of `exp(s - m)`, and
+    unnormalised numerator `[..., Dv]`.
+    """
+    m, l, o = carry
+    B, Hkv, M, _ = qg.shape
+    C = kb.shape[2]
+    acc = qg.dtype
+    if valid is not None:  # padding may hold anything (NaN, inf): select it away first
+        keep = valid[:, None, :, None]
+        kb = jnp.where(keep, kb, jnp.zeros((), kb.dtype))
+        vb = jnp.where(keep, vb, jnp.zeros((), vb.dtype))
+    s = jnp.einsum("bhmd,bhcd->bhmc", qg, kb.astype(acc))
+    if zg is not None:  # the tilted scores s + ζ·v of the energy F(ζ)
+        s = s + jnp.einsum("bhmv,bhcv->bhmc", zg, vb.astype(acc))
+    Tq = visible.shape[3]
+    s = jnp.where(visible, s.reshape(B, Hkv, M // Tq, Tq, C), -jnp.inf).reshape(B, Hkv, M, C)
+    m_new = lax.stop_gradient(jnp.maximum(m, jnp.max(s, axis=-1)))  # a shift: no gradient
+    shift = finite_or_zero(m_new)  # a block with nothing visible yet: exp(-inf - 0) = 0
+    p = jnp.exp(s - shift[..., None])
+    rescale = jnp.exp(m - shift)
+    l = l * rescale + jnp.sum(p, axis=-1)
+    o = o * rescale[..., None] + jnp.einsum("bhmc,bhcv->bhmv", p, vb.astype(acc))
+    return m_new, l, o
+
+def _check_window(window: Any, kv_heads: int) -> tuple[int | Array, int]:
+    """`kv_head_window = (start, count)`: `count` a Python int in `[1, Hkv]`; `start` a Python
+    int in `[0, Hkv - count]`, or an integer JAX scalar (a traced start cannot be checked:
+    `lax.dynamic_slice` clamps it into that range)."""
+    example = "`kv_head_window=(0, 2)` reads kv heads 0 and 1"
+    if not (isinstance(window, tuple) and len(window) == 2):
+        raise TypeError(f"`kv_head_window` must be a (start, count) pair, got "
+                        f"{validate.describe(window)}; e.g. {example}.")
+    start, count = window
+    count = validate.check_int(count, "kv_head_window[1]", example=example)
+    if count > kv_heads:
+        raise ValueError(f"`kv_head_window[1]` = {count} exceeds the chunk's {kv_heads} kv "
+                         f"heads; a window reads at most all of them.")
+    if isinstance(start, int | np.integer) and not isinstance(start, bool | np.bool_):
+        if not 0 <= start <= kv_heads - count:
+            raise ValueError(f"`kv_head_window[0]` = {start} is out of range: a window of "
+                             f"{count} kv heads starts in [0, {kv_heads - count}].")
+        return int(start), count
+    dtype = getattr(start, "dtype", None)
+    if (validate.shape_of(start, "kv_head_window[0]") if dtype is not None else None) != () \
+            or not jnp.issubdtype(dtype, jnp.integer):
+        raise TypeError(f"`kv_head_window[0]` must be an int or an integer JAX scalar, got "
+                        f"{validate.describe(start)}; e.g. {example}.")
+    return start, count
+
+
+def xla_state(
+    q: Array,
+    k_chunk: Array,
+    v_chunk: Array,
+    *,
+    kv_offset: int | Array = 0,
+    scale: float | None = None,
+    causal: bool = False,
+    kv_lengths: Array | None = None,
+    layout: str = "bthd",
+    block: int = DEFAULT_BLOCK,
+    zeta: Array | None = None,
+    kv_head_window: tuple[int | Array, int] | None = None,
+) -> AttentionState:
+    """State of one chunk of the cache, streaming it once without copying it.
+
+    Same contract as `core.states.local_state` (which it matches to rounding), plus:
+
+    Args:
+      k_chunk: `[B, Tc, Hkv, D]` ("bthd") or `[B, Hkv, Tc, D]` ("bhtd").
+      v_chunk: `[B, Tc, Hkv, Dv]` or `[B, Hkv, Tc, Dv]`, like `k_chunk`.
+      layout: "bthd" or "bhtd" (see the module docstring).
+      kv_lengths: `[B]` global valid lengths, used as given; keys past them are selected
+        away (`where`), so they may hold anything. `None`: every key of the chunk holds data.
+      block: keys per block on the "bthd" layout, and on "bhtd" when `kv_lengths` is given;
+        an unmasked "bhtd" chunk is read in one pass.
+      zeta: `[B, Tq, Hq, Dv]` energy source ζ, or None. The scores become `s + ζ·v_a`, so
+        `lse` is the chunk's energy F(ζ) and `out` the mean of v under the tilted weights
+        (`theory.energy.energy`); the streaming energy path of `core.decode.tree_energy`.
+      kv_head_window: `(start, count)`: read only kv heads `[start, start + count)` of the
+        chunk, as if the chunk held those heads alone; q then has `count·G` heads. `count`
+        is a Python int in `[1, Hkv]`; `start` a Python int in `[0, Hkv - count]` (checked)
+        or an integer JAX scalar (traced: clamped into that range, as `lax.dynamic_slice`
+        does). Each block is sliced out of the cache as it is read, so no copy of the
+        window is made: the pass-Q ring's query blocks use it.
+
+    Returns:
+      `AttentionState` (`out [B, Tq, Hq, Dv]`, `lse [B, Tq, Hq]`) in the accumulation dtype.
+    """
+    inputs.check_layout(layout)
+    head_ax = 3 - SEQ_AXIS[layout]
+    window = kv_head_window
+    k_view, v_view = k_chunk, v_chunk
+    if window is not None:  # validate against the window's view of the chunk
+        ks = validate.shape_of(k_chunk, "k_chunk")
+        if len(ks) == 4:
+            window = _check_window(window, ks[head_ax])
+            k_view, v_view = (jax.ShapeDtypeStruct(
+                tuple(window[1] if i == head_ax else n for i, n in enumerate(x.shape)),
+                x.dtype) for x in (k_chunk, v_chunk))
+    dims = inputs.check_qkv(q, k_view, v_view, kv_lengths, layout=layout)
+    validate.check_positive(block, "block")
+    B, Tq, Hq, D = q.shape
+    Hkv, Tc, G = dims.kv_heads, dims.kv_len, dims.group
+    acc = accum_dtype(q.dtype)
+    scale = inputs.resolve_scale(scale, D, q.dtype)
+    if B == 0 or Tq == 0:
+        return AttentionState(jnp.zeros((B, Tq, Hq, dims.v_dim), acc),
+                              jnp.full((B, Tq, Hq), -jnp.inf, acc), jnp.zeros((B, Tq, Hq), acc))
+    # With `kv_lengths`, keys past them are selected away block by block; without, every key
+    # holds data and the "bhtd" layout is read in one pass (a where over the whole chunk would
+    # be a cache-sized copy).
+    padded = kv_lengths is not None
+    lengths = masks.full_lengths(B, Tc) + kv_offset if kv_lengths is None else kv_lengths
+    # Queries of one kv head side by side: [B, Hkv, G·Tq, D], so K and V keep their layout.
+    qg = (q.astype(acc) * jnp.asarray(scale, acc)).reshape(B, Tq, Hkv, G, D)
+    qg = qg.transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * Tq, D)
+    zg = None
+    if zeta is not None:
+        inputs.check_zeta(zeta, dims)
+        zg = zeta.astype(acc).reshape(B, Tq, Hkv, G, dims.v_dim)
+        zg = zg.transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * Tq, dims.v_dim)
+    carry = (jnp.full((B, Hkv, G * Tq), -jnp.inf, acc), jnp.zeros((B, Hkv, G * Tq), acc),
+             jnp.zeros((B, Hkv, G * Tq, dims.v_dim), acc))
+    carry = varying_like(carry, q, k_chunk, v_chunk, lengths, kv_offset)
+
+    def fold(carry, start, size):
+        ax = SEQ_AXIS[layout]
+        if window is None:
+            kb = lax.dynamic_slice_in_dim(k_chunk, start, size, ax)
+            vb = lax.dynamic_slice_in_dim(v_chunk, start, size, ax)
+        else:
+            kb, vb = (lax.dynamic_slice(x, _starts(ax, start, head_ax, window[0]),
+                                        _sizes(x.shape, ax, size, head_ax, Hkv))
+                      for x in (k_chunk, v_chunk))
+        if layout == "bthd":
+            kb, vb = kb.transpose(0, 2, 1, 3), vb.transpose(0, 2, 1, 3)
+        vis = masks.visible(Tq, size, lengths, kv_offset=kv_offset + start, causal=causal)
+        valid = masks.valid_keys(size, lengths, kv_offset=kv_offset + start) if padded else None
+        return _fold(carry, qg, kb, vb, vis[:, None, None], valid, zg)
+
+    if layout == "bhtd" and not padded and window is None:
+        carry = fold(carry, 0, Tc)
+    else:
+        n_blocks, tail = divmod(Tc, block)
+        if n_blocks:
+            carry, _ = lax.scan(lambda c, i: (fold(c, i * block, block), None), carry,
+                                jnp.arange(n_blocks))
+        if tail:
+            carry = fold(carry, n_blocks * block, tail)
+    m, l, o = carry
+    out = (o / nonzero_or_one(l)[..., None]).reshape(B, Hkv, G, Tq, dims.v_dim)
+    out = out.transpose(0, 3, 1, 2, 4).reshape(B, Tq, Hq, dims.v_dim)
+
+    def per_query(x):  # [B, Hkv, G·Tq] -> [B, Tq, Hq]
+        return x.reshape(B, Hkv, G, Tq).transpose(0, 3, 1, 2).reshape(B, Tq, Hq)
+
+    lse, lse_lo = lse_pair(l, finite_or_zero(m))
+    return AttentionState(out, per_query(lse), per_query(lse_lo))
+
+
+def _starts(seq_ax: int, seq_start, head_ax: int, head_start) -> list:
+    starts = [0, 0, 0, 0]
+    starts[seq_ax], starts[head_ax] = seq_start, head_start
+    return [jnp.asarray(x, jnp.int32) for x in starts]  # one index dtype, as x64 may differ
+
+
+def _sizes(shape, seq_ax: int, seq_size: int, head_ax: int, heads: int) -> list[int]:
+    sizes = list(shape)
+    sizes[seq_ax], sizes[head_ax] = seq_size, heads
+    return sizes

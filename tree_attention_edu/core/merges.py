@@ -1,0 +1,302 @@
+"""Merging the devices' states: the paper's Algorithm 3 and the patterns of today's serving
+systems, all from the algebra of `core.states`.
+
+Each merge runs inside `shard_map` on the state a device holds for its own shard of keys,
+and returns a state: the merged state of every query head ("allreduce", "allgather",
+"one_pass"), or of the device's own slice of heads ("reduce_scatter", "all_to_all":
+`heads_per_device(Hq, p)` heads, those of its index along `axes`, the query heads padded
+with empty states to a multiple of the device count).
+
+`axes` are mesh axis names, outermost first. Sums run over the innermost axis first (e.g.
+over "gpu" inside a node, then over "node"): the topology-aware schedule, where the slow
+inter-node links carry one already-reduced message per node position.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+import jax.numpy as jnp
+import numpy as np
+from jax import Array, lax
+from jax.typing import DTypeLike
+
+from .numerics import finite_or_zero, lse_pair, nonzero_or_one
+from .states import (
+    AttentionState,
+    from_parts,
+    lse_weight,
+    merge_stacked,
+    state_weight,
+    weighted_out,
+)
+
+T = TypeVar("T")
+Merge = Callable[[AttentionState, Sequence[str]], AttentionState]
+
+
+def check_axes(state: Any, axes: Any) -> tuple[str, ...]:
+    """A merge's arguments: an AttentionState and a list or tuple of mesh axis names."""
+    if not isinstance(state, AttentionState):
+        raise TypeError(f"`state` must be an AttentionState, got {type(state).__name__}.")
+    if isinstance(axes, str) or not (isinstance(axes, list | tuple)
+                                     and all(isinstance(a, str) for a in axes)):
+        raise TypeError(f"`axes` must be a list or tuple of mesh axis names, outermost first, "
+                        f"got {axes!r}.")
+    return tuple(axes)
+
+
+def shared_max(state: AttentionState, axes: Sequence[str]) -> Array:
+    """Allreduce(max) of the lse `[B, Tq, Hq]` over `axes` (innermost first), 0 where every
+    device is empty. A constant for autodiff (the merge does not depend on the shift), so
+    gradients flow through the sums only."""
+    m = lax.stop_gradient(state.lse)
+    for ax in reversed(tuple(axes)):
+        m = lax.pmax(m, ax)
+    return finite_or_zero(m)
+
+
+def psum_inner_first(x: T, axes: Sequence[str]) -> T:
+    """Allreduce(sum) of a pytree over `axes`, innermost (e.g. "gpu" inside a node) first."""
+    for ax in reversed(tuple(axes)):
+        x = lax.psum(x, ax)
+    return x
+
+
+def allreduce_combine(state: AttentionState, axes: Sequence[str]) -> AttentionState:
+    """Paper, Algorithm 3: `m = Allreduce(max, lse)`, then `Allreduce(sum)` of the numerator
+    `e^{lse - m} out` `[B, Tq, Hq, Dv]` and denominator `e^{lse - m}` `[B, Tq, Hq]`.
+
+    Only `B·Tq·Hq·(Dv + 2)` numbers per device cross the wire, whatever the sequence length.
+    """
+    axes = check_axes(state, axes)
+    m = shared_max(state, axes)
+    w = state_weight(state, m)
+    num, den = psum_inner_first((weighted_out(w, state.out), w), axes)
+    return from_parts(num, den, m)
+
+
+def global_lse(state: AttentionState, axes: Sequence[str]) -> tuple[Array, Array, Array]:
+    """Paper, Algorithm 1: every row's log-sum-exp over all devices, from Allreduce(max) of
+    the local lse and Allreduce(sum) of the shifted sum-exps (no outputs).
+
+    Returns `(lse, lse_lo, m)`: the global lse as a double word, and the shared shift `m`
+    it was summed at (what a backward pass needs to weigh the shards exactly as
+    `allreduce_combine` does).
+    """
+    m = shared_max(state, axes)
+    lse, lse_lo = lse_pair(psum_inner_first(state_weight(state, m), axes), m)
+    return lse, lse_lo, m
+
+
+def pack(state: AttentionState) -> Array:
+    """`[..., Dv + 2]`: out, lse and lse_lo side by side, so that one collective moves them."""
+    dt = state.out.dtype
+    return jnp.concatenate([state.out, state.lse[..., None].astype(dt),
+                            state.lse_lo[..., None].astype(dt)], axis=-1)
+
+
+def unpack(packed: Array) -> AttentionState:
+    """The inverse of `pack`."""
+    return AttentionState(packed[..., :-2], packed[..., -2], packed[..., -1])
+
+
+def heads_per_device(q_heads: int, p: int) -> int:
+    """Query heads each device ends with in the head-scattered patterns: `ceil(Hq / p)`."""
+    return -(-q_heads // p)
+
+
+def pad_heads(state: AttentionState, heads: int) -> AttentionState:
+    """Pad the query-head axis (2) to `heads` with empty states `(0, -inf, 0)`."""
+    extra = heads - state.lse.shape[2]
+    if not extra:
+        return state
+    pad = [(0, 0), (0, 0), (0, extra)]
+    return AttentionState(jnp.pad(state.out, [*pad, (0, 0)]),
+                          jnp.pad(state.lse, pad, constant_values=-jnp.inf),
+                          jnp.pad(state.lse_lo, pad))
+
+
+def allgather_combine(state: AttentionState, axes: Sequence[str]) -> AttentionState:
+    """One all-gather of the packed states `[p, B, Tq, Hq, Dv + 2]`, then a local merge.
+
+    One collective in place of two, with p× the payload: it wins when the collectives'
+    latency dominates their bandwidth (small batch × heads, many devices). The gather is
+    typed invariant (every device holds the same stack), so the merged result is provably
+    replicated.
+    """
+    axes = check_axes(state, axes)
+    gathered = lax.all_gather(pack(state), axes, axis=0, tiled=False, to="invarying")
+    return merge_stacked(unpack(gathered))
+
+
+def all_to_all_combine(state: AttentionState, axes: Sequence[str]) -> AttentionState:
+    """Helix-style: one all-to-all over heads, then a local merge of the p partial states of
+    the device's own heads.
+
+    Returns the state of `heads_per_device(Hq, p)` query heads `[B, Tq, Hs, ·]`: those of the
+    device's index along `axes` after padding the heads to a multiple of p.
+    """
+    axes = check_axes(state, axes)
+    p = lax.axis_size(axes)
+    B, Tq, Hq, Dv = state.out.shape
+    hs = heads_per_device(Hq, p)
+    packed = pack(pad_heads(state, hs * p)).reshape(B, Tq, p, hs, Dv + 2)
+    packed = jnp.moveaxis(packed, 2, 0)  # [p (destination), B, Tq, Hs, Dv + 2]
+    received = lax.all_to_all(packed, axes, 0, 0, tiled=True)  # [p (source), ...]
+    return merge_stacked(unpack(received))
+
+
+def reduce_scatter_combine(state: AttentionState, axes: Sequence[str]) -> AttentionState:
+    """DCP-style: all-gather the lse pairs `[p, B, Tq, Hq, 2]`, rescale the local output by
+    its share of the global sum, and reduce-scatter the rescaled outputs over heads.
+
+    Returns the state of the device's `heads_per_device(Hq, p)` query heads, as
+    `all_to_all_combine` does; the lse of those heads is known to every device anyway.
+    """
+    axes = check_axes(state, axes)
+    p = lax.axis_size(axes)
+    hs = heads_per_device(state.lse.shape[2], p)
+    state = pad_heads(state, hs * p)
+    pairs = lax.all_gather(jnp.stack([state.lse, state.lse_lo], -1), axes, axis=0, tiled=False)
+    lse_all, lo_all = pairs[..., 0], pairs[..., 1]  # [p, B, Tq, Hq]
+    m = finite_or_zero(lax.stop_gradient(jnp.max(lse_all, axis=0)))
+    total = jnp.sum(lse_weight(lse_all, lo_all, m), axis=0)
+    share = state_weight(state, m) / nonzero_or_one(total)  # this shard's weight in the union
+    mine = lax.psum_scatter(weighted_out(share, state.out), axes, scatter_dimension=2,
+                            tiled=True)  # [B, Tq, Hs, Dv]
+    lse, lse_lo = lse_pair(total, m)
+    start = lax.axis_index(axes) * hs
+    return AttentionState(mine, lax.dynamic_slice_in_dim(lse, start, hs, 2),
+                          lax.dynamic_slice_in_dim(lse_lo, start, hs, 2))
+
+
+def one_pass_window(dtype: DTypeLike, p: int, out_max: float = 1.0,
+                    out_min: float = 1.0) -> tuple[float, float]:
+    """The range of `x = lse - shift` inside which the one-pass merge is exact to the dtype's
+    rounding, for p devices whose outputs' nonzero entries lie in `[out_min, out_max]` in
+    magnitude.
+
+    The merge sums p terms `e^x` (the denominator) and p terms `e^x·out` (the numerator).
+    Every term keeps full relative precision if it is a normal number, and no sum overflows
+    if each term is at most `max / p`:
+
+    * low end: `e^x · min(out_min, 1) >= tiny`, i.e. `x >= ln(tiny) - min(ln out_min, 0)`
+      (-87.34 in float32 for outputs of size at least 1);
+    * high end: `p · e^x · max(out_max, 1) <= max`, i.e.
+      `x <= ln(max) - ln(p) - max(ln out_max, 0)` (88.72 - ln p in float32 for outputs of
+      size at most 1).
+
+    `one_pass_combine` applies these bounds row by row, with each row's own smallest nonzero
+    and largest `|out|`.
+    """
+    info = np.finfo(np.dtype(dtype))
+    low = math.log(float(info.tiny)) - min(math.log(out_min), 0.0)
+    high = math.log(float(info.max)) - math.log(max(p, 1)) - max(math.log(out_max), 0.0)
+    return low, high
+
+
+def one_pass_combine(state: AttentionState, axes: Sequence[str],
+                     shift: float = 0.0) -> AttentionState:
+    """FlashDecoding++'s unified max: one Allreduce(sum) with a shared shift in place of the
+    Allreduce(max).
+
+    Every device weighs its state by `e^{lse - shift}` with the same fixed `shift`, so the
+    numerators and denominators can be summed at once. That is exact to rounding while every
+    term is a normal float and no sum overflows (`one_pass_window`, with each row's own
+    smallest nonzero and largest `|out|`); a device with a row outside its window raises a
+    flag that travels in the same Allreduce, and if any flag is up all devices fall back to
+    `allreduce_combine` (a conditional: the exact two-collective merge runs only then).
+    """
+    axes = check_axes(state, axes)
+    p = lax.axis_size(axes)
+    dt = state.out.dtype
+    info = np.finfo(np.dtype(dt))
+    x = (state.lse - shift) + state.lse_lo
+    mag = jnp.abs(state.out)
+    big = jnp.log(jnp.maximum(jnp.max(mag, axis=-1), 1.0))  # >= 0
+    small = jnp.log(jnp.minimum(jnp.min(jnp.where(mag > 0, mag, 1.0), axis=-1), 1.0))  # <= 0
+    outside = ~jnp.isneginf(state.lse) & (
+        (x + small < math.log(float(info.tiny)))
+        | (x + big > math.log(float(info.max)) - math.log(p)))
+    flag = jnp.any(outside).astype(dt)
+    w = state_weight(state, jnp.asarray(shift, dt))
+    num, den, flag = psum_inner_first((weighted_out(w, state.out), w, flag), axes)
+
+    def exact(_):
+        return allreduce_combine(state, axes)
+
+    def fast(_):
+        return from_parts(num, den, jnp.full(den.shape, shift, den.dtype))
+
+    return lax.cond(flag > 0, exact, fast, None)
+
+
+MERGES: dict[str, Merge] = {
+    "allreduce": allreduce_combine,
+    "allgather": allgather_combine,
+    "reduce_scatter": reduce_scatter_combine,
+    "all_to_all": all_to_all_combine,
+    "one_pass": one_pass_combine,
+}
+"""How `tree_decode` merges the devices' states (`merge=`), name -> merge:
+
+* "allreduce": Allreduce(max) of the lse, then Allreduce(sum) of numerator and
+  denominator (paper, Algorithm 3);
+* "allgather": one all-gather of the states, then a local merge;
+* "reduce_scatter": all-gather of the lse, reduce-scatter of the rescaled outputs over heads
+  (vLLM/SGLang decode context parallelism);
+* "all_to_all": one all-to-all over heads, then a local merge (TensorRT-LLM Helix);
+* "one_pass": one Allreduce(sum) with a shared shift in place of the max, and an exact
+  fallback when a device's lse leaves the safe window (FlashDecoding++'s unified max).
+
+All five compute the same attention (exact to rounding); only the collectives differ. The
+head-scattered patterns leave each device with its own heads' output
+(`P(None, None, seq_axes, None)`); the others are replicated.
+"""
+HEAD_SCATTERED = ("reduce_scatter", "all_to_all")
+"""Patterns whose result is split over query heads across the devices."""
+AUTO_MERGES = tuple(m for m in MERGES if m != "one_pass")
+"""The patterns "auto" chooses from. "one_pass" is left out: its cost depends on the data
+(past its window it runs the exact merge as well, and costs more than "allreduce")."""
+
+
+class MergeProblem(NamedTuple):
+    """What a merge policy sees of one decode: sizes, dtype and the sequence axes' sizes
+    (outermost first), all static."""
+
+    batch: int
+    q_len: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    v_dim: int
+    kv_len: int
+    dtype: Any
+    axis_sizes: tuple[int, ...]
+
+
+MergePolicy = Callable[[MergeProblem], str]
+_auto_policy: list[MergePolicy] = []
+
+
+def set_auto_policy(policy: MergePolicy | None) -> None:
+    """Give the core the policy that `merge="auto"` asks: a function of a `MergeProblem`
+    that returns one of `AUTO_MERGES`. The package registers `perf.costmodel.auto_merge` on
+    import; `None` restores the default, "allreduce"."""
+    _auto_policy.clear()
+    if policy is not None:
+        _auto_policy.append(policy)
+
+
+def resolve_merge(merge: str, problem: MergeProblem) -> str:
+    """The pattern a `merge=` argument names: itself, or the auto policy's choice."""
+    if merge != "auto":
+        return merge
+    choice = _auto_policy[0](problem) if _auto_policy else "allreduce"
+    if choice not in AUTO_MERGES:
+        raise ValueError(f"the auto merge policy returned {choice!r}; it must return one of "
+                         f"{AUTO_MERGES}.")
+    return choice
