@@ -38,6 +38,7 @@ lab: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # Unit, property and multi-process tests; two workers for two cores.
 unit: $(STAMP)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration-seq-lens", type=cl.lengths,
                    default="16384,32768,65536,131072",
                    help="KV lengths at which the cost model is checked")
+
+
+def _progress(bar: tqdm) -> Callable[[str], None]:
+    """A progress callback that names the step and advances `bar` by one."""
+    def step(name: str) -> None:
+        bar.set_postfix_str(name)
+        bar.update(1)
+    return step
 
 
 def validate(parser: argparse.ArgumentParser, args: Any) -> None:
@@ -108,7 +117,7 @@ def _bandwidth(args, device: dict) -> dict:
     with tqdm(desc="bandwidth", unit="kernel", file=sys.stderr, disable=None) as bar:
         section = calibrate.bandwidth(common.mesh(args), common.problem(args, seq_len),
                                       repeats=args.repeats,
-                                      progress=lambda n: (bar.set_postfix_str(n), bar.update(1)))
+                                      progress=_progress(bar))
     print(calibrate.bandwidth_table(section))
     benchmark.device_fractions(section["kernels"], device)
     print("of the device: " + ", ".join(
@@ -126,7 +135,7 @@ def _calibration(args) -> list[dict]:
     with tqdm(desc="calibration", unit="step", file=sys.stderr, disable=None) as bar:
         cal, rows = calibrate.calibrate(
             common.mesh(args), args.calibration_seq_lens, problem=common.problem(args, 0),
-            repeats=args.repeats, progress=lambda n: (bar.set_postfix_str(n), bar.update(1)))
+            repeats=args.repeats, progress=_progress(bar))
     print(calibrate.calibration_table(cal, rows))
     return rows
 

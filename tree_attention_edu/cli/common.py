@@ -63,14 +63,13 @@ def measure(args, seq_len: int, methods):
     bar = tqdm(total=len(methods), desc=f"Tk={seq_len}: compiling and timing", unit="method",
                file=sys.stderr, disable=None)
 
-    def progress(name):
+    def progress(name: str) -> None:
         bar.set_postfix_str(name)
-        bar.update(0)
+        bar.update(1)
 
     try:
         return benchmark.run(mesh(args), problem(args, seq_len), methods=methods,
-                             repeats=args.repeats,
-                             progress=lambda n: (progress(n), bar.update(1)))
+                             repeats=args.repeats, progress=progress)
     finally:
         bar.close()
 

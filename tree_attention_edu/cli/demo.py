@@ -42,7 +42,7 @@ def three_way_agreement() -> float:
     q = jax.random.normal(kq, (2, 3, 4, 16), jnp.float64)
     k = jax.random.normal(kk, (2, 50, 2, 16), jnp.float64)
     v = jax.random.normal(kv, (2, 50, 2, 16), jnp.float64)
-    kw = dict(causal=True, kv_lengths=jnp.array([50, 21]))
+    kw: dict[str, Any] = dict(causal=True, kv_lengths=jnp.array([50, 21]))
     soft = attention(q, k, v, **kw)
     grad = attention_from_energy(q, k, v, **kw)
     z, zeta = stationary_point(q, k, v, **kw)

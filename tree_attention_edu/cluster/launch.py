@@ -167,7 +167,8 @@ def _initialize(process_id: int, processes: int, port: int, init_timeout: int) -
                   shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S)
     known = inspect.signature(jax.distributed.initialize).parameters
     try:
-        jax.distributed.initialize(**{k: v for k, v in kwargs.items() if k in known})
+        jax.distributed.initialize(**{k: v for k, v in kwargs.items()  # type: ignore[arg-type]
+                                      if k in known})
     except Exception as e:
         if process_id == 0 and "Failed to start RPC server" in str(e):
             raise _PortInUse(port) from e
@@ -218,8 +219,8 @@ def worker(process_id: int, processes: int, devices_per_process: int, port: int,
     kv_spec = P(None, ("node", "gpu"))
     gq, gk, gv = global_array(q, P()), global_array(kp, kv_spec), global_array(vp, kv_spec)
     gl = global_array(lengths, P())
-    want = np.asarray(attention(q.astype(np.float64), k.astype(np.float64),
-                                v.astype(np.float64), causal=True, kv_lengths=lengths))
+    want = np.asarray(attention(*(jax.numpy.asarray(x, np.float64) for x in (q, k, v)),
+                                causal=True, kv_lengths=jax.numpy.asarray(lengths)))
     status = 0
     for name, fn in (("tree", tree_decode), ("ring", ring_decode)):
         out = jax.jit(lambda q, k, v, l, fn=fn: fn(q, k, v, mesh=mesh, causal=True,
@@ -422,7 +423,7 @@ def run_local(processes: int = 2, devices_per_process: int = 4, seq_len: int = 4
     if not (isinstance(init_timeout, int | float) and init_timeout > 0):
         raise ValueError(f"`init_timeout` must be a positive number, got {init_timeout!r}.")
     explicit = bool(port)
-    if explicit:
+    if port:
         try:
             held = _bind(port)
         except OSError as e:

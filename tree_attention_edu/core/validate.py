@@ -88,7 +88,7 @@ def check_choice(value: Any, known: tuple[str, ...], name: str) -> None:
 
 def describe(x: Any) -> str:
     """`x` in a few words for a message: its type and value (or shape and dtype)."""
-    if hasattr(x, "shape") and hasattr(x, "dtype") and getattr(x, "ndim", 0):
+    if hasattr(x, "shape") and hasattr(x, "dtype") and len(getattr(x, "shape", ())) > 0:
         return f"{type(x).__name__} of shape {tuple(x.shape)} and dtype {x.dtype}"
     if isinstance(x, list | tuple) and len(repr(x)) > 60:
         return f"{type(x).__name__} of {len(x)} items"

@@ -97,7 +97,8 @@ class CheckpointInfo(NamedTuple):
 def _layout(cfg: Config) -> list[tuple[str, tuple, tuple[int, ...], bool]]:
     """(Hugging Face name, params path, stored shape, transpose?) for every weight of `cfg`."""
     qd, kd = cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-    out = [("model.embed_tokens.weight", ("embed",), (cfg.vocab, cfg.dim), False)]
+    out: list[tuple[str, tuple, tuple[int, ...], bool]] = [
+        ("model.embed_tokens.weight", ("embed",), (cfg.vocab, cfg.dim), False)]
     for i in range(cfg.layers):
         pre = f"model.layers.{i}."
         out += [
@@ -203,7 +204,7 @@ def config_from_hf(config: dict, where: str = "config.json") -> Config:
 def config_to_hf(cfg: Config) -> dict:
     """The config.json of `cfg` (a `LlamaConfig` that transformers 4 and 5 both read)."""
     check_config(cfg)
-    rope_scaling = None
+    rope_scaling: dict[str, Any] | None = None
     if cfg.rope_scaling is not None:
         s = cfg.rope_scaling
         rope_scaling = {"rope_type": "llama3", "factor": s.factor,
@@ -277,7 +278,8 @@ def inspect_checkpoint(path: Any) -> CheckpointInfo:
                 found[name] = TensorInfo(file, s.get_dtype(), tuple(s.get_shape()))
     if weight_map is not None:  # the index and the files must agree
         for name, shard in weight_map.items():
-            if found.get(name, TensorInfo(None, "", ())).file != path / shard:
+            info = found.get(name)
+            if info is None or info.file != path / shard:
                 raise _checkpoint_tensor_misplaced(name, index, shard)
     tensors = {}
     for name, _, shape, _ in _layout(cfg):

@@ -555,7 +555,7 @@ class Generator:
         """`longest` rounded up to whole prefill chunks."""
         return -(-longest // self.chunk) * self.chunk
 
-    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int,
+    def prefill(self, prompts: Sequence[Sequence[int]] | Sequence[np.ndarray], capacity: int,
                 progress: bool | None = False) -> tuple[Array, KVCache]:
         """Fill a fresh cache from right-padded prompts; return each prompt's last logits.
 
@@ -566,17 +566,17 @@ class Generator:
         """
         from tqdm import tqdm
 
-        prompts = check_prompts(prompts, self.cfg.vocab)
+        checked = check_prompts(prompts, self.cfg.vocab)
         validate.check_int(capacity, "capacity")
         validate.check_bool(progress, "progress", optional=True)
-        lengths = np.array([len(p) for p in prompts])
+        lengths = np.array([len(p) for p in checked])
         padded = self._padded(int(lengths.max()))
         _check_capacity(capacity, int(lengths.max()), padded)
-        tokens = np.zeros((len(prompts), padded), np.int32)
-        for b, p in enumerate(prompts):
+        tokens = np.zeros((len(checked), padded), np.int32)
+        for b, p in enumerate(checked):
             tokens[b, : len(p)] = p
-        cache = empty_cache(self.cfg, len(prompts), capacity, self.mesh)
-        last = jnp.zeros((len(prompts), self.cfg.vocab), jnp.float32)
+        cache = empty_cache(self.cfg, len(checked), capacity, self.mesh)
+        last = jnp.zeros((len(checked), self.cfg.vocab), jnp.float32)
         n_chunks = padded // self.chunk
         bar = tqdm(total=n_chunks, desc=f"{self.prefill_method} prefill", unit="chunk",
                    disable=(n_chunks <= 8) if progress is None else not progress)
@@ -617,19 +617,19 @@ class Generator:
 
         from tqdm import tqdm
 
-        prompts = check_prompts(prompts, self.cfg.vocab)
+        checked = check_prompts(prompts, self.cfg.vocab)
         validate.check_int(new_tokens, "new_tokens", example="`new_tokens=32`")
         validate.check_prng_key(key)
         temperature = _check_temperature(temperature)
         validate.check_bool(progress, "progress", optional=True)
-        longest = max(len(p) for p in prompts)
+        longest = max(len(p) for p in checked)
         padded = self._padded(longest)
         if capacity is None:
             capacity = padded + new_tokens
         validate.check_int(capacity, "capacity", example="`capacity=None` (the smallest that fits)")
         _check_capacity(capacity, longest, padded, new_tokens)
         t0 = time.perf_counter()
-        logits, cache = self.prefill(prompts, capacity, progress=progress)
+        logits, cache = self.prefill(checked, capacity, progress=progress)
         jax.block_until_ready(logits)
         prefill_s = time.perf_counter() - t0
         tok = jax.device_put(sample(logits, jax.random.fold_in(key, 0), temperature), self._rep)

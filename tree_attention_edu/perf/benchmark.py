@@ -29,6 +29,7 @@ the kind where known (`nominal_hbm_gbs`) and the read bandwidth measured on it
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -103,10 +104,10 @@ def make_inputs(problem: Problem, seed: int = 0) -> tuple[np.ndarray, np.ndarray
     kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
     dt = jnp.dtype(problem.dtype)
     b, t, hkv, d = problem.batch, problem.seq_len, problem.kv_heads, problem.head_dim
-    q = jax.random.normal(kq, (b, problem.q_len, problem.q_heads, d), jnp.float32)
-    k = jax.random.normal(kk, (b, t, hkv, d), jnp.float32)
-    v = jax.random.normal(kv, (b, t, hkv, d), jnp.float32)
-    return tuple(np.asarray(x.astype(dt)) for x in (q, k, v))
+    shapes = ((b, problem.q_len, problem.q_heads, d), (b, t, hkv, d), (b, t, hkv, d))
+    q, k, v = (np.asarray(jax.random.normal(key, shape, jnp.float32).astype(dt))
+               for key, shape in zip((kq, kk, kv), shapes, strict=True))
+    return q, k, v
 
 
 def median_time(fn: Callable, *args, repeats: int = 5) -> float:
@@ -252,7 +253,7 @@ def method_fns(mesh: Mesh, kv_len: int | None = None,
                                                            key_value_seq_lengths=lengths(q)),
                                      in_shardings=(rep, kv, kv), out_shardings=rep),
                              (rep, kv, kv)),
-        **{m: (lambda m=m: sharded(tree_decode, merge=m)) for m in MERGES},
+        **{m: functools.partial(sharded, tree_decode, merge=m) for m in MERGES},
     }
     names = list(builders) if names is None else list(names)
     for n in names:
@@ -268,7 +269,7 @@ def sharded_inputs(mesh: Mesh, problem: Problem, seed: int = 0
     a multiple of the device count (`pad_cache`) for the sharded methods, with the valid
     length to mask (None when no padding was needed)."""
     q, k, v = make_inputs(problem, seed)
-    kp, vp, _ = pad_cache(k, v, mesh)
+    kp, vp, _ = pad_cache(jnp.asarray(k), jnp.asarray(v), mesh)
     padded = kp.shape[1] != problem.seq_len
     return q, k, v, np.asarray(kp), np.asarray(vp), problem.seq_len if padded else None
 

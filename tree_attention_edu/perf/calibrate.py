@@ -23,6 +23,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -283,9 +284,13 @@ class Calibration:
     links: dict = field(default_factory=dict)  # every measured kind: its Link
 
 
+DEFAULT_SIZES = tuple(2**n for n in range(10, 27, 2))
+"""Message sizes (bytes) `measure_topology` times by default: 1 KiB to 64 MiB."""
+
+
 def measure_topology(
     mesh: Mesh, *, kernel_problem: benchmark.Problem | None = None,
-    sizes: Iterable[int] = tuple(2**e for e in range(10, 27, 2)), repeats: int = 7,
+    sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 7,
     progress: Progress = None, kinds: Iterable[str] = ("psum",),
 ) -> Calibration:
     """Measure α, β, the per-call overhead and the per-device decode bandwidth of `mesh`.
@@ -352,9 +357,10 @@ def predict(method: str, seq_len: int, topo: costmodel.Topology,
     """The cost model's latency for a `benchmark.Problem` at `seq_len`: `method` is "tree",
     "ring", "ring_pass_q" or a merge pattern (`costmodel.MERGES`)."""
     validate.check_choice(method, ("tree", *costmodel.MERGES, *costmodel.RINGS), "method")
-    shape = dict(batch=problem.batch, q_heads=problem.q_heads, kv_heads=problem.kv_heads,
-                 head_dim=problem.head_dim, itemsize=jnp.dtype(problem.dtype).itemsize,
-                 q_len=problem.q_len)
+    shape: dict[str, Any] = dict(
+        batch=problem.batch, q_heads=problem.q_heads, kv_heads=problem.kv_heads,
+        head_dim=problem.head_dim, itemsize=jnp.dtype(problem.dtype).itemsize,
+        q_len=problem.q_len)
     stat = jnp.dtype(accum_dtype(problem.dtype)).itemsize
     if method == "ring":
         return costmodel.predict_ring(seq_len, topo, **shape)
@@ -424,7 +430,7 @@ def _pattern_payloads(problem: benchmark.Problem, p: int, seq_lens: Iterable[int
     micro-benchmarks are run where the predictions will use them."""
     item = jnp.dtype(problem.dtype).itemsize
     stat = jnp.dtype(accum_dtype(problem.dtype)).itemsize
-    shape = dict(batch=problem.batch, q_len=problem.q_len, q_heads=problem.q_heads,
+    shape: dict[str, Any] = dict(batch=problem.batch, q_len=problem.q_len, q_heads=problem.q_heads,
                  v_dim=problem.head_dim, p=p, stat_itemsize=stat)
     sizes = [nbytes for m in costmodel.MERGES
              for _, nbytes, _ in costmodel.merge_collectives(m, **shape, out_itemsize=item)]
@@ -489,7 +495,7 @@ def validate_patterns(
         q, _, _, k, v, kv_len = benchmark.sharded_inputs(mesh, prob)
         fns = benchmark.method_fns(mesh, kv_len, methods)
         shardings = next(iter(fns.values()))[1]
-        args = [jax.device_put(x, s) for x, s in zip((q, k, v), shardings, strict=True)]
+        args = tuple(jax.device_put(x, s) for x, s in zip((q, k, v), shardings, strict=True))
         if progress:
             progress(f"Tk={n}: {len(methods)} methods, repeats interleaved")
         seconds = benchmark.median_times({m: (fns[m][0], args) for m in methods},

@@ -714,7 +714,7 @@ def predict_merge(pattern: str, seq_len: int, topo: Topology, *, batch: int = 1,
     t = math.ceil(seq_len / p)
     compute = local_decode_time(batch, t, kv_heads, head_dim, v_dim, q_heads, topo, itemsize,
                                 q_len)
-    shape = dict(batch=batch, q_len=q_len, q_heads=q_heads, v_dim=v_dim, p=p,
+    shape: dict[str, Any] = dict(batch=batch, q_len=q_len, q_heads=q_heads, v_dim=v_dim, p=p,
                  stat_itemsize=stat_itemsize)
     # Across nodes, `collective_time` runs each all-reduce in its two stages.
     comm = collectives_time(merge_collectives(pattern, **shape, fallback=fallback,
@@ -761,7 +761,7 @@ def predict_all(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int = 
                 itemsize: int = 2, q_len: int = 1, stat_itemsize: int = 4
                 ) -> dict[str, Prediction]:
     """Every merge pattern (`MERGES`) and both rings (`RINGS`) on the same problem."""
-    shape = dict(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+    shape: dict[str, Any] = dict(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
                  v_dim=v_dim, itemsize=itemsize, q_len=q_len)
     out = {m: predict_merge(m, seq_len, topo, **shape, stat_itemsize=stat_itemsize)
            for m in MERGES}
@@ -785,7 +785,7 @@ def best_merge(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int = 1
                                    '("allreduce", "allgather")')
     for i, name in enumerate(names):
         validate.check_str_choice(name, MERGES, f"patterns[{i}]")
-    shape = dict(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+    shape: dict[str, Any] = dict(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
                  v_dim=v_dim, itemsize=itemsize, q_len=q_len, stat_itemsize=stat_itemsize)
     order = sorted(set(names), key=lambda m: (m != "allreduce", MERGES.index(m)))
     times = {m: predict_merge(m, seq_len, topo, **shape).total_s for m in order}
@@ -833,7 +833,7 @@ def crossover_map(topo: Topology | None = None, *, ps: tuple[int, ...] = (2, 4, 
     """
     topo = DGX_H100 if topo is None else topo
     validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100")
-    ps = validate.check_sizes_list(ps, "ps", "(8, 16, 32)")
+    ps_list = validate.check_sizes_list(ps, "ps", "(8, 16, 32)")
     bhs = validate.check_sizes_list(batch_heads, "batch_heads", "(16, 256, 4096)")
     _sizes(q_heads=q_heads)
     for i, bh in enumerate(bhs):
@@ -842,12 +842,12 @@ def crossover_map(topo: Topology | None = None, *, ps: tuple[int, ...] = (2, 4, 
                                    '("allreduce", "allgather")')
     for i, name in enumerate(names):
         validate.check_str_choice(name, MERGES, f"patterns[{i}]")
-    seconds = {m: [[0.0] * len(ps) for _ in bhs] for m in names}
-    winner = [[""] * len(ps) for _ in bhs]
-    speedup = [[1.0] * len(ps) for _ in bhs]
-    shape = dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, itemsize=itemsize,
-                 q_len=q_len, stat_itemsize=stat_itemsize)
-    for j, p in enumerate(ps):
+    seconds = {m: [[0.0] * len(ps_list) for _ in bhs] for m in names}
+    winner = [[""] * len(ps_list) for _ in bhs]
+    speedup = [[1.0] * len(ps_list) for _ in bhs]
+    shape: dict[str, Any] = dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+                                 itemsize=itemsize, q_len=q_len, stat_itemsize=stat_itemsize)
+    for j, p in enumerate(ps_list):
         t = topo.with_devices(p)
         for i, bh in enumerate(bhs):
             for m in names:
@@ -857,7 +857,7 @@ def crossover_map(topo: Topology | None = None, *, ps: tuple[int, ...] = (2, 4, 
             winner[i][j] = best
             ref = seconds["allreduce"][i][j] if "allreduce" in seconds else seconds[best][i][j]
             speedup[i][j] = ref / seconds[best][i][j]
-    return {"ps": ps, "batch_heads": bhs, "patterns": list(names), "winner": winner,
+    return {"ps": ps_list, "batch_heads": bhs, "patterns": list(names), "winner": winner,
             "seconds": seconds, "speedup": speedup, "seq_len": seq_len,
             "topology": topo.name}
 
@@ -916,7 +916,7 @@ DGX_H100 = Topology(
 nothing here was tuned to the paper's timings."""
 
 
-PAPER_MICROBENCHMARK = dict(batch=1, q_heads=16, head_dim=128, itemsize=2)
+PAPER_MICROBENCHMARK: dict[str, Any] = dict(batch=1, q_heads=16, head_dim=128, itemsize=2)
 """The paper's microbenchmark (Section 6.1, Fig. 3): one attention block of 16 heads of
 dimension 128 in bf16 (Section 5.3: "All computations are performed in BF16"). The batch is
 not stated; 1 here."""
@@ -999,8 +999,8 @@ def generation_time(seq_len: int, topo: Topology, *, model: ModelShape = LLAMA_3
     validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(8)")
     validate.check_instance(model, ModelShape, "model", "e.g. LLAMA_3_1_8B")
     validate.check_int(tokens, "tokens")
-    shape = dict(q_heads=model.q_heads, kv_heads=model.kv_heads, head_dim=model.head_dim,
-                 itemsize=model.itemsize)
+    shape: dict[str, Any] = dict(q_heads=model.q_heads, kv_heads=model.kv_heads,
+                                 head_dim=model.head_dim, itemsize=model.itemsize)
     weights_s = model.weight_bytes / topo.mem_Bps
     return {method: tokens * (model.layers * predict(seq_len, topo, **shape).total_s
                               + weights_s)
@@ -1030,11 +1030,3 @@ PAPER_LLAMA_SPEEDUP: dict[str, dict[int, int]] = {
     "4x MI300X": {32768: 3, 65536: 3, 131072: 3, 262144: 2},
 }
 """The table's "Speedup" column (×): ring over tree, rounded to a whole number."""
-
-
-def _check_whole_nodes(p: int, devices_per_node: int) -> None:
-    if p > devices_per_node and p % devices_per_node:
-        raise ValueError(
-            f"`p`={p} is not a whole number of {devices_per_node}-device nodes; pass at most "
-            f"{devices_per_node} or a multiple of {devices_per_node}."
-        )

@@ -131,9 +131,9 @@ def retrieve(queries: Array, memory: Memory, beta: float, *, mesh: Mesh | None =
         out = attention(q, k, v, scale=scale)
     else:
         k, v, lengths = pad_cache(k, v, mesh)
-        lengths = None if k.shape[1] == memory.keys.shape[0] else lengths
+        padded = k.shape[1] != memory.keys.shape[0]
         out = tree_decode(q, k, v, mesh=mesh, scale=scale, local_kernel="xla",
-                          kv_lengths=lengths)
+                          kv_lengths=lengths if padded else None)
     return out[0, :, 0]
 
 

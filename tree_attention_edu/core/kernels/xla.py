@@ -88,7 +88,7 @@ def _check_window(window: Any, kv_heads: int) -> tuple[int | Array, int]:
                              f"{count} kv heads starts in [0, {kv_heads - count}].")
         return int(start), count
     dtype = getattr(start, "dtype", None)
-    if (validate.shape_of(start, "kv_head_window[0]") if dtype is not None else None) != () \
+    if dtype is None or validate.shape_of(start, "kv_head_window[0]") != () \
             or not jnp.issubdtype(dtype, jnp.integer):
         raise TypeError(f"`kv_head_window[0]` must be an int or an integer JAX scalar, got "
                         f"{validate.describe(start)}; e.g. {example}.")
@@ -137,7 +137,8 @@ def xla_state(
     inputs.check_layout(layout)
     head_ax = 3 - SEQ_AXIS[layout]
     window = kv_head_window
-    k_view, v_view = k_chunk, v_chunk
+    k_view: Any = k_chunk
+    v_view: Any = v_chunk
     if window is not None:  # validate against the window's view of the chunk
         ks = validate.shape_of(k_chunk, "k_chunk")
         if len(ks) == 4:
