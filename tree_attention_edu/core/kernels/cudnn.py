@@ -37,7 +37,7 @@ def cuda_capability() -> tuple[int, int] | None:
     """Compute capability of the first device, e.g. (9, 0) on an H100; None if it is not a
     CUDA device (a CPU, a TPU, a ROCm GPU)."""
     try:
-        cc = jax.devices()[0].compute_capability  # type: ignore[attr-defined]
+        cc = jax.devices()[0].compute_capability
     except (AttributeError, RuntimeError):
         return None
     try:
