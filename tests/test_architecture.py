@@ -152,7 +152,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
             if nxt.startswith(node + "."):  # a package importing its submodule
                 continue
             if colour[nxt] == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return [*stack[stack.index(nxt):], nxt]
             if colour[nxt] == 0 and (cycle := visit(nxt)):
                 return cycle
         stack.pop()

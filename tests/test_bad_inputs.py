@@ -952,7 +952,9 @@ NOT_VALIDATED = {
               "KVCache", "Generation",  # containers; forward / generate check them
               "check_config", "check_params", "check_prompts"},  # the checks themselves
     "hopfield": {"Memory"},  # a container; every function taking one checks it
-    "checkpoint": {"TensorInfo", "CheckpointInfo"},  # results, not inputs
+    "checkpoint": {"TensorInfo", "CheckpointInfo",  # results, not inputs
+                   "aligned_empty",  # the loaders' allocation, of checked shapes
+                   "check_weight_dtype"},  # the check itself
 }
 """Public names of the listed modules that have no cases, and why. `symbolic` (sympy, no
 arrays), `plots` (figures from plain data) and the tools (`benchmark`, `calibrate`, `cli`,

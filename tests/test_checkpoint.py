@@ -214,7 +214,7 @@ BROKEN = {
                                        r"num_attention_heads \(4\)"),
     "missing-key": (_config(hidden_size=None), 1, r"lacks \"hidden_size\""),
     "bad-value": (_config(num_hidden_layers=0), 1,
-                  r"\"num_hidden_layers\" must be an int >= 1, got 0"),
+                  r"\"num_hidden_layers\" must be an int >= 1 and < 2\*\*53, got 0"),
     "bad-type": (_config(rms_norm_eps="tiny"), 1, r"\"rms_norm_eps\" must be a finite number"),
     "another-model": (_config(model_type="gpt2"), 1, r"\"model_type\" is 'gpt2'"),
     "biases": (_config(attention_bias=True), 1, r"\"attention_bias\" is True"),
@@ -269,7 +269,7 @@ def test_malformed_files_fail_clearly(tmp_path):
         checkpoint.load_checkpoint(path)
     with pytest.raises(ValueError, match=r"`path` .* is not a folder"):
         checkpoint.load_checkpoint(path / "model.safetensors")
-    with pytest.raises(TypeError, match=r"`path` must be a folder path"):
+    with pytest.raises(TypeError, match=r"`path` must be a folder \(str or pathlib.Path\)"):
         checkpoint.load_checkpoint(42)
     path = fresh("not-json")
     (path / "config.json").write_text("{")
@@ -298,3 +298,57 @@ def test_malformed_files_fail_clearly(tmp_path):
         checkpoint.load_checkpoint(path)
     with pytest.raises(TypeError, match=r"`dtype` must be a floating dtype"):
         checkpoint.load_checkpoint(fresh("ok"), dtype=jnp.int8)
+
+
+def test_hostile_folders_fail_clearly(tmp_path):
+    """What a downloaded folder may hold to break the loader: an index that points outside
+    the folder, numbers no float holds, JSON that defeats the parser, far more layers than
+    the files hold. Each is one ValueError naming the file, before any weight is read."""
+    import resource
+    import time
+
+    def fresh(name, files=2):
+        return _write_broken(tmp_path / name, lambda *a: None, files)
+
+    outside = fresh("outside")
+    (tmp_path / "elsewhere.safetensors").write_bytes(
+        (outside / "model-00001-of-00002.safetensors").read_bytes())
+    for shard in ("../elsewhere.safetensors", str(tmp_path / "elsewhere.safetensors"),
+                  "sub/../../elsewhere.safetensors"):
+        index = json.loads((outside / checkpoint.INDEX).read_text())
+        index["weight_map"] = {k: (shard if v.startswith("model-00001") else v)
+                               for k, v in index["weight_map"].items()}
+        (outside / checkpoint.INDEX).write_text(json.dumps(index))
+        with pytest.raises(ValueError, match=r"lists the shard .*, which is not a file name "
+                                             r"inside the checkpoint folder"):
+            checkpoint.inspect_checkpoint(outside)
+
+    huge = 10**400  # JSON has no limit on integers; a float tops out near 1.8e308
+    for key in ("rms_norm_eps", "rope_theta", "num_hidden_layers", "vocab_size",
+                "tie_word_embeddings"):
+        path = _write_broken(tmp_path / f"huge-{key}", _config(**{key: huge}), 1)
+        with pytest.raises(ValueError, match=rf"`config.json` in .*: \"{key}\" must be"):
+            checkpoint.inspect_checkpoint(path)
+    path = _write_broken(tmp_path / "huge-llama3", _config(rope_scaling={
+        "rope_type": "llama3", "factor": huge, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0}), 1)
+    with pytest.raises(ValueError, match=r"\"factor\" must be a finite number"):
+        checkpoint.inspect_checkpoint(path)
+
+    path = fresh("json", 1)
+    for text, why in (('{"vocab_size": 1' + "0" * 5000 + "}", r"Exceeds the limit"),
+                      ("[" * 100_000 + "]" * 100_000, r"recursion")):
+        (path / "config.json").write_text(text)
+        with pytest.raises(ValueError, match=rf"`config.json` in .* is not a JSON object .*"
+                                             rf"{why}"):
+            checkpoint.inspect_checkpoint(path)
+
+    layers = _write_broken(tmp_path / "layers", _config(num_hidden_layers=10**9), 1)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    for fn in (checkpoint.inspect_checkpoint, checkpoint.load_checkpoint):
+        with pytest.raises(ValueError, match=r"declares 1000000000 layers \(9 tensors each\), "
+                                             r"but the checkpoint holds only 21 tensors"):
+            fn(layers)
+    assert time.perf_counter() - t0 < 5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 100_000  # KiB: < 100 MB

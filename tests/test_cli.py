@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
+import tree_attention_edu as tae
 from tree_attention_edu import cli
 from tree_attention_edu import commandline as cl
-import tree_attention_edu as tae
 from tree_attention_edu.perf import benchmark
 
 ENV = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -104,7 +104,9 @@ BAD_FLAGS = [
     ("generate --mesh 2level --devices 5", "--mesh 2level"),
     # generate with a checkpoint (issue 15)
     ("generate --checkpoint {dir} --prompt-ids 1,2", "has no config.json"),
-    ("generate --checkpoint {file} --prompt-ids 1", "is not a folder"),
+    ("generate --checkpoint {file} --prompt-ids 1", "does not start with the GGUF magic"),
+    ("generate --chat --prompt-ids 1", "--chat: formats text prompts"),
+    ("generate --checkpoint {dir} --prompt hi --chat", "--chat: needs a chat template"),
     ("generate --checkpoint {dir}", "give the prompts"),
     ("generate --prompt-ids 1,2", "--prompt-ids: needs --checkpoint"),
     ("generate --prompt hello", "--prompt: needs --checkpoint"),
@@ -247,7 +249,7 @@ def test_output_paths_are_checked_without_leaving_files(in_tmp, monkeypatch):
 def test_every_option_has_help_and_help_shows_defaults(capsys):
     parser = cli.build_parser()
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(subs.choices) == {"demo", "bench", "generate", "launch"}
+    assert set(subs.choices) == {"demo", "bench", "generate", "fetch-model", "launch"}
     for name, sub in [("", parser), *subs.choices.items()]:
         for action in sub._actions:
             assert action.help, (name, action.option_strings or action.dest)
@@ -372,7 +374,7 @@ def test_bench_json_records(tmp_path):
     for n in (1024, 2048):  # the same programs as the method records: the same bytes
         assert pat[("allreduce", n)]["collective_bytes"] == by[("tree", n)]["collective_bytes"]
         assert pat[("ring", n)]["collective_bytes"] == by[("ring", n)]["collective_bytes"]
-        assert pat[("ring", n)]["collectives"] == {"collective-permute": 2 * 7}
+        assert pat[("ring", n)]["collectives"] == {"collective-permute": 2 * 7, "all-reduce": 1}
         # one Allreduce(sum) where allreduce has two, on each level of the 2-level mesh
         one, two = pat[("one_pass", n)]["collectives"], pat[("allreduce", n)]["collectives"]
         assert set(one) == set(two) == {"all-reduce"} and 2 * one["all-reduce"] == two[

@@ -1,8 +1,8 @@
-"""Command line: `tree-attention-edu demo | bench | generate | launch`.
+"""Command line: `tree-attention-edu demo | bench | generate | fetch-model | launch`.
 
 Device setup must happen before JAX computes anything, so every subcommand parses its
 arguments, calls `simulate_devices`, and only then computes. One module per subcommand
-(`demo`, `bench`, `generate`, `launch`), each with `add_arguments`, `validate` and `run`.
+(`demo`, `bench`, `generate`, `fetch_model`, `launch`), each with `add_arguments`, `validate` and `run`.
 
 Every argument is checked before any work starts: a bad flag, an unwritable output path or
 a size this machine cannot hold ends in one line on stderr and exit status 2; a failure
@@ -18,9 +18,9 @@ import sys
 
 from .. import __version__
 from .. import commandline as cl
-from . import bench, demo, generate, launch
+from . import bench, demo, fetch_model, generate, launch
 
-COMMANDS = (demo, bench, generate, launch)
+COMMANDS = (demo, bench, generate, fetch_model, launch)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,9 +23,10 @@ so that giving one together with --checkpoint can be refused)."""
 
 
 def add_arguments(gen: argparse.ArgumentParser) -> None:
-    gen.add_argument("--checkpoint", default=None, metavar="DIR",
+    gen.add_argument("--checkpoint", default=None, metavar="DIR|FILE.gguf",
                      help="a Hugging Face Llama checkpoint folder (config.json, *.safetensors, "
-                          "optionally tokenizer.json); without one the model has random "
+                          "optionally tokenizer.json) or a llama.cpp GGUF file (e.g. the one "
+                          "'fetch-model' fetches); without one the model has random "
                           "weights (--preset, --vocab) and random prompts (--prompt-len, "
                           "--batch)")
     prompts = gen.add_mutually_exclusive_group()
@@ -35,6 +36,12 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
     prompts.add_argument("--prompt-ids", action="append", type=cl.token_ids, default=None,
                          metavar="1,2,3",
                          help="a prompt as comma-separated token ids; repeat for a ragged batch")
+    gen.add_argument("--chat", action="store_true",
+                     help="format each --prompt as a user message with the GGUF file's chat "
+                          "template")
+    gen.add_argument("--no-stop", dest="stop", action="store_false",
+                     help="generate all --new-tokens even after the end-of-sequence token (a "
+                          "GGUF file names it; generation stops there by default)")
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                      help="the checkpoint's weights in memory: float32 converts bf16 weights, "
                           "bfloat16 keeps them (compute is float32 either way)")
@@ -82,6 +89,9 @@ def validate(parser: argparse.ArgumentParser, args: Any) -> None:
 def _check_generate(parser, args) -> None:
     """`generate`: the random model's flags, or a checkpoint, its prompts and its memory."""
     random_flags = {f"--{k.replace('_', '-')}": getattr(args, k) for k in RANDOM_MODEL_DEFAULTS}
+    if args.chat and not args.prompt:
+        parser.error("--chat: formats text prompts with the checkpoint's chat template; give "
+                     "them with --prompt TEXT")
     if args.checkpoint is None:
         for flag, value in (("--prompt", args.prompt), ("--prompt-ids", args.prompt_ids)):
             if value:
@@ -102,19 +112,33 @@ def _check_generate(parser, args) -> None:
     if not (args.prompt or args.prompt_ids):
         parser.error("--checkpoint: give the prompts, as text with --prompt TEXT or as token "
                      "ids with --prompt-ids 1,2,3 (each flag repeatable for a batch)")
+    from ..llama import gguf_checkpoint
     from ..llama.checkpoint import inspect_checkpoint, load_tokenizer
 
     flag = f"--checkpoint {args.checkpoint}"
+    args.gguf = Path(args.checkpoint).is_file()  # a folder is Hugging Face's layout
     try:
-        args.info = info = inspect_checkpoint(args.checkpoint)
-        args.tokenizer = load_tokenizer(args.checkpoint) if info.tokenizer else None
+        if args.gguf:
+            args.info = info = gguf_checkpoint.inspect_gguf(args.checkpoint)
+            args.tokenizer = (gguf_checkpoint.load_gguf_tokenizer(args.checkpoint)
+                              if info.tokenizer else None)
+            if args.chat:
+                args.prompt = [gguf_checkpoint.render_chat(
+                    info, [{"role": "user", "content": text}], tokenizer=args.tokenizer)
+                    for text in args.prompt]
+        else:
+            if args.chat:
+                parser.error("--chat: needs a chat template, which this package reads from "
+                             "GGUF files; format the prompt yourself for a folder checkpoint")
+            args.info = info = inspect_checkpoint(args.checkpoint)
+            args.tokenizer = load_tokenizer(args.checkpoint) if info.tokenizer else None
     except (ValueError, TypeError) as e:
         parser.error(f"{flag}: {cl.one_line(e)}")
     vocab = info.cfg.vocab
     if args.prompt:
         if args.tokenizer is None:
-            parser.error(f"--prompt: {flag} has no tokenizer.json to turn text into token ids; "
-                         "pass token ids with --prompt-ids 1,2,3")
+            parser.error(f"--prompt: {flag} has no tokenizer this package reads to turn text "
+                         "into token ids; pass token ids with --prompt-ids 1,2,3")
         args.prompts = [args.tokenizer.encode(text).ids for text in args.prompt]
         for text, ids in zip(args.prompt, args.prompts, strict=True):
             if not ids:
@@ -199,9 +223,11 @@ def _model(args):
     import jax.numpy as jnp
 
     from ..llama.checkpoint import load_checkpoint
+    from ..llama.gguf_checkpoint import load_gguf
 
     dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
-    params, cfg = load_checkpoint(args.checkpoint, dtype=dtype, mesh=common.mesh(args))
+    load = load_gguf if args.gguf else load_checkpoint
+    params, cfg = load(args.checkpoint, dtype=dtype, mesh=common.mesh(args))
     print(f"checkpoint {args.checkpoint} ({args.info.num_params:,} weights as {args.dtype}): ",
           end="")
     return params, cfg, args.prompts, args.tokenizer
@@ -226,12 +252,17 @@ def run(args: Any) -> int:
           f"{args.new_tokens} new tokens; {args.devices} devices ({args.mesh} mesh)")
     methods = args.method + (["single"] if args.check and "single" not in args.method else [])
     results, timing = {}, {}
+    eos = None
+    if args.checkpoint is not None and args.gguf and args.stop:
+        from ..llama.gguf_checkpoint import eos_token_id
+
+        eos = eos_token_id(args.info)
     for method in methods:
         prefill = args.prefill_method if method in args.method else None
         gen = model.Generator(params, cfg, common.mesh(args), method,
                               prefill_chunk=args.prefill_chunk, prefill_method=prefill)
         out = gen.generate(prompts, args.new_tokens, key=jax.random.key(args.seed + 1),
-                           temperature=args.temperature, progress=True)
+                           temperature=args.temperature, progress=True, stop_at=eos)
         steady = out.step_s[1:] or out.step_s  # the first decode step compiles
         per_tok = statistics.median(steady) if steady else float("nan")
         results[method], timing[method] = out, (per_tok, out.prefill_s)
@@ -240,28 +271,34 @@ def run(args: Any) -> int:
               f"compiled the step {gen.traces}x; prefill ({gen.prefill_method}) "
               f"{out.prefill_s:.1f} s")
     first = results[args.method[0]]
+
+    def rows(out) -> list[list[int]]:  # each prompt's tokens, up to its end-of-sequence token
+        return [r[:r.index(eos) + 1] if eos in r else r for r in out.tokens.tolist()]
+
     if args.checkpoint is None:
         print("first tokens:", first.tokens[:, :8].tolist())
     else:
-        for b, row in enumerate(first.tokens.tolist()):
+        for b, row in enumerate(rows(first)):
             print(f"prompt {b + 1}: {_show(row)}")
             if tokenizer is not None:
                 print(f"   {tokenizer.decode(list(prompts[b]))!r} -> {tokenizer.decode(row)!r}")
     report = {"checkpoint": args.checkpoint, "method": args.method[0],
               "prompts": [list(map(int, p)) for p in prompts],
-              "tokens": first.tokens.tolist(), "logits_last": first.logits[:, 0].tolist(),
+              "tokens": rows(first), "logits_last": first.logits[:, 0].tolist(),
               "methods": {}}
     if tokenizer is not None:
-        report["text"] = [tokenizer.decode(row) for row in first.tokens.tolist()]
+        report["text"] = [tokenizer.decode(row) for row in rows(first)]
     differ = []
     for method in args.method:
-        entry = {"tokens": results[method].tokens.tolist(), "per_token_s": timing[method][0],
+        entry = {"tokens": rows(results[method]), "per_token_s": timing[method][0],
                  "prefill_s": timing[method][1]}
         report["methods"][method] = entry
         if method == "single" or "single" not in results:
             continue
         same = np.array_equal(results[method].tokens, results["single"].tokens)
-        diff = float(np.abs(results[method].logits - results["single"].logits).max())
+        n = min(results[method].logits.shape[1], results["single"].logits.shape[1])
+        diff = float(np.abs(results[method].logits[:, :n]
+                            - results["single"].logits[:, :n]).max())
         entry |= {"tokens_identical_to_single": bool(same), "max_abs_logit_diff_vs_single": diff}
         print(f"{method}: tokens identical to single-device generation: {same}; "
               f"max |logit difference| {diff:.1e}")

@@ -10,6 +10,8 @@ same eagerly and under `jax.jit`.
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -284,3 +286,12 @@ def check_str_choice(value: Any, known: tuple[str, ...], name: str) -> str:
         raise TypeError(f"`{name}` must be a str, one of {known}, got {describe(value)}.")
     check_choice(value, known, name)
     return value
+
+
+def check_path(path: Any, name: str = "path", what: str = "a path") -> Path:
+    """A filesystem path (str or os.PathLike), returned as a `pathlib.Path`; `what` says
+    what it should point to ("a folder", "a .gguf file or a folder")."""
+    if isinstance(path, bool) or not isinstance(path, str | os.PathLike):
+        raise TypeError(f"`{name}` must be {what} (str or pathlib.Path), got "
+                        f"{describe(path)}.")
+    return Path(path)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
 import jax
@@ -121,10 +121,16 @@ def _layout(cfg: Config) -> list[tuple[str, tuple, tuple[int, ...], bool]]:
 
 # --- config.json --------------------------------------------------------------------------------
 
+MAX_JSON_BYTES = 64 << 20  # config.json is ~1 KB, a 400-shard index ~100 KB
+
+
 def _read_json(file: Path) -> dict:
     try:
+        if file.stat().st_size > MAX_JSON_BYTES:
+            raise ValueError(f"{file.stat().st_size:,} bytes, more than {MAX_JSON_BYTES:,}")
         data = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    # ValueError: also an integer of more than 4300 digits; RecursionError: deep nesting
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
         raise _checkpoint_json(file, err) from None
     if not isinstance(data, dict):
         raise _checkpoint_json(file)
@@ -238,6 +244,10 @@ def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None, Path |
                                                       'tensor names to file names')
         files = []
         for shard in dict.fromkeys(weight_map.values()):
+            parts = PurePosixPath(shard).parts
+            if (not parts or PurePosixPath(shard).is_absolute() or ".." in parts
+                    or "\\" in shard or ":" in shard):  # a name inside the folder, nothing else
+                raise _checkpoint_shard_outside(index, shard)
             if not (path / shard).is_file():
                 raise _checkpoint_shard_missing(index, shard)
             files.append(path / shard)
@@ -276,6 +286,8 @@ def inspect_checkpoint(path: Any) -> CheckpointInfo:
             for name in f.keys():
                 s = f.get_slice(name)
                 found[name] = TensorInfo(file, s.get_dtype(), tuple(s.get_shape()))
+    if 9 * cfg.layers + 2 > len(found):  # before `_layout` lists 9 names per layer
+        raise _checkpoint_too_few_tensors(path, cfg.layers, len(found))
     if weight_map is not None:  # the index and the files must agree
         for name, shard in weight_map.items():
             info = found.get(name)
@@ -300,7 +312,7 @@ def inspect_checkpoint(path: Any) -> CheckpointInfo:
 
 # --- loading ------------------------------------------------------------------------------------
 
-def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialised array whose data starts on a 64-byte boundary."""
     n = math.prod(shape) * dtype.itemsize
     raw = np.empty(n + _ALIGN, np.uint8)
@@ -340,7 +352,7 @@ def load_checkpoint(path: Any, *, dtype: Any = np.float32, mesh: Mesh | None = N
     that tensor in flight. (A 2-layer model of these shapes, 1.49 B weights, loaded as
     float32 on 8 simulated devices: 6.1 GB resident after loading, 8.2 GB at the peak.)
     """
-    dtype = _check_weight_dtype(dtype)
+    dtype = check_weight_dtype(dtype)
     if mesh is not None:
         validate.check_instance(mesh, Mesh, "mesh", "build one with make_mesh(...)")
     info = inspect_checkpoint(path)
@@ -358,7 +370,7 @@ def load_checkpoint(path: Any, *, dtype: Any = np.float32, mesh: Mesh | None = N
                 want = stored.dtype if dtype is None else dtype
                 dest, transpose = layout[name]
                 src = stored.T if transpose else stored
-                host = _aligned_empty(src.shape, want)
+                host = aligned_empty(src.shape, want)
                 np.copyto(host, src, casting="unsafe")
                 del stored, src
                 placed = jax.device_put(host, where)
@@ -406,10 +418,10 @@ def save_checkpoint(path: Any, params: Params, cfg: Config, *, dtype: Any = None
     """
     from safetensors.numpy import save_file
 
-    path = _check_path(path)
+    path = validate.check_path(path, "path", "a folder")
     check_config(cfg)
     check_params(params, cfg)
-    dtype = _check_weight_dtype(dtype)
+    dtype = check_weight_dtype(dtype)
     max_shard_bytes = _check_shard_bytes(max_shard_bytes)
     path.mkdir(parents=True, exist_ok=True)
     (path / CONFIG).write_text(json.dumps(config_to_hf(cfg), indent=2) + "\n")
@@ -464,20 +476,9 @@ _CHECKPOINT_HINT = ("a Hugging Face checkpoint folder holds config.json and the 
                     "(model.safetensors, or shards listed in model.safetensors.index.json)")
 
 
-def _check_path(path: Any, name: str = "path") -> Any:
-    """A filesystem path (str or os.PathLike), returned as a `pathlib.Path`."""
-    import os
-    from pathlib import Path
-
-    if isinstance(path, bool) or not isinstance(path, str | os.PathLike):
-        raise TypeError(f"`{name}` must be a folder path (str or pathlib.Path), got "
-                        f"{validate.describe(path)}.")
-    return Path(path)
-
-
 def _check_checkpoint_dir(path: Any, name: str = "path") -> Any:
     """An existing folder with a config.json; returns it as a `pathlib.Path`."""
-    p = _check_path(path, name)
+    p = validate.check_path(path, name, "a folder")
     if not p.is_dir():
         raise ValueError(f"`{name}` {str(p)!r} is not a folder; {_CHECKPOINT_HINT}.")
     if not (p / "config.json").is_file():
@@ -505,20 +506,24 @@ def _config_value(config: dict, key: str, where: str, kind: str, default: Any = 
                              f"num_hidden_layers and num_attention_heads.")
         return default
     value = config[key]
-    ok = {"int": isinstance(value, int) and not isinstance(value, bool),
-          "real": isinstance(value, int | float) and not isinstance(value, bool)
-          and math.isfinite(value),
-          "bool": isinstance(value, bool), "str": isinstance(value, str)}[kind]
-    if kind == "int" and ok:
-        ok = value >= (1 if minimum is None else minimum)
+    if kind == "real":  # an int too large for a float (JSON allows 10**400) is not finite
+        ok = (isinstance(value, int | float) and not isinstance(value, bool)
+              and (isinstance(value, float) or abs(value) < 2**1023)
+              and math.isfinite(value))
+    else:
+        ok = {"int": isinstance(value, int) and not isinstance(value, bool),
+              "bool": isinstance(value, bool), "str": isinstance(value, str)}[kind]
+    if kind == "int" and ok:  # below 2**53: any size a real model has, exact in JSON
+        ok = (1 if minimum is None else minimum) <= value < 2**53
     elif kind == "real" and ok and minimum is not None:
         ok = value > minimum
     if not ok:
-        want = {"int": f"an int >= {1 if minimum is None else int(minimum)}",
+        want = {"int": f"an int >= {1 if minimum is None else int(minimum)} and < 2**53",
                 "real": "a finite number" + (f" > {minimum:g}" if minimum is not None else ""),
                 "bool": "true or false", "str": "a string"}[kind]
+        shown = validate.describe(value) if len(repr(value)) > 60 else repr(value)
         raise ValueError(f"`config.json` in {where!r}: \"{key}\" must be {want}, got "
-                         f"{value!r}.")
+                         f"{shown}.")
     return value
 
 
@@ -561,6 +566,18 @@ def _checkpoint_unreadable(file: Any, err: Exception) -> ValueError:
                       f"file ({' '.join(str(err).split())}).")
 
 
+def _checkpoint_shard_outside(index: Any, shard: str) -> ValueError:
+    return ValueError(f"`{index.name}` in {str(index.parent)!r} lists the shard {shard!r}, "
+                      f"which is not a file name inside the checkpoint folder (an absolute "
+                      f"path or a '..'); the loader reads only the folder's own files.")
+
+
+def _checkpoint_too_few_tensors(path: Any, layers: int, found: int) -> ValueError:
+    return ValueError(f"`config.json` in {str(path)!r} declares {layers} layers (9 tensors "
+                      f"each), but the checkpoint holds only {found} tensors; the config and "
+                      f"the weights do not belong together.")
+
+
 def _checkpoint_tensor_missing(name: str, path: Any, shape: tuple[int, ...]) -> ValueError:
     return ValueError(f"`{name}` is missing from the checkpoint {str(path)!r}; config.json "
                       f"implies a tensor of shape {list(shape)} under that name.")
@@ -595,7 +612,7 @@ def _checkpoint_no_tokenizer(path: Any) -> ValueError:
                       f"into token ids; pass token ids instead.")
 
 
-def _check_weight_dtype(dtype: Any, name: str = "dtype") -> Any:
+def check_weight_dtype(dtype: Any, name: str = "dtype") -> Any:
     """None (keep the checkpoint's dtype) or a floating dtype, as a numpy dtype."""
     if dtype is None:
         return None

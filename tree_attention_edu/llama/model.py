@@ -597,7 +597,7 @@ class Generator:
 
     def generate(self, prompts: Sequence[Sequence[int]], new_tokens: int, *, key: Array,
                  temperature: float = 0.0, capacity: int | None = None,
-                 progress: bool | None = None) -> Generation:
+                 progress: bool | None = None, stop_at: int | None = None) -> Generation:
         """Prefill, then decode `new_tokens` tokens per prompt (greedy at temperature 0).
 
         Args:
@@ -610,6 +610,10 @@ class Generator:
             picks the padded prompt length plus `new_tokens`.
           progress: `None` shows progress bars for decoding more than 64 tokens and for
             prefilling more than 8 chunks; `True` or `False` forces both on or off.
+          stop_at: a token id (e.g. the end-of-sequence id): decoding stops once every
+            prompt has produced it, so fewer than `new_tokens` may come back (a prompt that
+            stopped early continues after its stop token until the others stop). None
+            decodes `new_tokens`.
 
         Every argument is checked before any work is done.
         """
@@ -622,6 +626,8 @@ class Generator:
         validate.check_prng_key(key)
         temperature = _check_temperature(temperature)
         validate.check_bool(progress, "progress", optional=True)
+        if stop_at is not None:
+            validate.check_int(stop_at, "stop_at", minimum=0, example="the EOS id, e.g. 2")
         longest = max(len(p) for p in checked)
         padded = self._padded(longest)
         if capacity is None:
@@ -637,7 +643,10 @@ class Generator:
         bar = tqdm(total=new_tokens, desc=f"{self.method} decode", unit="tok",
                    disable=(new_tokens <= 64) if progress is None else not progress)
         bar.update(1)
+        stopped = np.asarray(tok) == stop_at
         for i in range(1, new_tokens):
+            if stopped.all():
+                break
             t0 = time.perf_counter()
             tok, logits, cache = self._step(self.params, cache, tok, jax.random.fold_in(key, i),
                                             float(temperature))
@@ -645,6 +654,7 @@ class Generator:
             times.append(time.perf_counter() - t0)
             toks.append(tok)
             all_logits.append(logits)
+            stopped |= np.asarray(tok) == stop_at
             bar.update(1)
         bar.close()
         return Generation(np.stack([np.asarray(t) for t in toks], 1),
