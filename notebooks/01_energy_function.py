@@ -56,10 +56,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import sympy as sp
 from IPython.display import Markdown
+from tree_attention_edu.attention import weights
 
 from tree_attention_edu.core import masks
 from tree_attention_edu.theory import symbolic
-from tree_attention_edu.attention import weights
 
 jax.config.update("jax_enable_x64", True)  # identities are checked in float64
 assert jax.device_count() == 8, jax.devices()

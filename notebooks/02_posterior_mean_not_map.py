@@ -74,8 +74,7 @@ from IPython.display import Markdown
 from scipy import optimize
 from scipy.special import logsumexp
 
-from tree_attention_edu.theory import bayes
-from tree_attention_edu.theory import symbolic
+from tree_attention_edu.theory import bayes, symbolic
 from tree_attention_edu.theory import hopfield as hf
 
 jax.config.update("jax_enable_x64", True)  # identities are checked in float64

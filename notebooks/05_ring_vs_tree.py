@@ -60,8 +60,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from tree_attention_edu import plots
-from tree_attention_edu.perf import benchmark
-from tree_attention_edu.perf import costmodel
+from tree_attention_edu.perf import benchmark, costmodel
 from tree_attention_edu.perf.introspect import structs
 
 jax.config.update("jax_enable_x64", True)  # float64 makes "equal" mean equal to ~1e-13

@@ -59,10 +59,8 @@ from IPython.display import Markdown
 from matplotlib import ticker
 
 from tree_attention_edu import plots
-from tree_attention_edu.perf import benchmark
-from tree_attention_edu.perf import calibrate
-from tree_attention_edu.perf import introspect
 from tree_attention_edu.core import kernels
+from tree_attention_edu.perf import benchmark, calibrate, introspect
 from tree_attention_edu.perf import costmodel as cm
 
 jax.config.update("jax_enable_x64", True)

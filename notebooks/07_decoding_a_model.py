@@ -65,8 +65,7 @@ from matplotlib import ticker
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 from tree_attention_edu import plots
-from tree_attention_edu.llama import checkpoint
-from tree_attention_edu.llama import model
+from tree_attention_edu.llama import checkpoint, model
 from tree_attention_edu.perf import costmodel as cm
 from tree_attention_edu.theory import hopfield as hf
 

@@ -77,11 +77,8 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from tree_attention_edu import plots
-from tree_attention_edu.perf import benchmark
-from tree_attention_edu.perf import calibrate
-from tree_attention_edu.perf import costmodel
-from tree_attention_edu.core import decode
-from tree_attention_edu.core import states
+from tree_attention_edu.core import decode, states
+from tree_attention_edu.perf import benchmark, calibrate, costmodel
 from tree_attention_edu.perf.introspect import structs
 
 jax.config.update("jax_enable_x64", True)  # float64 makes "equal" mean equal to ~1e-13

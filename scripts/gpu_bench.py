@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from tree_attention_edu import tree_decode
-    from tree_attention_edu.perf import benchmark
     from tree_attention_edu.core import kernels
+    from tree_attention_edu.perf import benchmark
 
     shapes = args.shapes or list(QUICK_SHAPES if args.quick else SHAPES)
     seq_lens = args.seq_lens or list(QUICK_SEQ_LENS if args.quick else SEQ_LENS)

@@ -51,8 +51,7 @@ def write(folder: Path, layers: int, seed: int) -> None:
     import ml_dtypes
     import numpy as np
 
-    from tree_attention_edu.llama import checkpoint
-    from tree_attention_edu.llama import model
+    from tree_attention_edu.llama import checkpoint, model
 
     cfg = model.Config(layers=layers, rope_scaling=model.RopeScaling(), **SHAPE)
     rng = np.random.default_rng(seed)
@@ -83,8 +82,7 @@ def run(args) -> dict:
     import jax
     import numpy as np
 
-    from tree_attention_edu.llama import checkpoint
-    from tree_attention_edu.llama import model
+    from tree_attention_edu.llama import checkpoint, model
 
     mesh = tae.make_mesh(args.devices, "x")
     info = checkpoint.inspect_checkpoint(args.dir)

@@ -116,6 +116,7 @@ def _check_generate(parser, args) -> None:
     from ..llama.checkpoint import inspect_checkpoint, load_tokenizer
 
     flag = f"--checkpoint {args.checkpoint}"
+    info: Any
     args.gguf = Path(args.checkpoint).is_file()  # a folder is Hugging Face's layout
     try:
         if args.gguf:

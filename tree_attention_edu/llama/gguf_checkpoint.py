@@ -340,7 +340,8 @@ def config_from_gguf(file: Path, metadata: dict, tensors: dict[str, TensorEntry]
 def layout(cfg: Config) -> list[tuple[str, tuple, tuple[int, ...], bool]]:
     """(GGUF name, params path, numpy shape, transpose?) for every weight of `cfg`."""
     qd, kd = cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-    out = [("token_embd.weight", ("embed",), (cfg.vocab, cfg.dim), False)]
+    out: list[tuple[str, tuple, tuple[int, ...], bool]] = [
+        ("token_embd.weight", ("embed",), (cfg.vocab, cfg.dim), False)]
     for i in range(cfg.layers):
         b = f"blk.{i}."
         out += [(b + "attn_norm.weight", ("layers", i, "attn_norm"), (cfg.dim,), False),
