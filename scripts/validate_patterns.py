@@ -22,7 +22,7 @@ jax.config.update("jax_num_cpu_devices", 8)  # before JAX starts its backends
 from tqdm import tqdm  # noqa: E402
 
 from tree_attention_edu import make_mesh  # noqa: E402
-from tree_attention_edu.perf import benchmark, calibrate
+from tree_attention_edu.perf import benchmark, calibrate  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,8 @@
 
 Device setup must happen before JAX computes anything, so every subcommand parses its
 arguments, calls `simulate_devices`, and only then computes. One module per subcommand
-(`demo`, `bench`, `generate`, `fetch_model`, `launch`), each with `add_arguments`, `validate` and `run`.
+(`demo`, `bench`, `generate`, `fetch_model`, `launch`), each with `add_arguments`,
+`validate` and `run`.
 
 Every argument is checked before any work starts: a bad flag, an unwritable output path or
 a size this machine cannot hold ends in one line on stderr and exit status 2; a failure

@@ -543,7 +543,7 @@ def load_gguf_tokenizer(path: Any):
                                    f"{' '.join(str(err).split())})") from None
     tokens = _array(reader, file, "tokenizer.ggml.tokens", {_STRING})
     n = len(tokens)
-    vocab = {}
+    vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
         vocab.setdefault(t, i)
     if len(vocab) != n:
