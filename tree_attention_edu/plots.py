@@ -1,8 +1,12 @@
 """Figures shared by the CLI, the notebooks and the docs. They take plain data, not JAX arrays.
 
-Colours keep one meaning across the course: red (`RING_COLOR`) is Ring Attention, blue
-(`TREE_COLOR`) is Tree Attention. Everything else is drawn in `NEUTRAL_COLOR` or
-`OTHER_COLORS`, which hold neither red nor blue.
+Colours keep one meaning across the whole course (`COLORS`, `color`): red is Ring Attention
+(pass-KV), blue is Tree Attention (its Allreduce merge), pink the pass-Q ring; green,
+orange, purple and brown are the other merge patterns (allgather, reduce_scatter,
+all_to_all, one_pass) and nothing else; black is the exact reference (attention itself,
+float64, a closed form) and grey a baseline or a bound (one device, a roofline, the paper's
+formula). A figure that needs more series varies line style or marker, never a colour's
+meaning.
 """
 
 from __future__ import annotations
@@ -248,6 +252,20 @@ PATTERN_COLORS = {
 }
 """The colour of each merge pattern and ring: "allreduce" is the paper's tree (blue), the
 pass-KV ring red, every other pattern a colour that is neither."""
+REFERENCE_COLOR = "black"
+"""The exact answer: attention itself, a float64 reference, a closed form."""
+BASELINE_COLOR = "0.55"
+"""A baseline or a bound: one device, a roofline, the paper's formula, a serial count."""
+COLORS = {**PATTERN_COLORS, "tree": TREE_COLOR, "tree_2level": TREE_COLOR,
+          "tree_energy": TREE_COLOR, "reference": REFERENCE_COLOR, "single": BASELINE_COLOR,
+          "baseline": BASELINE_COLOR}
+"""Every named series of the course and its one colour (see the module docstring)."""
+
+
+def color(name: str) -> str:
+    """The course colour of a named series (`COLORS`); a name not listed is a method name
+    (`method_color`: ring red, tree blue) or else grey."""
+    return COLORS.get(name, method_color(name, BASELINE_COLOR))
 
 
 def crossover_map(data: Mapping, ax=None, path: str | None = None, annotate: bool = True):
