@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WIDE, NARROW, HEIGHT = 1400, 800, 900
 MIN_NOTEBOOK_WIDTH = 0.75  # of the window, at WIDE: the navigation takes the rest
 SCREENSHOTS = {"": "home", "notebooks/04_tree_decoding_on_devices/": "notebook_04",
-               "api/states/": "api_states"}
+               "api/core/states/": "api_states"}
 WAIT_FOR_MATHJAX = """
 const done = arguments[arguments.length - 1];
 if (!window.MathJax || !MathJax.Hub) { done(false); return; }

@@ -83,16 +83,27 @@ def _exclude_tex(match: re.Match) -> str:
     return start + "".join(parts) + end
 
 
-API_MODULES = ("masks", "attention", "states", "energy", "bayes", "symbolic", "devices",
-               "kernels", "decode", "introspect", "benchmark", "costmodel", "calibrate", "model",
-               "checkpoint", "hopfield", "plots", "launch", "cli")
+API_MODULES = ("core.numerics", "core.masks", "core.reference", "core.states", "core.merges",
+               "core.kernels", "core.kernels.xla", "core.kernels.cudnn", "core.kernels.flash",
+               "core.decode", "core.devices", "theory.energy", "theory.bayes", "theory.symbolic",
+               "theory.hopfield", "perf.introspect", "perf.costmodel", "perf.calibrate",
+               "perf.benchmark", "llama.model", "llama.checkpoint", "llama.gguf_checkpoint",
+               "llama.fetch", "cluster.launch", "plots", "cli")
+"""Modules documented by the API pages; `core.kernels.xla` and its siblings share the page of
+`core.kernels` (`_page`)."""
 MEMBERS = re.compile(r"members:\s*\[([^\]]*)\]")
 INLINE_CODE = re.compile(r"<code>([A-Za-z_][\w.]*)(\(\))?</code>")
 
 
+def _page(mod: str) -> str:
+    """The API page (under api/) that documents module `mod`."""
+    return "core/kernels" if mod.startswith("core.kernels") else mod.replace(".", "/")
+
+
 def _api_objects() -> dict[str, tuple[str, str]]:
-    """`name` (and `tae.name`, `module.name`) -> (module, name) for every public object
-    that an API page documents; a name two modules define is linked by its module only."""
+    """`name` (and `tae.name`, `module.name` with the module's full or last dotted name)
+    -> (module, name) for every public object that an API page documents; a name that two
+    modules define is linked by its module only."""
     import importlib
     import inspect
 
@@ -100,8 +111,11 @@ def _api_objects() -> dict[str, tuple[str, str]]:
     ambiguous: set[str] = set()
     for mod in API_MODULES:
         module = importlib.import_module(f"tree_attention_edu.{mod}")
-        listed = MEMBERS.search((Path(__file__).parent / "api" / f"{mod}.md").read_text())
+        text = (Path(__file__).parent / "api" / f"{_page(mod)}.md").read_text()
+        block = text.split(f"::: tree_attention_edu.{mod}\n", 1)[1].split(":::", 1)[0]
+        listed = MEMBERS.search(block)
         documented = {m.strip() for m in listed.group(1).split(",")} if listed else None
+        parent = mod.rsplit(".", 1)[0] if mod.startswith("core.kernels.") else None
         for name, obj in vars(module).items():
             if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
                 continue
@@ -109,7 +123,11 @@ def _api_objects() -> dict[str, tuple[str, str]]:
                 continue  # the API page lists its members: link only what it shows
             if not (inspect.isfunction(obj) or inspect.isclass(obj)) or not obj.__doc__:
                 continue  # mkdocstrings shows documented functions and classes only
-            table[f"{mod}.{name}"] = (mod, name)
+            aliases = {f"{mod}.{name}", f"{mod.rsplit('.', 1)[-1]}.{name}"}
+            if parent:  # `kernels.xla_state`: re-exported by the kernels package
+                aliases.add(f"{parent.rsplit('.', 1)[-1]}.{name}")
+            for alias in aliases:
+                table[alias] = (mod, name)
             if name in table and table[name] != (mod, name):
                 ambiguous.add(name)
             table.setdefault(name, (mod, name))
@@ -137,7 +155,7 @@ def _link_api(html: str, page) -> str:
         if target is None:
             return match.group()
         mod, name = target
-        return (f'<a class="api-link" href="{up}api/{mod}/#tree_attention_edu.{mod}.{name}">'
+        return (f'<a class="api-link" href="{up}api/{_page(mod)}/#tree_attention_edu.{mod}.{name}">'
                 f"{match.group()}</a>")
 
     return MARKDOWN_CELL.sub(lambda cell: INLINE_CODE.sub(link, cell.group()), html)

@@ -274,3 +274,21 @@ def test_tree_decode_is_differentiable_like_attention(mesh_name, layout, request
     for name, g, w in zip("qkv", got, want, strict=True):
         assert np.isfinite(np.asarray(g)).all(), name
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-13, err_msg=name)
+
+
+def test_flashinfer_4450_two_keys_at_a_huge_negative_score(mesh8):
+    """FlashInfer #4450's case: two valid keys, both scoring -46,341 and holding the same
+    value, and 7 of 8 shards empty. Every weight is 1/2, so the output must be that value
+    exactly, on every path (the energy path once lost it: its backward re-derived the
+    weights from the rounded global lse)."""
+    q = jnp.ones((1, 1, 1, 1), jnp.float32)
+    k = jnp.full((1, 16, 1, 1), -46341.0, jnp.float32)
+    value = jnp.array([0.3, -1.7, 5.0, 1e-3], jnp.float32)
+    v = jnp.zeros((1, 16, 1, 4), jnp.float32).at[:, :2].set(value)
+    kw = dict(mesh=mesh8, scale=1.0, kv_lengths=jnp.array([2]))
+    paths = {**{m: functools.partial(tae.tree_decode, merge=m) for m in tae.MERGES},
+             "ring": tae.ring_decode, "ring_pass_q": tae.ring_decode_pass_q,
+             "energy": tae.tree_decode_from_energy}
+    for name, f in paths.items():
+        np.testing.assert_array_equal(np.asarray(f(q, k, v, **kw))[0, 0, 0], value,
+                                      err_msg=name)

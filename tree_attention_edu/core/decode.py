@@ -220,7 +220,7 @@ def ring_decode(
     `B·Tq·Hq·Dv` numbers) so that the replicated output is the same on every device, bit
     for bit.
 
-    Args: as `tree_decode` (without `merge`).
+    The arguments are `tree_decode`'s (without `merge`).
 
     Returns:
       `[B, Tq, Hq, Dv]` in q's dtype, replicated.
@@ -284,7 +284,7 @@ def ring_decode_pass_q(
     shares the finished outputs. `(p−1)·B·Tq·hs·G·D` query elements travel instead of
     `(p−1)·B·Tk·Hkv·(D+Dv)/p` cache elements.
 
-    Args: as `tree_decode` (without `merge`).
+    The arguments are `tree_decode`'s (without `merge`).
 
     Returns:
       `[B, Tq, Hq, Dv]` in q's dtype, replicated.
@@ -369,9 +369,10 @@ def tree_energy(
     `jax.grad(tree_energy, argnums=3)` at ζ = 0 is attention: `tree_decode_from_energy`.
     Gradients in q, k and v are JAX's autodiff of the same streaming computation.
 
+    The other arguments are `tree_decode`'s (the kernel is always "xla").
+
     Args:
       zeta: `[B, Tq, Hq, Dv]` the source, shaped like the attention output.
-      The others: as `tree_decode` (the kernel is always "xla").
 
     Returns:
       A scalar in the accumulation dtype (float32, or float64 for float64 inputs).
@@ -397,8 +398,8 @@ def tree_decode_from_energy(
     that `jax.grad` derives is Algorithm 2: local `e^{lse_i − lse} out_i`, one
     Allreduce(sum).
 
-    Args: as `tree_decode` (without `merge`); the energy is differentiated in JAX, so
-      `local_kernel` must be "xla".
+    The arguments are `tree_decode`'s (without `merge`); the energy is differentiated in
+    JAX, so `local_kernel` must be "xla".
 
     Returns:
       `[B, Tq, Hq, Dv]` in q's dtype, replicated.
