@@ -88,7 +88,8 @@ API_MODULES = ("core.numerics", "core.masks", "core.reference", "core.states", "
                "core.decode", "core.devices", "theory.energy", "theory.bayes", "theory.symbolic",
                "theory.hopfield", "perf.introspect", "perf.costmodel", "perf.calibrate",
                "perf.benchmark", "llama.model", "llama.checkpoint", "llama.gguf_checkpoint",
-               "llama.fetch", "cluster.launch", "plots", "cli")
+               "llama.fetch", "cluster.launch", "cluster.netns", "cluster.run",
+               "cluster.worker", "plots", "cli")
 """Modules documented by the API pages; `core.kernels.xla` and its siblings share the page of
 `core.kernels` (`_page`)."""
 MEMBERS = re.compile(r"members:\s*\[([^\]]*)\]")
@@ -97,7 +98,11 @@ INLINE_CODE = re.compile(r"<code>([A-Za-z_][\w.]*)(\(\))?</code>")
 
 def _page(mod: str) -> str:
     """The API page (under api/) that documents module `mod`."""
-    return "core/kernels" if mod.startswith("core.kernels") else mod.replace(".", "/")
+    if mod.startswith("core.kernels"):
+        return "core/kernels"
+    if mod in ("cluster.netns", "cluster.run", "cluster.worker"):
+        return "cluster/cluster"
+    return mod.replace(".", "/")
 
 
 def _api_objects() -> dict[str, tuple[str, str]]:

@@ -46,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -115,7 +116,7 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)  # this process's symbols, libc's among them
 
 
-def _guard_parent(parent_pid: int) -> None:
+def guard_parent(parent_pid: int) -> None:
     """Die with the launcher: PR_SET_PDEATHSIG, then a watchdog thread on `os.getppid()`.
 
     Runs first thing in the worker; if the launcher died while the worker was starting,
@@ -133,7 +134,7 @@ def _guard_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="tae-launch-watchdog", daemon=True).start()
 
 
-def _test_sleep(process_id: int) -> None:
+def test_sleep(process_id: int) -> None:
     """Test hook: `TAE_LAUNCH_TEST_SLEEP` makes workers sleep before `jax.distributed` starts.
 
     "5" makes every worker sleep 5 s; "1:5,2:3" only workers 1 and 2.
@@ -151,24 +152,31 @@ def _test_sleep(process_id: int) -> None:
         time.sleep(seconds)
 
 
-def _initialize(process_id: int, processes: int, port: int, init_timeout: int) -> None:
-    """`jax.distributed.initialize` on localhost, with short timeouts where JAX has them."""
+def initialize_distributed(coordinator: str, processes: int, process_id: int,
+                           init_timeout: float) -> None:
+    """`jax.distributed.initialize` with the coordinator at `coordinator` ("ADDR:PORT",
+    which process 0 binds), giving up on a missing peer after `init_timeout` seconds and
+    with the launcher's heartbeat and shutdown timeouts (where this JAX has them)."""
     import jax
 
+    kwargs: dict[str, Any] = dict(coordinator_address=coordinator, num_processes=processes,
+                  process_id=process_id, coordinator_bind_address=coordinator,
+                  initialization_timeout=int(init_timeout),
+                  heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
+                  shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S)
+    known = inspect.signature(jax.distributed.initialize).parameters
+    jax.distributed.initialize(**{k: v for k, v in kwargs.items() if k in known})
+
+
+def _initialize(process_id: int, processes: int, port: int, init_timeout: int) -> None:
+    """`jax.distributed.initialize` on localhost, with short timeouts where JAX has them."""
     if process_id == 0:  # the coordinator binds the port: check that it still can
         try:
             _bind(port).close()
         except OSError as e:
             raise _PortInUse(port) from e
-    kwargs = dict(coordinator_address=f"{HOST}:{port}", num_processes=processes,
-                  process_id=process_id, coordinator_bind_address=f"{HOST}:{port}",
-                  initialization_timeout=int(init_timeout),
-                  heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
-                  shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S)
-    known = inspect.signature(jax.distributed.initialize).parameters
     try:
-        jax.distributed.initialize(**{k: v for k, v in kwargs.items()  # type: ignore[arg-type]
-                                      if k in known})
+        initialize_distributed(f"{HOST}:{port}", processes, process_id, init_timeout)
     except Exception as e:
         if process_id == 0 and "Failed to start RPC server" in str(e):
             raise _PortInUse(port) from e
@@ -239,9 +247,9 @@ def _worker_main(args) -> int:
     """A worker started by `run_local` (or by srun with --cluster): one summary line on error."""
     parent = os.environ.get(PARENT_ENV)
     if parent and not args.cluster:
-        _guard_parent(int(parent))
+        guard_parent(int(parent))
     try:
-        _test_sleep(args.process_id)
+        test_sleep(args.process_id)
         return worker(args.process_id, args.processes, args.devices_per_process, args.port,
                       args.seq_len, coordinator="auto" if args.cluster else None,
                       init_timeout=args.init_timeout)
@@ -258,7 +266,7 @@ def _worker_main(args) -> int:
 # Launcher side
 
 
-class _SignalFlag:
+class SignalFlag:
     """A signal handler that only records the first signal; the watch loop acts on it."""
 
     def __init__(self):
@@ -270,9 +278,9 @@ class _SignalFlag:
 
 
 @contextlib.contextmanager
-def _handlers():
+def signal_flag():
     """Record SIGTERM / SIGHUP / SIGINT instead of dying (main thread only)."""
-    flag = _SignalFlag()
+    flag = SignalFlag()
     if threading.current_thread() is not threading.main_thread():
         yield flag
         return
@@ -284,7 +292,7 @@ def _handlers():
             signal.signal(s, h)
 
 
-def _stopped(pid: int) -> bool:
+def is_stopped(pid: int) -> bool:
     """True if `pid` is stopped (SIGSTOP / SIGTSTP / traced), from /proc where there is one."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -294,7 +302,7 @@ def _stopped(pid: int) -> bool:
     return state in (b"T", b"t")
 
 
-def _kill(procs: list[subprocess.Popen]) -> int:
+def kill_workers(procs: list[subprocess.Popen]) -> int:
     """SIGKILL every running worker's process group and reap it; returns how many were killed."""
     killed = 0
     for p in procs:
@@ -308,7 +316,7 @@ def _kill(procs: list[subprocess.Popen]) -> int:
     return killed
 
 
-def _how(code: int) -> str:
+def describe_exit(code: int) -> str:
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"
@@ -320,7 +328,7 @@ def _how(code: int) -> str:
 _FATAL = re.compile(r"F\d{4} \S+\s+\d+ \S+\] (.*)")  # absl's fatal log line (JAX's C++)
 
 
-def _summary(log: str) -> str:
+def worker_summary(log: str) -> str:
     """The worker's one-line summary from its log: its own, else JAX's fatal error."""
     try:
         with open(log, errors="replace") as f:
@@ -339,17 +347,62 @@ def _summary(log: str) -> str:
     return ""
 
 
-class _Outcome:
+class Outcome:
     def __init__(self, code: int, message: str = "", port_taken: bool = False):
         self.code, self.message, self.port_taken = code, message, port_taken
 
 
+def watch_workers(procs: list[subprocess.Popen], logs: list[str], flag: SignalFlag,
+                  deadline: float, timeout: float, check=None) -> Outcome:
+    """Watch running workers until they all exit 0, one fails, a signal arrives or time is up.
+
+    A worker that exits non-zero, dies or is stopped (SIGSTOP) ends the run: the others are
+    killed and the outcome is 1 with a one-line message (the failed worker's own summary
+    from its log `logs[i]`). A signal recorded in `flag` kills every worker (128 + signal).
+    `check(codes)`, called at every poll with the workers' exit codes (None: running), may
+    end the watch early by returning an `Outcome`, or serve a request and return None.
+    The caller kills the workers on any other way out (`kill_workers` in a `finally`).
+    """
+    start = time.monotonic()
+    while True:
+        if flag.signum is not None:
+            killed = kill_workers(procs)
+            name = signal.Signals(flag.signum).name
+            return Outcome(128 + flag.signum, f"stopped by {name}; killed {killed} worker(s)")
+        codes = [p.poll() for p in procs]
+        if check is not None and (early := check(codes)) is not None:
+            kill_workers(procs)
+            return early
+        for i, (p, c) in enumerate(zip(procs, codes, strict=True)):
+            if c not in (None, 0):
+                bad = f"worker {i} (pid {p.pid}) {describe_exit(c)}{worker_summary(logs[i])}"
+            elif c is None and is_stopped(p.pid):
+                bad = f"worker {i} (pid {p.pid}) was stopped (SIGSTOP?); the run cannot go on"
+            else:
+                continue
+            killed = kill_workers(procs)
+            return Outcome(1, f"{bad}; killed the {killed} other running worker(s) after "
+                              f"{time.monotonic() - start:.1f} s")
+        if all(c == 0 for c in codes):
+            return Outcome(0)
+        if time.monotonic() > deadline:
+            running = [i for i, c in enumerate(codes) if c is None]
+            killed = kill_workers(procs)
+            return Outcome(1, f"timed out after {timeout:g} s with worker(s) {running} still "
+                              f"running; killed {killed} (raise --timeout for longer runs)")
+        time.sleep(POLL_S)
+
+
 def _attempt(cmd: list[str], processes: int, env: dict, held: socket.socket, port: int,
-             deadline: float, timeout: float, logdir: str, flag: _SignalFlag) -> _Outcome:
+             deadline: float, timeout: float, logdir: str, flag: SignalFlag) -> Outcome:
     """Start the workers once (releasing `held` just before) and watch them to the end."""
     procs: list[subprocess.Popen] = []
     logs = [os.path.join(logdir, f"worker{i}.log") for i in range(processes)]
-    start = time.monotonic()
+
+    def port_taken(codes):  # worker 0 could not bind the coordinator's port
+        return (Outcome(1, port_in_use_message(port), port_taken=True)
+                if codes[0] == EX_PORT else None)
+
     try:
         held.close()  # the coordinator (worker 0) binds it now
         for i in range(processes):
@@ -357,37 +410,9 @@ def _attempt(cmd: list[str], processes: int, env: dict, held: socket.socket, por
                 procs.append(subprocess.Popen(
                     [*cmd, "--process-id", str(i), "--port", str(port)], env=env,
                     stderr=log, start_new_session=True))
-        while True:
-            if flag.signum is not None:
-                killed = _kill(procs)
-                name = signal.Signals(flag.signum).name
-                return _Outcome(128 + flag.signum, f"stopped by {name}; killed {killed} "
-                                                   f"worker(s)")
-            codes = [p.poll() for p in procs]
-            if codes[0] == EX_PORT:
-                _kill(procs)
-                return _Outcome(1, port_in_use_message(port), port_taken=True)
-            for i, (p, c) in enumerate(zip(procs, codes, strict=True)):
-                if c not in (None, 0):
-                    bad = f"worker {i} (pid {p.pid}) {_how(c)}{_summary(logs[i])}"
-                elif c is None and _stopped(p.pid):
-                    bad = f"worker {i} (pid {p.pid}) was stopped (SIGSTOP?); the run cannot go on"
-                else:
-                    continue
-                killed = _kill(procs)
-                return _Outcome(1, f"{bad}; killed the {killed} other running worker(s) after "
-                                   f"{time.monotonic() - start:.1f} s")
-            if all(c == 0 for c in codes):
-                return _Outcome(0)
-            if time.monotonic() > deadline:
-                running = [i for i, c in enumerate(codes) if c is None]
-                killed = _kill(procs)
-                return _Outcome(1, f"timed out after {timeout:g} s with worker(s) {running} "
-                                   f"still running; killed {killed} (raise --timeout for "
-                                   "longer runs)")
-            time.sleep(POLL_S)
+        return watch_workers(procs, logs, flag, deadline, timeout, check=port_taken)
     finally:
-        _kill(procs)  # on any way out (a signal, an error): nothing stays running
+        kill_workers(procs)  # on any way out (a signal, an error): nothing stays running
 
 
 def run_local(processes: int = 2, devices_per_process: int = 4, seq_len: int = 4096,
@@ -440,7 +465,7 @@ def run_local(processes: int = 2, devices_per_process: int = 4, seq_len: int = 4
     logdir = tempfile.mkdtemp(prefix="tae-launch-")
     keep_logs = False
     try:
-        with _handlers() as flag:
+        with signal_flag() as flag:
             attempt = 1
             if not explicit:
                 held = _bind(0)

@@ -341,6 +341,12 @@ def median_times(calls: dict[str, tuple[Callable, tuple]], repeats: int = 5) -> 
     call follows an untimed call of the same method: right after another method (a ring that
     freed hundreds of MB, say) the first call can be twice as slow on the simulated devices,
     which would charge one method for its neighbour."""
+    return {n: statistics.median(t) for n, t in interleaved_times(calls, repeats).items()}
+
+
+def interleaved_times(calls: dict[str, tuple[Callable, tuple]],
+                      repeats: int = 5) -> dict[str, list[float]]:
+    """Every timed call of `median_times`, in rounds: `name -> [seconds per round]`."""
     names = list(calls)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
@@ -350,4 +356,4 @@ def median_times(calls: dict[str, tuple[Callable, tuple]], repeats: int = 5) -> 
             t0 = time.perf_counter()
             jax.block_until_ready(fn(*args))
             times[name].append(time.perf_counter() - t0)
-    return {n: statistics.median(t) for n, t in times.items()}
+    return times

@@ -288,6 +288,51 @@ DEFAULT_SIZES = tuple(2**n for n in range(10, 27, 2))
 """Message sizes (bytes) `measure_topology` times by default: 1 KiB to 64 MiB."""
 
 
+def local_calls(mesh: Mesh, problem: benchmark.Problem,
+                seed: int = 0) -> dict[str, tuple[Callable, tuple]]:
+    """The two programs `measure_local` times, as `name -> (fn, args)` for `median_time` or
+    `benchmark.median_times`: "kernel", the xla kernel on every device's shard of the
+    problem's K/V (sharded along the sequence over all the mesh's axes; no collective), and
+    "copy", a fresh copy of every device's K shard (`at[].set` on an argument writes a new
+    buffer, read and written in full: the copy the scan ring makes of its block each step).
+    """
+    q, k, v = benchmark.make_inputs(problem, seed)
+    axes = tuple(mesh.axis_names)
+    spec = kv_spec(axes)
+    kvs = NamedSharding(mesh, spec)
+    local = jax.jit(jax.shard_map(
+        lambda q, k, v: kernels.xla_state(q, k, v).out, mesh=mesh,
+        in_specs=(P(), spec, spec), out_specs=P(axes), check_vma=False))
+    args = (jax.device_put(q, NamedSharding(mesh, P())), jax.device_put(k, kvs),
+            jax.device_put(v, kvs))
+    copy = jax.jit(jax.shard_map(lambda k: k.at[:, :1].set(0), mesh=mesh, in_specs=(spec,),
+                                 out_specs=spec))
+    return {"kernel": (local, args), "copy": (copy, args[1:2])}
+
+
+def local_rates(problem: benchmark.Problem, devices: int, kernel_s: float, copy_s: float,
+                overhead_s: float = 0.0) -> tuple[float, float]:
+    """`(mem_Bps, copy_Bps)` per device from the times of `local_calls`' two programs: a
+    shard's K and V bytes over the kernel's time, a K shard's bytes over the copy's (read and
+    written once), each less the per-call `overhead_s`."""
+    shard = problem.kv_bytes / devices
+    return (shard / max(kernel_s - overhead_s, 1e-9), shard / max(copy_s - overhead_s, 1e-9))
+
+
+def measure_local(mesh: Mesh, problem: benchmark.Problem, *, overhead_s: float = 0.0,
+                  repeats: int = 7) -> tuple[float, float]:
+    """`(mem_Bps, copy_Bps)` of one device of `mesh` while all of them work at once
+    (`local_calls`, each timed by `median_time`, `local_rates`).
+
+    All devices run at once because simulated devices (and the processes of
+    `tree_attention_edu.cluster`) share one memory bus.
+    """
+    calls = local_calls(mesh, problem)
+    kernel_s, copy_s = (benchmark.median_time(fn, *args, repeats=repeats)
+                        for fn, args in (calls["kernel"], calls["copy"]))
+    return local_rates(problem, mesh.size, kernel_s, copy_s, overhead_s)
+
+
 def measure_topology(
     mesh: Mesh, *, kernel_problem: benchmark.Problem | None = None,
     sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 7,
@@ -323,23 +368,7 @@ def measure_topology(
 
     if progress:
         progress("local kernel")
-    q, k, v = benchmark.make_inputs(prob)
-    axes = tuple(mesh.axis_names)
-    kvs = NamedSharding(mesh, kv_spec(axes))
-    local = jax.jit(jax.shard_map(
-        lambda q, k, v: kernels.xla_state(q, k, v).out, mesh=mesh,
-        in_specs=(P(), kv_spec(axes), kv_spec(axes)), out_specs=P(axes), check_vma=False))
-    args = (jax.device_put(q, NamedSharding(mesh, P())), jax.device_put(k, kvs),
-            jax.device_put(v, kvs))
-    t_local = benchmark.median_time(local, *args, repeats=repeats) - overhead
-    mem_Bps = prob.kv_bytes / mesh.size / max(t_local, 1e-9)
-    # A local copy of a K shard on every device (the scan ring copies its block each step):
-    # `at[].set` on an argument writes a fresh buffer, read and written in full.
-    spec = kv_spec(axes)
-    copy = jax.jit(jax.shard_map(lambda k: k.at[:, :1].set(0), mesh=mesh, in_specs=(spec,),
-                                 out_specs=spec))
-    t_copy = benchmark.median_time(copy, args[1], repeats=repeats) - overhead
-    copy_Bps = prob.kv_bytes / mesh.size / max(t_copy, 1e-9)  # K read + K written
+    mem_Bps, copy_Bps = measure_local(mesh, prob, overhead_s=overhead, repeats=repeats)
 
     topo = costmodel.Topology(
         nodes=1, devices_per_node=mesh.size, intra=link, inter=link, mem_Bps=mem_Bps,

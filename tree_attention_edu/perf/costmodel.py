@@ -219,6 +219,17 @@ class Topology:
     loop copies its block before each send, as XLA compiles `decode.ring_decode` on the
     simulated CPU devices (`calibrate` measures it); None means no such copy, as in a GPU
     ring that receives into its second buffer (the published topologies).
+
+    `ring_only`: the collective library runs every all-reduce and all-gather as a ring, as
+    XLA:CPU asks gloo to (`tree_attention_edu.cluster`); False prices the cheaper of ring and
+    tree (recursive doubling), as NCCL's tuner picks per message size.
+
+    `uplinks`: inter-node links per node, shared by its devices; None means one per device
+    (DGX H100: eight NICs for eight GPUs). When fewer, a stage in which every device of a
+    node sends across at once (the inter-node half of an all-reduce, all-gather,
+    reduce-scatter or all-to-all) gives each device `β·uplinks/devices_per_node`
+    (`shared_inter`); a ring's collective-permute crosses with one device per node and runs
+    at `β`.
     """
 
     nodes: int
@@ -233,6 +244,8 @@ class Topology:
     sources: tuple[str, ...] = ()
     measured: tuple[tuple[str, Link], ...] = ()
     copy_Bps: float | None = None
+    ring_only: bool = False
+    uplinks: int | None = None
 
     def __post_init__(self):
         validate.check_int(self.nodes, "nodes")
@@ -245,6 +258,9 @@ class Topology:
                            hint="peak flop/s, e.g. 989e12 (inf: never compute-bound)")
         validate.check_real(self.overhead_s, "overhead_s", low=0.0)
         validate.check_bool(self.overlap, "overlap")
+        validate.check_bool(self.ring_only, "ring_only")
+        if self.uplinks is not None:
+            validate.check_int(self.uplinks, "uplinks")
         _check_kind_links(self.measured, "measured", COLLECTIVE_KINDS, Link)
         if self.copy_Bps is not None:
             validate.check_real(self.copy_Bps, "copy_Bps", low=0.0, low_open=True, finite=False,
@@ -253,6 +269,15 @@ class Topology:
     @property
     def devices(self) -> int:
         return self.nodes * self.devices_per_node
+
+    @property
+    def shared_inter(self) -> Link:
+        """The inter-node link as each device sees it when all of a node's devices send
+        across at once (`uplinks`)."""
+        if self.uplinks is None or self.uplinks >= self.devices_per_node:
+            return self.inter
+        return Link(self.inter.alpha_s,
+                    self.inter.beta_Bps * self.uplinks / self.devices_per_node)
 
     @property
     def ridge_point(self) -> float:
@@ -306,8 +331,12 @@ def hierarchical_allreduce_time(nbytes: float, topo: Topology) -> float:
     """
     _nbytes(nbytes)
     validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
+    inter = topo.shared_inter  # every device of a node takes part in the second stage
+    if topo.ring_only:
+        return (ring_allreduce_time(nbytes, topo.devices_per_node, topo.intra)
+                + ring_allreduce_time(nbytes, topo.nodes, inter))
     return (allreduce_time(nbytes, topo.devices_per_node, topo.intra)[0]
-            + allreduce_time(nbytes, topo.nodes, topo.inter)[0])
+            + allreduce_time(nbytes, topo.nodes, inter)[0])
 
 
 def kv_read_bytes(batch: int, kv_len: int, kv_heads: int, head_dim: int, v_dim: int,
@@ -665,10 +694,13 @@ def collective_time(kind: str, nbytes: float, topo: Topology) -> float:
     if kind in measured:
         return measured[kind].send(nbytes)
     dpn, nodes, p = topo.devices_per_node, topo.nodes, topo.devices
-    intra, inter = topo.intra, topo.inter
+    intra, inter = topo.intra, topo.shared_inter  # all of a node's devices cross at once
     if kind == "all-reduce":
         return hierarchical_allreduce_time(nbytes, topo)
     if kind == "all-gather":
+        if topo.ring_only:  # (p−1)(α + m/β) per stage, m contributed per rank
+            return ((dpn - 1) * intra.send(nbytes / p) if dpn > 1 else 0.0) + \
+                ((nodes - 1) * inter.send(nbytes / nodes) if nodes > 1 else 0.0)
         return (allgather_time(nbytes * dpn / p, dpn, intra)[0]
                 + allgather_time(nbytes, nodes, inter)[0])
     if kind == "reduce-scatter":
@@ -681,7 +713,7 @@ def collective_time(kind: str, nbytes: float, topo: Topology) -> float:
                 + (p - dpn) * (inter.alpha_s + nbytes / (p * inter.beta_Bps)))
     if p <= 1:
         return 0.0
-    return (inter if nodes > 1 else intra).send(nbytes)
+    return (topo.inter if nodes > 1 else intra).send(nbytes)  # one sender per node crosses
 
 
 def collectives_time(collectives: list[tuple[str, int, int]], topo: Topology) -> float:

@@ -1,0 +1,353 @@
+"""The launcher of a cluster on one machine: namespaces, shaped links, workers, the report.
+
+`run_cluster(ClusterConfig(...), json_out)`:
+
+1. clears what earlier runs killed without teardown left behind (`netns.clear_leftovers`,
+   by name prefix only; live runs are kept);
+2. makes one namespace per node and a switch, links shaped to the first rate (`netns`);
+3. starts `nodes × processes_per_node` workers (`worker.py`), each with
+   `ip netns exec NODE`, and watches them with the multi-process launcher's loop
+   (`launch.watch_workers`); when process 0 asks for the next link rate, it sets it;
+4. tears everything down on every way out: success, failure, SIGINT/SIGTERM/SIGHUP (exit
+   128 + signal), a worker that dies; if the launcher itself is killed with SIGKILL, the
+   workers die with it (PR_SET_PDEATHSIG and a watchdog, as `launch` does) and the next
+   start removes the namespaces;
+5. writes the JSON report (`report`) and prints its tables (`summary`).
+
+Each failure ends in one line on stderr; the workers' logs are kept in a folder it names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import launch, netns
+from .worker import CLUSTER_METHODS
+
+COORDINATOR_PORT = 47100  # in node 0's fresh namespace nothing else can hold it
+WORKER_MODULE = "tree_attention_edu.cluster.worker"
+
+
+@dataclass
+class ClusterConfig:
+    """The settings of a cluster run (the CLI's flags)."""
+
+    nodes: int = 2
+    processes_per_node: int = 1
+    devices_per_process: int = 2
+    link_gbit: tuple[float, ...] = (1.0, 0.5)
+    seq_len: int = 16384
+    methods: tuple[str, ...] = CLUSTER_METHODS
+    repeats: int = 9
+    sweep: tuple[int, ...] = ()
+    batch: int = 1
+    q_heads: int = 8
+    kv_heads: int = 8
+    head_dim: int = 64
+    seed: int = 0
+    timeout: float = 600.0
+    init_timeout: float = 60.0
+    prefix: str = netns.PREFIX
+    keep_outputs: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def processes(self) -> int:
+        return self.nodes * self.processes_per_node
+
+    @property
+    def devices(self) -> int:
+        return self.processes * self.devices_per_process
+
+    def check(self) -> None:
+        """Raise ValueError naming the setting and the fix, before anything is made."""
+        for name in ("nodes", "processes_per_node", "devices_per_process", "seq_len",
+                     "repeats", "batch", "q_heads", "kv_heads", "head_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be an int >= 1, got {value!r}")
+        if self.nodes < 2:
+            raise ValueError(f"`nodes` must be >= 2 (one node has no inter-node link), got "
+                             f"{self.nodes}")
+        if self.processes_per_node * self.devices_per_process < 2:
+            raise ValueError("a node needs 2 or more devices (processes_per_node × "
+                             "devices_per_process), or it has no intra-node level")
+        for name, n in (("seq_len", self.seq_len), *(("sweep", s) for s in self.sweep)):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1 or n % self.devices:
+                raise ValueError(f"`{name}` lengths must be multiples of the {self.devices} "
+                                 f"devices (each holds a whole shard), got {n!r}")
+        if self.q_heads % self.kv_heads:
+            raise ValueError(f"`kv_heads` ({self.kv_heads}) must divide `q_heads` "
+                             f"({self.q_heads})")
+        if not self.link_gbit or not all(0 < r <= 100 for r in self.link_gbit):
+            raise ValueError(f"`link_gbit` must be one or more rates in (0, 100] Gbit/s, "
+                             f"got {self.link_gbit!r}")
+        bad = [m for m in self.methods if m not in CLUSTER_METHODS]
+        if bad or not self.methods:
+            raise ValueError(f"`methods` must be among {', '.join(CLUSTER_METHODS)}, got "
+                             f"{bad or 'none'}")
+
+
+def _serve(net: netns.Network, control: str, served: set[str]):
+    """A `watch_workers` check: set the link rate that process 0 asks for."""
+
+    def check(codes):
+        for name in sorted(os.listdir(control)):
+            if name.endswith(".request") and name not in served:
+                with open(os.path.join(control, name)) as f:
+                    rate = float(json.load(f)["rate_bps"])
+                netns.set_rate(net, rate)
+                served.add(name)
+                with open(os.path.join(control, name[:-len(".request")] + ".done"), "w"):
+                    pass
+                print(f"cluster: link rate set to {rate / 1e9:g} Gbit/s", file=sys.stderr,
+                      flush=True)
+        return None
+
+    return check
+
+
+def _package_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_cluster(cfg: ClusterConfig, json_out: str | None = None, *,
+                command: str | None = None) -> tuple[int, dict | None]:
+    """Run the cluster; returns `(exit status, report)` (report None on failure).
+
+    Raises `netns.NoPrivilege` before making anything when this process may not create
+    namespaces, and ValueError on bad settings. SIGTERM, SIGHUP and SIGINT tear everything
+    down and raise `SystemExit(128 + signal)`.
+    """
+    cfg.check()
+    reason = netns.missing_privileges()
+    if reason:
+        raise netns.NoPrivilege(reason)
+    t_start = time.monotonic()
+    removed = netns.clear_leftovers(cfg.prefix)
+    if removed:
+        print(f"cluster: note: removed {len(removed)} leftover(s) of a run killed without "
+              f"teardown: {', '.join(removed)}", file=sys.stderr, flush=True)
+    control = tempfile.mkdtemp(prefix="tae-cluster-")
+    logs = [os.path.join(control, f"worker{i}.log") for i in range(cfg.processes)]
+    procs: list[subprocess.Popen] = []
+    net = None
+    keep = False
+    outcome = launch.Outcome(1, "no worker started")
+    try:
+        with launch.signal_flag() as flag:
+            try:
+                net = netns.create(cfg.nodes, cfg.link_gbit[0] * 1e9, prefix=cfg.prefix)
+                settings = dict(
+                    nodes=cfg.nodes, processes_per_node=cfg.processes_per_node,
+                    devices_per_process=cfg.devices_per_process,
+                    coordinator=f"{net.addresses[0]}:{COORDINATOR_PORT}",
+                    rates_bps=[r * 1e9 for r in cfg.link_gbit], seq_len=cfg.seq_len,
+                    methods=list(cfg.methods), repeats=cfg.repeats, sweep=list(cfg.sweep),
+                    batch=cfg.batch, q_heads=cfg.q_heads, kv_heads=cfg.kv_heads,
+                    head_dim=cfg.head_dim, seed=cfg.seed, init_timeout=cfg.init_timeout,
+                    control=control, keep_outputs=cfg.keep_outputs)
+                config_path = os.path.join(control, "config.json")
+                with open(config_path, "w") as f:
+                    json.dump(settings, f)
+                env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+                env["PYTHONUNBUFFERED"] = "1"
+                env[launch.PARENT_ENV] = str(os.getpid())
+                env["PYTHONPATH"] = os.pathsep.join(
+                    [_package_root(), *filter(None, [env.get("PYTHONPATH")])])
+                for i in range(cfg.processes):
+                    if flag.signum is not None:
+                        break
+                    cmd = ["ip", "netns", "exec", net.node(i // cfg.processes_per_node),
+                           sys.executable, "-m", WORKER_MODULE, "--config", config_path,
+                           "--process-id", str(i)]
+                    with open(logs[i], "wb") as log:
+                        procs.append(subprocess.Popen(cmd, env=env, stderr=log,
+                                                      start_new_session=True))
+                deadline = time.monotonic() + cfg.timeout
+                outcome = launch.watch_workers(procs, logs[:len(procs)], flag, deadline,
+                                               cfg.timeout, check=_serve(net, control, set()))
+            except netns.NetworkError as e:
+                if flag.signum is None:
+                    raise
+                outcome = launch.Outcome(128 + flag.signum, f"stopped while building the "
+                                         f"network ({e})")
+            finally:
+                killed = launch.kill_workers(procs)
+                if net is not None:
+                    netns.destroy(net)
+        if flag.signum is not None and outcome.code == 128 + flag.signum:
+            name = signal.Signals(flag.signum).name
+            print(f"cluster: stopped by {name}; killed {killed} worker(s) and removed the "
+                  f"namespaces", file=sys.stderr)
+            raise SystemExit(outcome.code)
+        if outcome.code:
+            keep = True
+            print(f"cluster: error: {outcome.message} (worker logs: {control})",
+                  file=sys.stderr)
+            return outcome.code, None
+        assert net is not None  # created before any worker started
+        rep = report(cfg, net, control, command, time.monotonic() - t_start)
+        if json_out:
+            with open(json_out, "w") as f:
+                json.dump(rep, f, indent=1)
+        return 0, rep
+    finally:
+        if not keep:
+            shutil.rmtree(control, ignore_errors=True)
+
+
+def report(cfg: ClusterConfig, net: netns.Network, control: str, command: str | None,
+           wall_s: float) -> dict:
+    """The JSON report from process 0's result and every process's lines.
+
+    `links` and `methods` are those at the first rate (`config.link_gbit[0]`); `rates`
+    holds every rate's; `ring_vs_rate` and `topology_claim` compare them."""
+    with open(os.path.join(control, "result.json")) as f:
+        result = json.load(f)
+    lines = {}
+    for i in range(cfg.processes):
+        with contextlib.suppress(OSError), open(os.path.join(control,
+                                                             f"lines-{i}.json")) as f:
+            lines[str(i)] = json.load(f)
+    phases = result["phases"]
+    keep = ("median_s", "predicted_s", "bytes_inter", "bytes_intra", "max_abs_err")
+
+    def links_of(phase):  # the brief's keys first, then the raw points
+        inter, intra = phase["links"]["inter"], phase["links"]["intra"]
+        first = ("alpha_s", "beta_Bps", "set_Bps")
+        return {"inter": {**{k: inter[k] for k in first}, **inter},
+                "intra": {**{k: intra[k] for k in first[:2]}, **intra},
+                "overhead_s": phase["links"]["overhead_s"]}
+
+    def methods_of(phase):
+        return {n: {**{k: r[k] for k in keep}, **{k: v for k, v in r.items() if k not in keep}}
+                for n, r in phase["methods"].items()}
+
+    first = phases[0]
+    config = asdict(cfg)
+    config.pop("extra")
+    config.update(cfg.extra)
+    config.update(devices=cfg.devices, processes=cfg.processes, command=command,
+                  addresses=net.addresses, namespaces=net.namespaces,
+                  link="veth pairs to a bridge in a switch namespace; tbf on both ends' "
+                       "egress (node -> switch and switch -> node)",
+                  tbf=netns.tbf_args(cfg.link_gbit[0] * 1e9),
+                  problem=dict(batch=cfg.batch, q_len=1, q_heads=cfg.q_heads,
+                               kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
+                               dtype="float32"))
+    rep = {
+        "config": config,
+        "links": links_of(first),
+        "methods": methods_of(first),
+        "local": result["local"],
+        "rates": [{"set_Bps": ph["set_Bps"], "links": links_of(ph), "local": ph["local"],
+                   "methods": methods_of(ph)} for ph in phases],
+        "process_lines": lines,
+        "wall_s": wall_s,
+    }
+    if "crossover" in first:
+        rep["crossover"] = first["crossover"]
+    rep.update(comparisons(rep))
+    return rep
+
+
+def comparisons(rep: dict) -> dict:
+    """`topology_claim`: flat against 2-level tree on the slowest link; `ring_vs_rate`: each
+    method's latency at each rate, and the ratio of the slowest rate's to the fastest's."""
+    out = {}
+    rates = sorted(rep["rates"], key=lambda r: r["set_Bps"])
+    slow = rates[0]
+    if {"tree", "tree_2level"} <= set(slow["methods"]):
+        flat, two = slow["methods"]["tree"], slow["methods"]["tree_2level"]
+        out["topology_claim"] = {
+            "set_Bps": slow["set_Bps"], "flat_s": flat["median_s"], "two_level_s": two["median_s"],
+            "flat_predicted_s": flat["predicted_s"], "two_level_predicted_s": two["predicted_s"],
+            "flat_over_two_level": flat["median_s"] / two["median_s"],
+            "flat_link_bytes": flat["link_bytes"], "two_level_link_bytes": two["link_bytes"],
+            "flat_collectives": flat["collectives"], "two_level_collectives": two["collectives"],
+            **verdict(flat.get("round_s", []), two.get("round_s", [])),
+        }
+    if len(rates) > 1:
+        names = [n for n in rates[0]["methods"] if all(n in r["methods"] for r in rates)]
+        out["ring_vs_rate"] = {
+            "set_Bps": [r["set_Bps"] for r in rates],
+            "median_s": {n: [r["methods"][n]["median_s"] for r in rates] for n in names},
+            "predicted_s": {n: [r["methods"][n]["predicted_s"] for r in rates] for n in names},
+            "slowdown": {n: rates[0]["methods"][n]["median_s"] / rates[-1]["methods"][n]["median_s"]
+                         for n in names},
+            "rate_ratio": rates[-1]["set_Bps"] / rates[0]["set_Bps"],
+        }
+    return out
+
+
+def verdict(flat_s: list[float], two_level_s: list[float]) -> dict:
+    """Is the 2-level tree faster than the flat one? From their timed rounds (interleaved, so
+    that both saw the same load): the median of the per-round differences flat − 2-level,
+    and its spread (the interquartile range of those differences). "2-level faster" or
+    "flat faster" only when the median difference exceeds half that spread; otherwise "no
+    measurable difference"."""
+    if not flat_s or len(flat_s) != len(two_level_s):
+        return {"verdict": "not measured"}
+    d = np.array(flat_s) - np.array(two_level_s)
+    med, (q1, q3) = float(np.median(d)), np.percentile(d, [25, 75])
+    spread = float(q3 - q1)
+    word = ("2-level faster" if med > spread / 2 else "flat faster" if -med > spread / 2
+            else "no measurable difference")
+    return {"difference_s": med, "difference_iqr_s": spread,
+            "two_level_faster_rounds": int((d > 0).sum()), "rounds": len(d), "verdict": word}
+
+
+def summary(rep: dict) -> str:
+    """The report as fixed-width tables: links, methods at each rate, the comparisons."""
+    c = rep["config"]
+    rows = [f"cluster: {c['nodes']} nodes x {c['processes_per_node']} process(es) x "
+            f"{c['devices_per_process']} device(s) = {c['devices']} devices; Tk={c['seq_len']}, "
+            f"{c['problem']['q_heads']} q heads / {c['problem']['kv_heads']} kv heads x "
+            f"{c['problem']['head_dim']}, float32"]
+    for r in rep["rates"]:
+        inter, intra = r["links"]["inter"], r["links"]["intra"]
+        rows.append("")
+        set_ = r["set_Bps"]
+        rows.append(f"link set to {set_ * 8 / 1e9:g} Gbit/s ({set_ / 1e6:.1f} MB/s): inter "
+                    f"alpha {inter['alpha_s'] * 1e6:.0f} us, beta "
+                    f"{inter['beta_Bps'] / 1e6:.1f} MB/s ({inter['beta_Bps'] / set_:.0%} of "
+                    f"set); intra alpha {intra['alpha_s'] * 1e6:.0f} us, beta "
+                    f"{intra['beta_Bps'] / 1e6:.0f} MB/s")
+        head = (f"{'method':<15}{'median ms':>11}{'predicted':>11}{'rel err':>9}"
+                f"{'inter B/dev':>13}{'intra B/dev':>13}{'link B':>12}{'max |err|':>11}")
+        rows += [head, "-" * len(head)]
+        for name, m in r["methods"].items():
+            rows.append(f"{name:<15}{m['median_s'] * 1e3:>11.2f}{m['predicted_s'] * 1e3:>11.2f}"
+                        f"{m['predicted_s'] / m['median_s'] - 1:>+9.0%}{m['bytes_inter']:>13,.0f}"
+                        f"{m['bytes_intra']:>13,.0f}{m['link_bytes']:>12,.0f}"
+                        f"{m['max_abs_err']:>11.1e}")
+    if "topology_claim" in rep:
+        t = rep["topology_claim"]
+        rows += ["", f"2-level vs flat tree at {t['set_Bps'] * 8 / 1e9:g} Gbit/s: flat "
+                     f"{t['flat_s'] * 1e3:.2f} ms, 2-level {t['two_level_s'] * 1e3:.2f} ms "
+                     f"(flat / 2-level = {t['flat_over_two_level']:.2f}): {t['verdict']}"]
+    if "ring_vs_rate" in rep:
+        v = rep["ring_vs_rate"]
+        rows += ["", f"rate x{v['rate_ratio']:g}: slowdown " + ", ".join(
+            f"{n} x{s:.2f}" for n, s in v["slowdown"].items())]
+    if "crossover" in rep:
+        x = rep["crossover"]
+        for key in ("tree_2level_vs_ring", "tree_vs_ring"):
+            if key in x:
+                m, p = x[key]["measured"], x[key]["predicted"]
+                rows.append(f"{key}: tree overtakes ring at Tk ~ "
+                            f"{'none in range' if m is None else f'{m:.0f}'} measured, "
+                            f"{'none' if p is None else f'{p:.0f}'} predicted")
+    return "\n".join(rows)
