@@ -188,7 +188,7 @@ def attention_family() -> list[Case]:
 
 
 def bayes_family() -> list[Case]:
-    """The corrected Bayesian reading (issue 11 §1): saddle, conjugate, rate function."""
+    """The corrected Bayesian reading: saddle, conjugate, rate function."""
     cases = []
     sp_ = bayes.stationary_point
     cases += qkv_cases(sp_, sp_)
@@ -363,6 +363,16 @@ def kernels_family() -> list[Case]:
         case(xs, "range", "block-0", lambda: xs(Q, K, V, block=0), ValueError, "block"),
         case(xs, "type", "block-float", lambda: xs(Q, K, V, block=2.5), TypeError, "block"),
         case(xs, "range", "layout", lambda: xs(Q, K, V, layout="thd"), ValueError, "layout"),
+        # kv_head_window (start, count): a start past the heads, a count of 0 or above Hkv,
+        # a float start or count, and malformed pairs: named errors, never a clamp.
+        *[case(xs, kind, f"kv_head_window={w!r}",
+               lambda w=w: xs(Q[:, :, :1], K, V, kv_head_window=w), exc, "kv_head_window")
+          for kind, w, exc in (("range", (1, 1), ValueError), ("range", (-1, 1), ValueError),
+                               ("range", (0, 2), ValueError), ("range", (0, 0), ValueError),
+                               ("type", (0.5, 1), TypeError), ("type", (0, 1.0), TypeError),
+                               ("type", (0,), TypeError), ("type", [0, 1], TypeError),
+                               ("type", (np.zeros(2, np.int32), 1), TypeError),
+                               ("type", (jnp.float32(0), 1), TypeError))],
         case(tl, "rank", "x", lambda: tl(K[0], "bthd", "bhtd"), ValueError, "x"),
         case(tl, "type", "x", lambda: tl(K.tolist(), "bthd", "bhtd"), TypeError, "x"),
         case(tl, "range", "src", lambda: tl(K, "thd", "bhtd"), ValueError, "src"),
@@ -740,7 +750,7 @@ COST_CALLS = (
     (costmodel.ModelShape, dict(layers=2, dim=16, q_heads=4, kv_heads=2, head_dim=4, hidden=32,
                                 vocab=64, tie_embeddings=False, itemsize=2)),
     (costmodel.generation_time, dict(seq_len=1024, topo=TOPO, model=SHAPE, tokens=2)),
-    # merge patterns (issue 13); `pattern`, `kind`, `ps`, ... have their own cases below
+    # merge patterns; `pattern`, `kind`, `ps`, ... have their own cases below
     (costmodel.padded_heads, dict(q_heads=4, p=8)),
     (costmodel.pass_q_heads, dict(q_heads=4, kv_heads=2, p=8)),
     (costmodel.ring_collectives, dict(batch=1, kv_len=64, kv_heads=2, head_dim=4, v_dim=4, p=4,
@@ -767,6 +777,7 @@ def _bad_values(name, good) -> list[tuple[str, object, type[Exception]]]:
     if isinstance(good, int):
         low = 1 if name == "branching" else 0  # branching must be >= 2, sizes >= 1
         return [("range", low, ValueError), ("range", -1, ValueError),
+                ("range", 10**400, ValueError),  # beyond float range: the formulas divide
                 ("type", 2.5, TypeError), ("type", str(good), TypeError)]
     if isinstance(good, float):
         return [("range", -1.0, ValueError), ("range", float("nan"), ValueError),
@@ -782,7 +793,8 @@ def costmodel_family() -> list[Case]:
                 continue
             for kind, bad, exc in _bad_values(name, value):
                 kw = good | {name: bad}
-                cases.append(case(fn, kind, f"{name}={bad!r}", lambda fn=fn, kw=kw: fn(**kw),
+                shown = "10**400" if bad == 10**400 else repr(bad)
+                cases.append(case(fn, kind, f"{name}={shown}", lambda fn=fn, kw=kw: fn(**kw),
                                   exc, name))
     for fn, good in COST_CALLS:
         if {"q_heads", "kv_heads"} <= set(good):
@@ -796,7 +808,7 @@ def costmodel_family() -> list[Case]:
 
 
 def merge_pattern_cases() -> list[Case]:
-    """The merge-pattern model's arguments that are names, lists or pairs (issue 13)."""
+    """The merge-pattern model's arguments that are names, lists or pairs."""
     mc, mr, pm = costmodel.merge_collectives, costmodel.merge_read_bytes, costmodel.predict_merge
     ct, cts, cm_ = costmodel.collective_time, costmodel.collectives_time, costmodel.crossover_map
     cb, bm = costmodel.collective_bytes, costmodel.best_merge
@@ -858,7 +870,7 @@ CASES = CASES + bayes_family()
 
 
 def checkpoint_family() -> list[Case]:
-    """Hugging Face checkpoints (issue 15): paths, dtypes, configs; nothing is read or written
+    """Hugging Face checkpoints: paths, dtypes, configs; nothing is read or written
     (a path that does not exist, or a check that fails before the folder is touched)."""
     ic, lc, lt, sc = (checkpoint.inspect_checkpoint, checkpoint.load_checkpoint,
                       checkpoint.load_tokenizer, checkpoint.save_checkpoint)

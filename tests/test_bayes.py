@@ -1,4 +1,4 @@
-"""The Bayesian reading of attention, corrected (issue 11 §1), against independent references.
+"""The Bayesian reading of attention, corrected, against independent references.
 
 References used: sympy for the 2×2 saddle block; a float64 numpy/scipy re-implementation of
 the per-row log-partition F (explicit loops, `reference.visible_keys`) with scipy's generic

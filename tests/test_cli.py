@@ -102,7 +102,7 @@ BAD_FLAGS = [
     ("generate --preset huge", "--preset"),
     ("generate --devices 0", "--devices"),
     ("generate --mesh 2level --devices 5", "--mesh 2level"),
-    # generate with a checkpoint (issue 15)
+    # generate with a checkpoint
     ("generate --checkpoint {dir} --prompt-ids 1,2", "has no config.json"),
     ("generate --checkpoint {file} --prompt-ids 1", "does not start with the GGUF magic"),
     ("generate --chat --prompt-ids 1", "--chat: formats text prompts"),
@@ -359,7 +359,7 @@ def test_bench_json_records(tmp_path):
         assert c["devices"] == 8 and c["predicted_s"] > 0 and c["measured_s"] > 0
     assert "worst |error|" in r.stdout
 
-    # Every merge pattern and both rings, measured in the same run (issue 13).
+    # Every merge pattern and both rings, measured in the same run.
     pats = report["patterns"]
     assert [(x["name"], x["seq_len"]) for x in pats] == [
         (m, n) for n in (1024, 2048) for m in benchmark.PATTERNS]
@@ -391,7 +391,7 @@ def test_generate_checks_tokens():
     assert "tokens/s" in r.stdout and "per-token latency" in r.stdout
 
 
-# --- generate --checkpoint (issue 15) ----------------------------------------------------------
+# --- generate --checkpoint ----------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):

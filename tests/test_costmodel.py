@@ -252,7 +252,7 @@ def test_bad_arguments_of_the_paper_helpers():
         cm.decode_intensity(0)
 
 
-# --- merge patterns (issue 13) ---------------------------------------------------------------
+# --- merge patterns ---------------------------------------------------------------
 
 SYM = sympy.symbols("B T_q H_q D_v p s", positive=True, integer=True)
 

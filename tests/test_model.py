@@ -167,7 +167,7 @@ def test_prefill_progress_bar_counts_chunks(mesh8, capsys):
     assert capsys.readouterr().err == ""
 
 
-# --- bad arguments fail before any work (issue 12, §8) ---------------------------------------
+# --- bad arguments fail before any work ---------------------------------------
 
 @pytest.fixture(scope="module")
 def gen8(mesh8):
@@ -284,7 +284,7 @@ def test_out_of_vocab_tokens_give_nan_logits(mesh8):
         assert np.isfinite(np.asarray(logits[0])).all() and np.isnan(np.asarray(logits[1])).all()
 
 
-# --- Hugging Face conventions (issue 15) -------------------------------------------------------
+# --- Hugging Face conventions -------------------------------------------------------
 
 @pytest.mark.parametrize("scaling", [None, model.RopeScaling(8.0, 1.0, 4.0, 16)])
 def test_rope_is_hugging_faces_rotate_half(scaling):

@@ -33,19 +33,27 @@ MAX_SIZE = 2**50
 """Largest size the model takes: products of six such sizes stay inside float64's range."""
 
 
+def _int(value: Any, name: str, **kw: Any) -> Any:
+    """`validate.check_int`, and at most `MAX_SIZE`: the formulas multiply and divide sizes
+    in floating point, where a larger one would leave float64's range."""
+    value = validate.check_int(value, name, **kw)
+    if isinstance(value, int) and value > MAX_SIZE:
+        shown = value if value < 10**30 else f"an int of {len(str(value))} digits"
+        raise ValueError(f"`{name}` = {shown} exceeds the model's largest size, 2**50 "
+                         f"({MAX_SIZE:.3g}): the formulas multiply sizes in floating point, "
+                         f"and such products would leave its range.")
+    return value
+
+
 def _sizes(**sizes) -> None:
     """Each size a positive int at most `MAX_SIZE` (or a sympy expression)."""
     for name, value in sizes.items():
-        validate.check_int(value, name, symbolic=True)
-        if isinstance(value, int) and value > MAX_SIZE:
-            raise ValueError(f"`{name}` = {value} exceeds the model's largest size, 2**50 "
-                             f"({MAX_SIZE:.3g}): the formulas multiply sizes in floating "
-                             f"point, and such products would leave its range.")
+        _int(value, name, symbolic=True)
 
 
 def _branching(branching: int) -> None:
-    validate.check_int(branching, "branching", minimum=2, symbolic=True,
-                      example="`branching=2` for a binary tree")
+    _int(branching, "branching", minimum=2, symbolic=True,
+         example="`branching=2` for a binary tree")
 
 
 def _nbytes(nbytes: float) -> None:
@@ -87,8 +95,8 @@ def reduction_steps(n: int, p: int, branching: int = 2) -> int:
     `p` partial results meet in a `branching`-ary tree of `ceil(log_branching p)` levels:
     O(N/p + log p) (paper, Theorem 1). With `p = 1` this is the serial `n - 1`.
     """
-    validate.check_int(n, "n")
-    validate.check_int(p, "p")
+    _int(n, "n")
+    _int(p, "p")
     _branching(branching)
     p = min(p, n)
     return math.ceil(n / p) - 1 + tree_depth(p, branching)
@@ -96,7 +104,7 @@ def reduction_steps(n: int, p: int, branching: int = 2) -> int:
 
 def tree_depth(p: int, branching: int = 2) -> int:
     """Levels of a `branching`-ary reduction tree over `p` leaves."""
-    validate.check_int(p, "p")
+    _int(p, "p")
     _branching(branching)
     depth, width = 0, p
     while width > 1:
@@ -248,8 +256,8 @@ class Topology:
     uplinks: int | None = None
 
     def __post_init__(self):
-        validate.check_int(self.nodes, "nodes")
-        validate.check_int(self.devices_per_node, "devices_per_node")
+        _int(self.nodes, "nodes")
+        _int(self.devices_per_node, "devices_per_node")
         validate.check_instance(self.intra, Link, "intra", "pass Link(alpha_s, beta_Bps)")
         validate.check_instance(self.inter, Link, "inter", "pass Link(alpha_s, beta_Bps)")
         validate.check_real(self.mem_Bps, "mem_Bps", low=0.0, low_open=True, finite=False,
@@ -260,7 +268,7 @@ class Topology:
         validate.check_bool(self.overlap, "overlap")
         validate.check_bool(self.ring_only, "ring_only")
         if self.uplinks is not None:
-            validate.check_int(self.uplinks, "uplinks")
+            _int(self.uplinks, "uplinks")
         _check_kind_links(self.measured, "measured", COLLECTIVE_KINDS, Link)
         if self.copy_Bps is not None:
             validate.check_real(self.copy_Bps, "copy_Bps", low=0.0, low_open=True, finite=False,
@@ -287,7 +295,7 @@ class Topology:
 
     def with_devices(self, p: int) -> Topology:
         """The same hardware with `p` devices: whole nodes once `p` exceeds a node."""
-        validate.check_int(p, "p")
+        _int(p, "p")
         _check_whole_nodes(p, self.devices_per_node)
         # Collectives measured on this many devices say nothing about another count.
         measured = self.measured if p == self.devices else ()
@@ -298,7 +306,7 @@ class Topology:
 
 def _allreduce_args(nbytes: float, p: int, link: Link) -> None:
     _nbytes(nbytes)
-    validate.check_int(p, "p")
+    _int(p, "p")
     validate.check_instance(link, Link, "link", "pass Link(alpha_s, beta_Bps)")
 
 
@@ -741,7 +749,7 @@ def predict_merge(pattern: str, seq_len: int, topo: Topology, *, batch: int = 1,
     kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len)
     v_dim = head_dim if v_dim is None else v_dim
     _sizes(v_dim=v_dim)
-    validate.check_int(stat_itemsize, "stat_itemsize")
+    _int(stat_itemsize, "stat_itemsize")
     p = topo.devices
     t = math.ceil(seq_len / p)
     compute = local_decode_time(batch, t, kv_heads, head_dim, v_dim, q_heads, topo, itemsize,
@@ -770,7 +778,7 @@ def predict_pass_q_ring(seq_len: int, topo: Topology, *, batch: int = 1, q_heads
     kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len)
     v_dim = head_dim if v_dim is None else v_dim
     _sizes(v_dim=v_dim)
-    validate.check_int(stat_itemsize, "stat_itemsize")
+    _int(stat_itemsize, "stat_itemsize")
     validate.check_bool(overlap, "overlap", optional=True)
     overlap = topo.overlap if overlap is None else overlap
     p = topo.devices
@@ -959,7 +967,7 @@ def paper_microbenchmark(seq_len: int, p: int, topo: Topology = DGX_H100
     """Predicted latency of one decode step of the paper's microbenchmark on `p` devices of
     `topo` (whole nodes beyond one): `{"tree": Prediction, "ring": Prediction}`."""
     validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100")
-    validate.check_int(p, "p")
+    _int(p, "p")
     topo = topo.with_devices(p)
     return {"tree": predict_tree(seq_len, topo, **PAPER_MICROBENCHMARK),
             "ring": predict_ring(seq_len, topo, **PAPER_MICROBENCHMARK)}
@@ -1030,7 +1038,7 @@ def generation_time(seq_len: int, topo: Topology, *, model: ModelShape = LLAMA_3
     """
     validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(8)")
     validate.check_instance(model, ModelShape, "model", "e.g. LLAMA_3_1_8B")
-    validate.check_int(tokens, "tokens")
+    _int(tokens, "tokens")
     shape: dict[str, Any] = dict(q_heads=model.q_heads, kv_heads=model.kv_heads,
                                  head_dim=model.head_dim, itemsize=model.itemsize)
     weights_s = model.weight_bytes / topo.mem_Bps
