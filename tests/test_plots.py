@@ -163,6 +163,7 @@ def test_crossover_map_greys_out_close_calls(tmp_path):
     assert same_color(colors[1], plots.BASELINE_COLOR)  # won by 1.5%: grey
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend == ["allgather", "won by < 2%"]
+    assert {t.get_text() for t in ax.texts} == {"2.00×", "1.01×\nall_to_all"}  # named
     plt.close(fig)
     fig = plots.crossover_map(data)  # without min_gain every cell keeps its winner's colour
     image = fig.axes[0].images[0]

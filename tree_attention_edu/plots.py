@@ -290,8 +290,9 @@ def crossover_map(data: Mapping, ax=None, path: str | None = None, annotate: boo
     (`PATTERN_COLORS`) and labelled with the winner's speedup over "allreduce".
 
     `min_gain`: cells whose winner beats the runner-up by less than this fraction
-    (`winner_margins`; e.g. 0.02 for 2%) are drawn in `BASELINE_COLOR` (grey): there the
-    choice of pattern barely matters, and a model error of that size would flip it.
+    (`winner_margins`; e.g. 0.02 for 2%) are drawn in `BASELINE_COLOR` (grey), labelled
+    with the winner's name: there the choice of pattern barely matters, and a model error
+    of that size would flip it.
     """
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
@@ -312,7 +313,10 @@ def crossover_map(data: Mapping, ax=None, path: str | None = None, annotate: boo
     if annotate and "speedup" in data:
         for i, row in enumerate(data["speedup"]):
             for j, s in enumerate(row):
-                ax.text(j, i, f"{s:.2f}×", ha="center", va="center", fontsize=7, color="white")
+                # A grey cell still names its (narrow) winner.
+                label = f"{s:.2f}×\n{winner[i][j]}" if close[i][j] else f"{s:.2f}×"
+                ax.text(j, i, label, ha="center", va="center", fontsize=7 - close[i][j],
+                        color="white")
     ax.set_xticks(range(len(ps)), [str(p) for p in ps])
     ax.set_yticks(range(len(bhs)), [count_label(b) for b in bhs])
     ax.set_xlabel("devices p")
