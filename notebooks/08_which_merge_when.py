@@ -17,12 +17,15 @@
 # # 8. Which merge, when
 #
 # **Prerequisites:** notebook 3 (the partial state $(o, \ell)$ and its `combine`), notebook 4
-# (`shard_map`, collectives, `collective_stats`), notebook 5 (the ring) and notebook 6 (the
-# alpha-beta cost model and its calibration). **Time:** about 40 minutes to read, under a
-# minute to run.
+# (`shard_map`, collectives, `collective_stats`, payload against wire bytes), notebook 5 (the
+# ring) and notebook 6 (the alpha-beta cost model and its calibration). **Time:** about 50
+# minutes to read and do the exercises, a minute or two to run.
 #
-# Tree decoding (paper, Algorithm 3) merges the devices' partial states with two Allreduces:
-# a max, then a sum. Serving systems today merge the same states in other ways:
+# Tree decoding (paper, Algorithm 3) merges the devices' partial states with a max over
+# devices, then sums. The paper counts *"three Allreduce operations in total"* (the max, the
+# numerator and the denominator); the two sums can travel in one collective, so two
+# collectives run one after the other. Serving systems today merge the same states in other
+# ways:
 #
 # * vLLM's and SGLang's **decode context parallelism** all-gather the log-sum-exps and
 #   reduce-scatter the rescaled outputs over heads;
@@ -31,19 +34,17 @@
 # * **FlashDecoding++** replaces the max by a *unified max* fixed in advance, with a
 #   fallback when the guess is wrong; applied to the merge across devices, one
 #   Allreduce(sum) suffices;
-# * Meta's **context-parallel inference** runs a ring that passes the queries instead of K/V
-#   when that moves fewer bytes.
+# * Meta's **context-parallel inference** has a ring that passes the queries instead of the
+#   K/V blocks (pass-Q).
 #
 # They all compute the same exact attention from the same algebra. They differ in which
 # collectives carry which part of the merge, and so in bytes and in latency terms. This
 # notebook derives each one, writes it by hand, checks it against the package, reads what
 # its compiled program sends, and asks the cost model which one wins where.
 #
-# **Where this runs.** On 8 *simulated CPU devices* in one process, also on a machine with
-# a GPU (the first cell tells JAX to use the CPU). Bytes are read from the compiled
-# programs, so they are what a cluster would run. Timings measure this machine, where the
-# 8 devices share its cores: they are noisy, their cells' outputs are not checked, and no
-# conclusion below depends on them unless it is computed from them.
+# Everything runs on the course's 8 simulated CPU devices ([notebook 1](01_energy_function.ipynb)
+# says what that means); bytes are read from XLA:CPU's compiled programs, and the few
+# timings are this machine's, unchecked.
 #
 # **Learning objectives.** After this notebook you can
 #
@@ -51,11 +52,13 @@
 #   $o = \sum_i w_i o_i / \sum_i w_i$, and say which collective carries which part;
 # * write each pattern in a few lines of `jax.shard_map` with `lax` collectives, and check
 #   it against `tae.attention` and `tree_decode(merge=...)`;
-# * read each pattern's collectives from the compiled program and match them, byte for byte,
-#   to `costmodel.merge_collectives`;
-# * explain the one-pass merge's window and fallback, and what it costs and saves;
-# * say when the pass-Q ring moves fewer bytes than the pass-KV ring;
-# * read the crossover map: which merge the model picks as devices and batch × heads grow.
+# * read each pattern's collectives from the compiled program, match them byte for byte to
+#   `costmodel.merge_collectives`, and convert payloads to the bytes each device sends;
+# * derive the one-pass merge's window from the floating-point format, and show where a
+#   window that bounds only the weights returns `inf` or 0;
+# * say what the pass-Q ring moves and when it moves less than the pass-KV ring;
+# * read the crossover map: which merge the model picks as devices and batch × heads grow,
+#   which cells are too close to call, and what re-gathering a head-scattered output costs.
 
 # %%
 import tree_attention_edu as tae
@@ -66,8 +69,10 @@ import jax
 
 # The course runs on 8 simulated CPU devices, also on a machine with a GPU.
 jax.config.update("jax_platforms", "cpu")
+import copy
 import dataclasses
 import functools
+import math
 
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -77,7 +82,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from tree_attention_edu import plots
-from tree_attention_edu.core import decode, states
+from tree_attention_edu.core import merges, states
 from tree_attention_edu.perf import benchmark, calibrate, costmodel
 from tree_attention_edu.perf.introspect import structs
 
@@ -106,7 +111,7 @@ assert jax.device_count() == 8, jax.devices()
 #
 # | pattern | shift $c$ | denominator $L$ | numerator $N$ | collectives in sequence |
 # |---|---|---|---|---|
-# | `allreduce` (Algorithm 3) | Allreduce(max) of $\ell_i$ | Allreduce(sum) | same Allreduce(sum) | 2 |
+# | `allreduce` (Algorithm 3) | Allreduce(max) of $\ell_i$ | Allreduce(sum) | Allreduce(sum), in the same collective as $L$ | 2 (the paper's three Allreduces: max, $N$, $L$) |
 # | `allgather` | all-gather of every $(o_i, \ell_i)$, then locally | locally | locally | 1 |
 # | `reduce_scatter` (DCP) | all-gather of the $\ell_i$ only | computed locally from them | reduce-scatter over heads of $\frac{w_i}{L} o_i$ | 2 |
 # | `all_to_all` (Helix) | all-to-all over heads: device $j$ receives every $(o_i, \ell_i)$ of its own heads, then locally | locally | locally | 1 |
@@ -115,9 +120,21 @@ assert jax.device_count() == 8, jax.devices()
 # Before any collective, here is the algebra on its own. Each of the 8 devices computes the
 # state of its shard with `tae.local_state` inside `shard_map` (notebook 4), and the 8
 # states are stacked and brought to the host, where we merge them with three different
-# shifts: all equal attention. Then two shifts that are far from the $\ell_i$: the weights
-# overflow or underflow, and the merge breaks. That window is what the one-pass merge must
-# respect.
+# shifts: all equal attention.
+#
+# **Quiz (predict, then run).** The cell then tries two shifts far from the $\ell_i$, in
+# float64: $c = \min_i \ell_i - 800$ and $c = \max_i \ell_i + 800$. For each, does the merge
+# return a slightly wrong number, 0, `inf` or NaN?
+#
+# <details><summary>Answer</summary>
+#
+# NaN in both cases, for every row. With $c = \max_i \ell_i + 800$ every weight is
+# $e^{-800}$ or less, below float64's smallest subnormal (about $e^{-745}$), so numerator
+# and denominator are both exactly 0: $0/0$. With $c = \min_i \ell_i - 800$ every weight
+# overflows to `inf`, and the numerator's sums of $\pm$`inf` are `inf` or NaN: `inf/inf`.
+# Neither failure is a small error: a bad shift destroys the result.
+#
+# </details>
 
 # %%
 p = 8
@@ -159,14 +176,14 @@ print(f"the lse_i lie in [{lses.min():.2f}, {lses.max():.2f}]")
 with np.errstate(over="ignore", under="ignore", invalid="ignore"):
     for c in (lses.min() - 800, lses.max() + 800):
         bad = merge_with_shift(outs, lses, c)
-        assert not np.isfinite(bad).all()
+        assert np.isnan(bad).all()  # the quiz's answer
         print(f"shift c = {c:8.1f}: largest weight e^(lse - c) = {np.exp(lses - c).max():.3g}, "
-              f"finite outputs: {np.isfinite(bad).mean():.0%}")
+              f"NaN outputs: {np.isnan(bad).mean():.0%}")
 
 # %% [markdown]
-# Any shift works in exact arithmetic; in floating point, only shifts close enough to the
-# $\ell_i$ that every $e^{\ell_i - c}$ is a normal number and their sum does not overflow.
-# $c = \max_i \ell_i$ is always such a shift, at the price of a collective to find it.
+# Any shift works in exact arithmetic; in floating point it must keep the sums in range.
+# $c = \max_i \ell_i$ always does, at the price of a collective to find it. Which fixed
+# shifts are safe is §8.4's question, and the answer is not only about the weights.
 #
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>Every merge pattern computes (N / L) with some shift c. They differ in which collective
@@ -205,15 +222,35 @@ by_hand = {}
 # %% [markdown]
 # ### 8.2.1 `allreduce`: the paper's Algorithm 3
 #
-# The recap from notebook 4: Allreduce(max) finds the shift, one Allreduce(sum) carries the
-# numerator and the denominator together. Every device ends with every head's output.
+# > **Algorithm 3** Tree Decoding (using Flash Attention 2 on each device)
+# >
+# > 1: Divide $\mathbf{k}, \mathbf{v} \in \mathbb{R}^{N \times d_h}$ among p GPUs, each with a
+# > chunk $\{\mathbf{k}_{\hat a}, \mathbf{v}_{\hat a}, \hat a \in \{1, \cdots, N/p\}\}$ of size
+# > t = N/p and scatter $\mathbf{q}$ to each GPU.
+# > 2: Use Flash Attention 2 to compute
+# > $o = \frac{\sum_{\hat a} \exp(\mathbf{q} \cdot \mathbf{k}_{\hat a}^T) \mathbf{v}_{\hat a}}{\sum_{\hat b} \exp(\mathbf{q} \cdot \mathbf{k}_{\hat b}^T)}$
+# > and $lse = \log \sum_{\hat b} \exp(\mathbf{q} \cdot \mathbf{k}_{\hat b}^T)$.
+# > 3: Recompute the global max m = Allreduce(max, lse).
+# > 4: Get local numerator and denominator by computing: n = o \* exp(lse − m), d = exp(lse − m).
+# > 5: Compute global numerator and denominator with: $n_g$ = Allreduce(sum, n), $d_g$ =
+# > Allreduce(sum, d).
+# > 6: Return result $z = \frac{n_g}{d_g}$.
+# >
+# > This algorithm requires three Allreduce operations in total, meaning that the required
+# > time complexity is $O(3(N/p + \log p))$.
+#
+# (The paper's stored text drops the minus signs of lines 4, "exp(lse m)", and line 6 reads
+# $n_g/d_a$; both are restored above.) Line 2 is `tae.local_state`; the code below is lines
+# 3 to 6. Its only liberty: the two sums of line 5 travel in **one** collective, a `psum` of
+# the pair, so two collectives run one after the other, not three. Every device ends with
+# every head's output.
 
 # %%
 def merge_allreduce(out, lse):
-    m = lax.pmax(lse, "x")  # collective 1: the shift
-    w = jnp.exp(lse - m)
-    num, den = lax.psum((w[..., None] * out, w), "x")  # collective 2: N and L
-    return num / den[..., None]
+    m = lax.pmax(lse, "x")  # line 3: m = Allreduce(max, lse), collective 1
+    w = jnp.exp(lse - m)  # line 4: d = exp(lse - m), and n = o * d below
+    num, den = lax.psum((w[..., None] * out, w), "x")  # line 5: n_g and d_g, collective 2
+    return num / den[..., None]  # line 6
 
 
 by_hand["allreduce"] = on_mesh(lambda q, k, v: merge_allreduce(*local(q, k, v)))
@@ -248,7 +285,8 @@ print("allgather by hand == attention   ✓")
 # and head, not $D_v$). From them every device computes $m$ and $L$ itself, and scales its own
 # output by its share $w_i / L$. The numerator is then a plain sum over devices, and a
 # **reduce-scatter** over the head axis does it: each device receives the sum for its own
-# slice of heads only. That is the layout a head-parallel output projection wants next.
+# slice of heads only. That is the layout a head-parallel output projection wants next; a
+# layer that wants every head on every device must gather them again (§8.7 prices that).
 
 # %%
 def merge_reduce_scatter(out, lse):
@@ -271,7 +309,8 @@ print("reduce_scatter by hand == attention   ✓")
 # Each device cuts its state into $p$ slices of heads and sends slice $j$ to device $j$; one
 # all-to-all does all these exchanges at once. Device $j$ then holds all $p$ partial states
 # of its own heads and merges them locally, as the all-gather pattern does, but on
-# $1/p$ of the heads: it receives no more bytes than it sends.
+# $1/p$ of the heads: it receives no more bytes than it sends. Its output, too, is
+# scattered over heads.
 
 # %%
 def merge_all_to_all(out, lse):
@@ -292,21 +331,36 @@ print("all_to_all by hand == attention   ✓")
 #
 # FlashDecoding++ fixes the shift in advance (here $c = 0$) for every device. Then there is
 # no max to find: one Allreduce(sum) of $(N, L)$ finishes the merge. It is exact only while
-# every $e^{\ell_i - c}$ stays in the window where it is a normal number and $p$ of them sum
-# without overflow (`states.one_pass_window`). So each device also sends a **flag**, 1 if
-# any of its $\ell_i$ lies outside, in the same Allreduce; if the flags sum to more than 0,
-# every device runs the exact two-collective merge instead. All devices see the same sum,
-# so they all take the same branch.
+# the shift keeps the sums in range. §8.1's argument gives a first window for
+# $x = \ell_i - c$: every weight $e^x$ a normal number ($x \ge \ln(\text{tiny})$, tiny the
+# dtype's smallest normal number) and $p$ of them summing below the largest number
+# ($x \le \ln(\max) - \ln p$). Each device sends a **flag**, 1 if any of its rows lies
+# outside, in the same Allreduce; if the flags sum to more than 0, every device runs the
+# exact two-collective merge instead. All devices see the same sum, so they all take the
+# same branch. (§8.4 shows that this window, which looks only at the weights, is not
+# enough.)
 
 # %%
 SHIFT = 0.0
 
 
-def merge_one_pass(out, lse):
-    low, high = states.one_pass_window(out.dtype, p)
+def weight_window(dtype, p):
+    """The range of x = lse - SHIFT in which each weight e^x is a normal number and p of them
+    sum below the largest number: a window on the weights only."""
+    info = np.finfo(dtype)
+    return math.log(float(info.tiny)), math.log(float(info.max)) - math.log(p)
+
+
+def weights_outside(out, lse):
+    """[B, Tq, Hq]: rows whose weight leaves `weight_window`."""
+    low, high = weight_window(out.dtype, p)
     x = lse - SHIFT
-    flag = jnp.any((x < low) | (x > high)).astype(out.dtype)
-    w = jnp.exp(x)
+    return (x < low) | (x > high)
+
+
+def merge_one_pass(out, lse, outside=weights_outside):
+    flag = jnp.any(outside(out, lse)).astype(out.dtype)  # 1 if any row of mine is outside
+    w = jnp.exp(lse - SHIFT)
     num, den, flag = lax.psum((w[..., None] * out, w, flag), "x")  # one collective
     return lax.cond(flag > 0,
                     lambda: merge_allreduce(out, lse),  # the exact fallback
@@ -320,19 +374,20 @@ print("one_pass by hand == attention   ✓")
 # %% [markdown]
 # ### 8.2.6 The package: `tree_decode(merge=...)`
 #
-# The same five patterns are `tree_decode`'s `merge=` options (`decode.MERGES`). The cell
+# The same five patterns are `tree_decode`'s `merge=` options (`tae.MERGES`). The cell
 # checks each against its hand-written twin, and prints where the output lives: the
-# head-scattered patterns leave each device with its own heads (a result sharded over
-# heads), the others with all of them.
+# head-scattered patterns, `reduce_scatter` and `all_to_all`, leave each device with its own
+# heads (a result sharded over heads), the others with all of them.
 
 # %%
-assert tuple(by_hand) == decode.MERGES
+assert tuple(by_hand) == tuple(tae.MERGES)
 for name, fn in by_hand.items():
     mine = fn(q, k, v)
     pkg = tae.tree_decode(q, k, v, mesh=mesh, merge=name)
     np.testing.assert_allclose(pkg, mine, rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(pkg, want, rtol=1e-12, atol=1e-13)
     heads = sorted({(s.index[2].start or 0, s.index[2].stop or Hq) for s in pkg.addressable_shards})
+    assert (name in merges.HEAD_SCATTERED) == (heads != [(0, Hq)])
     where = ("every device holds all heads" if heads == [(0, Hq)] else
              f"each device holds {heads[0][1] - heads[0][0]} heads "
              f"({heads[0][0]}:{heads[0][1]}, {heads[1][0]}:{heads[1][1]}, ...)")
@@ -341,25 +396,31 @@ for name, fn in by_hand.items():
 # %% [markdown]
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>Each pattern is a few lines of collectives around the same merge. Two of them leave the
-# output scattered over heads, which is what a head-parallel layer wants next.</p></div>
+# output scattered over heads, which is what a head-parallel layer wants next, and what a
+# layer that needs every head must pay to gather again.</p></div>
 #
 # ## 8.3 What each compiled program moves
 #
-# Now the paper's microbenchmark heads (16 heads of dimension 128, float32), with a batch of
-# 4 and 64k keys, compiled from abstract inputs (`introspect.structs`: nothing is allocated).
-# `collective_stats` reads the collectives XLA will run, and each pattern's bytes per device
-# must equal `costmodel.merge_collectives` exactly. As in notebook 4, bytes are each
-# collective's payload: what a device contributes, or for an all-gather what it receives.
-# The one-pass merge's fallback sits in a conditional, marked `(if)`: it runs only when the
-# flag is raised, so the comparison is on the fast path (`.fast_path()`).
+# Now the paper's microbenchmark heads: *"a standard attention block consisting of 16 heads
+# of dimension 128"* (§6.1), and, as the paper says of all its runs, *"All computations are
+# performed in BF16"* (§5.3). With a batch of 4 and 64k keys, the five programs are compiled
+# from abstract bfloat16 inputs (`introspect.structs`: nothing is allocated), and
+# `collective_stats` reads the collectives XLA will run. The states the merges move are
+# float32 whatever the inputs' dtype (they are accumulated in float32), so each pattern's
+# bytes must equal `costmodel.merge_collectives` with 4-byte statistics, exactly.
+#
+# As in notebook 4, `collective_stats` counts each collective's **payload**: the buffer a
+# device contributes, or for an all-gather the buffer it receives. The one-pass merge's
+# fallback sits in a conditional, marked `(if)`: it runs only when the flag is raised, so
+# the comparison is on the fast path (`.fast_path()`).
 
 # %%
-MB = dict(batch=4, q_heads=16, head_dim=128)  # microbenchmark heads, batch 4, float32
-abstract = structs(mesh, 65536, **MB)
+MB = dict(batch=4, q_heads=16, head_dim=128)  # the microbenchmark's heads, batch 4
+abstract = structs(mesh, 65536, **MB, dtype=jnp.bfloat16)
 sizes = dict(batch=MB["batch"], q_len=1, q_heads=MB["q_heads"], v_dim=MB["head_dim"], p=p,
-             stat_itemsize=4, out_itemsize=4)
+             stat_itemsize=4, out_itemsize=2)
 compiled = {}
-for name in decode.MERGES:
+for name in tae.MERGES:
     stats = tae.collective_stats(
         lambda q, k, v, name=name: tae.tree_decode(q, k, v, mesh=mesh, merge=name), *abstract)
     model = costmodel.merge_collectives(name, **sizes)
@@ -368,81 +429,454 @@ for name in decode.MERGES:
     assert sorted(c.kind for c in fast.collectives for _ in range(c.count)) == sorted(
         kind for kind, _, n in model for _ in range(n)), name
     compiled[name] = stats
-    print(f"--- {name}\n{stats}\n")
+print(f"--- allreduce\n{compiled['allreduce']}\n\n--- one_pass\n{compiled['one_pass']}")
+rows = MB["batch"] * MB["q_heads"]  # B·Tq·Hq query rows
+stat = rows * (MB["head_dim"] + 2) * 4  # one device's state: out, lse and lse_lo in float32
+assert compiled["allgather"].total_bytes == p * stat  # received: every device's state
+assert compiled["all_to_all"].total_bytes == stat  # contributed: its own state, cut in p
+
+# %% [markdown]
+# The two programs printed above show the kinds and sizes `collective_stats` reads: two
+# all-reduces for Algorithm 3 (the max of the lse, 4 bytes per row; then numerator and
+# denominator, $D_v + 1$ numbers per row), and for `one_pass` one all-reduce on the fast
+# path (the same sums plus a 4-byte flag) and the two exact ones inside the conditional.
+#
+# Payloads of different kinds do not compare: an all-gather's counts what a device
+# *receives*, the others' what it *contributes*. What a device **sends** depends on the
+# algorithm. With the ring algorithms, for a payload of $n$ bytes on $p$ devices:
+#
+# * all-reduce: a reduce-scatter then an all-gather, each sending $\frac{p-1}{p} n$: in all
+#   $2\frac{p-1}{p} n$, the paper's eq. 12, *"$V_{\text{Allreduce}} = 2 \times \frac{p-1}{p}
+#   \times \text{numel}$"*;
+# * all-gather ($n$ received): every block but its own passes through a device once,
+#   $\frac{p-1}{p} n$;
+# * reduce-scatter ($n$ contributed): $\frac{p-1}{p} n$;
+# * all-to-all ($n$ contributed): each of the $p-1$ other devices gets its $\frac{n}{p}$,
+#   $\frac{p-1}{p} n$;
+# * collective-permute: the whole $n$, once.
+#
+# **Quiz (predict, then run).** On 8 devices, how many times the bytes that `allreduce`
+# sends does `allgather` send? And `all_to_all`? (The payload table below says 8× and 1×.)
+#
+# <details><summary>Answer</summary>
+#
+# **4×** and **0.5×**. With $s$ the bytes of one device's state, the all-gather receives
+# $ps$ and sends $(p-1)s$; the ring all-reduce sends $2\frac{p-1}{p}s$. The ratio is
+# $p/2 = 4$, not $p$: the all-gather sends $\frac{p-1}{p}$ of its payload once, the
+# all-reduce $\frac{p-1}{p}$ of its payload twice (a reduce-scatter, then an all-gather).
+# The all-to-all contributes $s$ and sends $\frac{p-1}{p}s$, half of the all-reduce's
+# $2\frac{p-1}{p}s$.
+#
+# </details>
+#
+# **Exercise 1 (code).** Write `wire_bytes(kind, nbytes, p)`: the bytes one device sends in
+# a collective of `kind` (`collective_stats`'s names) whose payload is `nbytes`, with the
+# ring algorithms above (pairwise for the all-to-all). The test after the solution runs the
+# ring algorithms themselves on numbers, checks that they compute what they should, and
+# counts what each device sends.
 
 # %%
-rows = MB["batch"] * MB["q_heads"]  # B·Tq·Hq query rows
-base = compiled["allreduce"].total_bytes
-print(f"{'pattern':<15}{'collectives (fast path)':<34}{'bytes/device':>13}{'vs allreduce':>14}")
+def wire_bytes(kind, nbytes, p):
+    """Bytes one device sends in a ring collective (pairwise all-to-all) of payload `nbytes`
+    (received for "all-gather", contributed otherwise) on `p` devices."""
+    # TODO: one formula per kind: "all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+    # "collective-permute". This stub returns the payload, which is right for one kind only.
+    return nbytes
+
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def wire_bytes(kind, nbytes, p):  # noqa: F811 (the solution replaces the stub)
+    """Bytes one device sends in a ring collective (pairwise all-to-all) of payload `nbytes`
+    (received for "all-gather", contributed otherwise) on `p` devices."""
+    share = (p - 1) / p * nbytes  # every block but the device's own, once
+    return {"all-reduce": 2 * share, "all-gather": share, "reduce-scatter": share,
+            "all-to-all": share, "collective-permute": nbytes}[kind]
+
+
+# %%
+def ring_reduce_scatter(bufs):
+    """bufs [p, p, m]: device d holds p blocks. Each of p-1 steps, device d adds its running
+    block (d - s - 1) % p into its right neighbour's. Returns (device d's summed block d,
+    numbers each device sent)."""
+    p_ = len(bufs)
+    acc, sent = bufs.copy(), np.zeros(p_, int)
+    for s in range(p_ - 1):
+        msgs = [(d, (d - s - 1) % p_, acc[d, (d - s - 1) % p_].copy()) for d in range(p_)]
+        for d, j, block in msgs:
+            acc[(d + 1) % p_, j] += block
+            sent[d] += block.size
+    return np.stack([acc[d, d] for d in range(p_)]), sent
+
+
+def ring_all_gather(blocks):
+    """blocks [p, m]: device d's block. Each of p-1 steps, device d forwards block (d - s) % p
+    to its right neighbour. Returns (what every device holds [p, p, m], numbers sent)."""
+    p_ = len(blocks)
+    have, sent = [{d: blocks[d]} for d in range(p_)], np.zeros(p_, int)
+    for s in range(p_ - 1):
+        for d, j in [(d, (d - s) % p_) for d in range(p_)]:
+            have[(d + 1) % p_][j] = have[d][j]
+            sent[d] += blocks[j].size
+    return np.stack([np.stack([h[j] for j in range(p_)]) for h in have]), sent
+
+
+rng = np.random.default_rng(0)
+for pp in (2, 3, 4, 8):
+    m, item = 5, 4  # numbers per block, bytes per number
+    bufs = rng.normal(size=(pp, pp, m))
+    reduced, sent_rs = ring_reduce_scatter(bufs)
+    np.testing.assert_allclose(reduced, bufs.sum(0))  # device d holds the sum of block d
+    everything, sent_ag = ring_all_gather(reduced)
+    np.testing.assert_allclose(everything, np.broadcast_to(bufs.sum(0), (pp, pp, m)))
+    n = pp * m * item  # one device's buffer: p blocks
+    for kind, counted in (("reduce-scatter", sent_rs[0] * item),
+                          ("all-gather", sent_ag[0] * item),  # n received
+                          ("all-reduce", (sent_rs[0] + sent_ag[0]) * item),
+                          ("all-reduce", 2 * (pp - 1) / pp * n),  # the paper's eq. 12
+                          ("all-to-all", (pp - 1) * m * item),  # p-1 peers, a block each
+                          ("collective-permute", n)):
+        assert math.isclose(wire_bytes(kind, n, pp), counted, rel_tol=1e-12), (kind, pp)
+print("wire_bytes == bytes sent by the simulated ring algorithms, p = 2, 3, 4, 8   ✓")
+
+# %% [markdown]
+# With `wire_bytes`, the table compares like with like.
+
+# %%
+def sent(stats):
+    return sum(wire_bytes(c.kind, c.bytes, p) * c.count for c in stats.fast_path().collectives)
+
+
+base_payload, base_wire = compiled["allreduce"].total_bytes, sent(compiled["allreduce"])
+print(f"{'pattern':<15}{'collectives (fast path)':<30}{'payload':>10}{'x allreduce':>12}"
+      f"{'sent':>10}{'x allreduce':>12}")
 for name, stats in compiled.items():
     fast = stats.fast_path()
     kinds = " + ".join(f"{c.kind}" + (f" x{c.count}" if c.count > 1 else "")
                        for c in fast.collectives)
-    print(f"{name:<15}{kinds:<34}{fast.total_bytes:>13,}{fast.total_bytes / base:>13.2f}x")
-assert compiled["allgather"].total_bytes > 7 * base  # p states gathered: about p times
-assert len(compiled["allgather"].collectives) == len(compiled["all_to_all"].collectives) == 1
-print(f"\n{rows} query rows of Dv = {MB['head_dim']}: allgather receives "
-      f"{compiled['allgather'].total_bytes / base:.2f}x the bytes of allreduce in one collective")
+    print(f"{name:<15}{kinds:<30}{fast.total_bytes:>10,}{fast.total_bytes / base_payload:>11.2f}x"
+          f"{sent(stats):>10,.0f}{sent(stats) / base_wire:>11.2f}x")
+assert math.isclose(sent(compiled["allgather"]) / base_wire, p / 2)  # the quiz: 4x, not 8x
+assert math.isclose(sent(compiled["all_to_all"]) / base_wire, 1 / 2)  # and 0.5x, not 1x
 
 # %% [markdown]
-# Three facts to read from the table:
+# What to read from the table:
 #
-# * `allgather` and `all_to_all` need **one** collective, `allreduce` and `reduce_scatter` two,
-#   one after the other: the second depends on the first's result. On a fast network, the
-#   number of collectives in sequence is the number of latency terms $\alpha$ to pay.
-# * `allgather` buys its single collective with $p$ times the payload; `all_to_all` moves
-#   about what `allreduce` moves, and its output is scattered over heads.
-# * `one_pass` sends the `allreduce` sum plus one flag per device (4 bytes) in its single
+# * `allgather` and `all_to_all` need **one** collective, `allreduce` and `reduce_scatter`
+#   two, one after the other: the second depends on the first's result.
+# * A collective is not one latency term $\alpha$: a ring all-reduce pays $2(p-1)$ of them, a
+#   ring all-gather or reduce-scatter $p-1$, a recursive-doubling one $\lceil \log_2 p
+#   \rceil$, a pairwise all-to-all $p-1$. How many a pattern pays depends on the algorithms
+#   underneath, which §8.7 counts.
+# * In bytes sent, `allgather` pays $p/2$ times what `allreduce` sends for its single
+#   collective; `all_to_all` sends half, and leaves its output scattered over heads;
+#   `reduce_scatter` a little more than half.
+# * `one_pass` sends the `allreduce` sums plus one flag per device (4 bytes) in its single
 #   collective, and carries the exact merge in its program, behind a branch.
 #
+# **When $p$ does not divide the heads.** With 12 query heads on 8 devices, the
+# head-scattered patterns cannot give every device the same number of heads. The package
+# pads the heads with empty states to the next multiple of $p$ (16, so 2 per device), and a
+# result split unevenly over heads cannot stay scattered: one more all-gather replicates
+# the output, and the padding is dropped. `merge_collectives` counts it, and the cell checks
+# it against the compiled program.
+
+# %%
+H12 = 12
+abstract12 = structs(mesh, 65536, batch=1, q_heads=H12, head_dim=128)
+for name in merges.HEAD_SCATTERED:
+    stats = tae.collective_stats(
+        lambda q, k, v, name=name: tae.tree_decode(q, k, v, mesh=mesh, merge=name), *abstract12)
+    model = costmodel.merge_collectives(name, batch=1, q_len=1, q_heads=H12, v_dim=128, p=p,
+                                        stat_itemsize=4, out_itemsize=4)
+    assert stats.total_bytes == costmodel.collective_bytes(model)
+    assert stats.collectives[-1].kind == "all-gather"  # the output, gathered again
+    assert stats.collectives[-1].bytes == costmodel.padded_heads(H12, p) * 128 * 4
+    print(f"{name}: heads padded to {costmodel.padded_heads(H12, p)}, "
+          f"{merges.heads_per_device(H12, p)} per device\n{stats}\n")
+
+# %% [markdown]
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
-# <p>The compiled programs confirm the derivation: every pattern moves exactly the bytes the
-# cost model counts, and they trade the number of collectives in sequence against bytes.</p></div>
+# <p>The compiled programs move exactly the bytes the cost model counts. Compare collectives
+# by the bytes each device sends, not by their payloads: an all-gather sends p/2 times a
+# ring Allreduce's bytes, an all-to-all half. The patterns trade collectives in sequence
+# against bytes.</p></div>
 #
 # ## 8.4 The one-pass merge: its window and its fallback
 #
-# The window depends on the dtype and on $p$: the weights must stay above the smallest
-# normal number, and $p$ of them must sum below the largest. The sums the fast path sends
-# are then exact to rounding.
+# The one-pass merge is only as good as its window. §8.2.5 bounded the weights $e^x$,
+# $x = \ell_i - c$. Until this version the package used another window, $\pm 0.9 \ln(\max)$
+# (less $\ln p$ at the top): the same idea with a safety factor of 0.9 that no derivation
+# gave. The cell prints both for float32 on 8 devices, from the format's two limits.
 
 # %%
-for dtype in (jnp.float32, jnp.float64):
-    low, high = states.one_pass_window(dtype, p)
-    print(f"{jnp.dtype(dtype).name}: lse - shift must lie in [{low:.2f}, {high:.2f}] on {p} devices")
+info32 = np.finfo(np.float32)
+ln_tiny, ln_max, ln_p = math.log(float(info32.tiny)), math.log(float(info32.max)), math.log(p)
+weights_low, weights_high = weight_window(np.float32, p)
+old_low, old_high = -0.9 * ln_max, 0.9 * ln_max - ln_p  # the package's former window
+print(f"float32: ln(tiny) = {ln_tiny:.2f}, ln(max) = {ln_max:.2f}, ln p = {ln_p:.2f} (p = {p})")
+print(f"weights only (8.2.5):       [{weights_low:.2f}, {weights_high:.2f}]  "
+      f"= [ln(tiny), ln(max) - ln p]")
+print(f"former package, factor 0.9: [{old_low:.2f}, {old_high:.2f}]  "
+      f"= [-0.9 ln(max), 0.9 ln(max) - ln p]")
 
 # %% [markdown]
-# With the shift fixed at 0, the question is whether the devices' $\ell_i$ fall inside. They
-# grow with the logits: here the same data in float32, at the default scale
-# $1/\sqrt{D}$ and at larger `scale=`, which multiplies the logits as huge activations would.
-# Where any state leaves the window, the flag goes up on its device, every device falls
-# back, and the result is the `allreduce` merge **bit for bit**.
+# Both windows look only at the weights. But the fast path sums $e^x o_i$, not $e^x$.
+#
+# **Quiz (predict, then run).** Every device holds $\ell_i = 77$ and outputs of size about
+# $10^5$ (a row of large activations), in float32. 77 lies inside both windows, so no flag
+# is raised. What does the fast path return? And with $\ell_i = -79$ and outputs of size
+# $10^{-6}$, also inside both?
+#
+# <details><summary>Answer</summary>
+#
+# `inf`, then 0. At 77 the weights are $e^{77} \approx 2.8 \cdot 10^{33}$, fine, but
+# $8 \cdot e^{77} \cdot 10^5 \approx 2.2 \cdot 10^{39}$ exceeds float32's largest number,
+# $3.4 \cdot 10^{38}$: the numerator overflows. At $-79$,
+# $e^{-79} \cdot 10^{-6} \approx 4.9 \cdot 10^{-41}$ is below float32's smallest normal
+# number, $1.2 \cdot 10^{-38}$: a subnormal, and XLA:CPU flushes subnormals to zero. The
+# numerator is 0, the denominator is not. The allreduce merge, whose weights are at most 1,
+# returns the right answer in both cases. (The cell below prints these numbers.)
+#
+# </details>
+#
+# The cell runs three such cases, each with every device at the same $\ell$ and its outputs
+# within a factor 1.5 of a size: the by-hand merge of §8.2.5 (weights window), the same
+# with the former package's window (what `merge="one_pass"` computed then), and the
+# package's `one_pass` now, against the float64 merge. The third case is explained below.
+
+# %%
+def on_states(merge):
+    """Run a by-hand merge on given states, out [p, B, Tq, H, Dv] and lse [p, B, Tq, H] (device
+    i gets slice i); returns device 0's result."""
+    f = jax.jit(jax.shard_map(lambda o, l: merge(o[0], l[0])[None], mesh=mesh,
+                              in_specs=(P("x"), P("x")), out_specs=P("x")))
+    return lambda out, lse: np.asarray(f(out, lse))[0]
+
+
+def package_on_states(name):
+    return on_states(lambda o, l: merges.MERGES[name](states.AttentionState.from_lse(o, l),
+                                                      ("x",)).out)
+
+
+spread = 1 + 0.5 * np.random.default_rng(1).random((p, 1, 1, 2, 4))  # |out| in [1, 1.5) x size
+
+
+def case_states(lse, size):
+    return (size * spread).astype(np.float32), np.full((p, 1, 1, 2), lse, np.float32)
+
+
+def old_outside(out, lse):
+    return (lse - SHIFT < old_low) | (lse - SHIFT > old_high)
+
+
+CASES = {"lse 77, |out| ~ 1e5": (77.0, 1e5), "lse -79, |out| ~ 1e-6": (-79.0, 1e-6),
+         "lse 86, |out| ~ 1": (86.0, 1.0)}
+runs = {"weights window": on_states(merge_one_pass),
+        "0.9 window": on_states(functools.partial(merge_one_pass, outside=old_outside)),
+        "package one_pass": package_on_states("one_pass")}
+package_allreduce = package_on_states("allreduce")
+print(f"{'case':<24}" + "".join(f"{name:>18}" for name in runs) + f"{'float64 merge':>15}")
+results = {}
+for case, (lse_value, size) in CASES.items():
+    out_c, lse_c = case_states(lse_value, size)
+    truth = merge_with_shift(out_c.astype(np.float64), lse_c.astype(np.float64), lse_value)
+    got = {name: run(out_c, lse_c) for name, run in runs.items()}
+    results[case] = {name: g.ravel()[0] for name, g in got.items()}
+    # The package now falls back: the allreduce merge's result, bit for bit, and right.
+    np.testing.assert_array_equal(got["package one_pass"], package_allreduce(out_c, lse_c))
+    np.testing.assert_allclose(got["package one_pass"], truth, rtol=1e-6)
+    print(f"{case:<24}" + "".join(f"{g.ravel()[0]:>18.4g}" for g in got.values())
+          + f"{truth.ravel()[0]:>15.4g}")
+# The quiz's answers, and the third case:
+assert np.isinf(results["lse 77, |out| ~ 1e5"]["weights window"])
+assert np.isinf(results["lse 77, |out| ~ 1e5"]["0.9 window"])
+assert results["lse -79, |out| ~ 1e-6"]["weights window"] == 0
+assert results["lse -79, |out| ~ 1e-6"]["0.9 window"] == 0
+assert results["lse 86, |out| ~ 1"]["weights window"] == 0
+big_sum, small_term, den86 = 8 * math.exp(77) * 1e5, math.exp(-79) * 1e-6, 8 * math.exp(86)
+assert big_sum > float(info32.max) and small_term < float(info32.tiny)
+assert den86 < float(info32.max) and 1 / den86 < float(info32.tiny)
+print(f"\nfloat32: max {float(info32.max):.1e}, tiny {float(info32.tiny):.1e}; e^77 = "
+      f"{math.exp(77):.1e}, 8·e^77·1e5 = {big_sum:.1e} > max; e^-79·1e-6 = {small_term:.1e} "
+      f"< tiny;\n8·e^86 = {den86:.1e} is finite, but 1/(8·e^86) = {1 / den86:.1e} < tiny")
+
+# %% [markdown]
+# The third case breaks even outputs of size one: at $\ell = 86$ the sum of the 8 weights is
+# $1.8 \cdot 10^{38}$, finite, but XLA divides by a broadcast denominator as a
+# multiplication by its reciprocal, and $1/L \approx 5.6 \cdot 10^{-39}$ is subnormal:
+# flushed to zero, so $N/L$ reads 0. The 0.9 factor happened to cover this case, and not
+# the other two; a window derived from conditions 1 and 2 below alone, as the package's was
+# for a while, misses it.
+#
+# **The window, derived.** For the fast path to be exact to the dtype's rounding, per row,
+# with $x = \ell_i - c$ and the row's outputs' nonzero magnitudes in
+# $[o_{\min}, o_{\max}]$:
+#
+# 1. every term $e^x |o|$ is a normal number: $x + \ln \min(o_{\min}, 1) \ge \ln(\text{tiny})$
+#    (the $\min(\cdot, 1)$ keeps the weight $e^x$ itself normal);
+# 2. $p$ terms sum without overflow: $\ln p + x + \ln \max(o_{\max}, 1) \le \ln(\max)$;
+# 3. the reciprocal of the denominator is normal: $p\, e^x \le 1/\text{tiny}$, i.e.
+#    $x \le -\ln(\text{tiny}) - \ln p$.
+#
+# So $x \in \big[\ln(\text{tiny}) - \min(\ln o_{\min}, 0),\;
+# \min(\ln(\max) - \max(\ln o_{\max}, 0),\, -\ln(\text{tiny})) - \ln p\big]$:
+# `merges.one_pass_window(dtype, p, out_max, out_min)`, which `one_pass` applies to each row
+# with the row's own $|o|$. For outputs of size one in float32, condition 3 is the binding
+# one at the top: float32's range is not symmetric, $-\ln(\text{tiny}) < \ln(\max)$. The
+# conditions are sufficient, not necessary (a device whose weight underflows harmlessly,
+# an almost empty shard far below the others, still raises the flag), and they are sharp
+# where it matters: on a grid of 70 cases (14 values of $\ell$, from $-88$ to 88, times 5
+# output sizes, from $10^{-6}$ to $10^5$) the cell checks that the window excludes exactly
+# the cases where the fast path, run without any fallback, returns a wrong result, and that
+# the package's `one_pass` is right on all of them.
+
+# %%
+def derived_window(dtype, p, out_max=1.0, out_min=1.0):
+    """Conditions 1 to 3, in float64 arithmetic, from the format's two limits."""
+    info = np.finfo(dtype)
+    tiny, top = math.log(float(info.tiny)), math.log(float(info.max))
+    return (tiny - min(math.log(out_min), 0.0),
+            min(top - max(math.log(out_max), 0.0), -tiny) - math.log(p))
+
+
+for dtype in (np.float32, np.float64):
+    for pp in (2, 8, 128):
+        for out_min, out_max in ((1.0, 1.0), (1e-6, 1e5), (0.5, 3.0)):
+            assert np.allclose(derived_window(dtype, pp, out_max, out_min),
+                               merges.one_pass_window(dtype, pp, out_max=out_max, out_min=out_min),
+                               rtol=0, atol=1e-12)
+    low, high = merges.one_pass_window(dtype, p)
+    print(f"{np.dtype(dtype).name}: outputs of size one on {p} devices, lse - shift in "
+          f"[{low:.2f}, {high:.2f}]")
+
+
+def merge_fast_only(out, lse):
+    """The one-pass merge's fast path, with no flag and no fallback."""
+    w = jnp.exp(lse - SHIFT)
+    num, den = lax.psum((w[..., None] * out, w), "x")
+    return num / den[..., None]
+
+
+LSES = (-88.0, -87.5, -87.0, -80.0, -79.0, 0.0, 77.0, 80.0, 85.0, 85.5, 85.9, 86.5, 87.0, 88.0)
+SIZES = (1e-6, 1e-3, 1.0, 1e3, 1e5)
+grid = [case_states(lse_value, size) for lse_value in LSES for size in SIZES]
+out_g = np.concatenate([o for o, _ in grid], axis=1)  # the 70 cases along the batch axis
+lse_g = np.concatenate([l for _, l in grid], axis=1)
+fast_g = on_states(merge_fast_only)(out_g, lse_g)  # [70, 1, 2, 4]
+truth_g = out_g.astype(np.float64).mean(0)  # equal lse: the merge is the plain mean
+wrong = ~np.array([np.isfinite(f).all() and np.allclose(f, g, rtol=1e-5, atol=0)
+                   for f, g in zip(fast_g, truth_g, strict=True)])
+
+
+def package_flags(out, lse):
+    """[cases]: True where some device has a row outside `merges.one_pass_window`, with the
+    row's own |out| range."""
+    flags = np.zeros(out.shape[1], bool)
+    for idx in np.ndindex(lse.shape):  # (device, case, query, head)
+        mag = np.abs(out[idx])
+        low, high = merges.one_pass_window(out.dtype, p, out_max=mag.max(), out_min=mag.min())
+        flags[idx[1]] |= not low <= float(lse[idx]) - SHIFT <= high
+    return flags
+
+
+assert np.array_equal(package_flags(out_g, lse_g), wrong)  # flagged exactly where it fails
+one_pass_pkg = package_on_states("one_pass")
+for (o, l), flagged in zip(grid, wrong, strict=True):
+    got = one_pass_pkg(o, l)
+    np.testing.assert_allclose(got, o.astype(np.float64).mean(0), rtol=1e-6)  # right
+    if flagged:
+        np.testing.assert_array_equal(got, package_allreduce(o, l))  # the fallback, bitwise
+print(f"grid of {len(grid)} cases: the fast path alone is wrong in {wrong.sum()}, the window "
+      f"flags exactly those, and one_pass is right in all {len(grid)}")
+
+# %% [markdown]
+# **Exercise 2 (code).** Write `outside_window(out, lse)`, the per-row flag of conditions 1
+# to 3 in JAX (it runs inside `shard_map`, on one device's `out [B, Tq, Hq, Dv]` and
+# `lse [B, Tq, Hq]`), so that `merge_one_pass(out, lse, outside=outside_window)` is exact.
+# Use each row's largest $|o|$ and smallest nonzero $|o|$; an empty row ($\ell = -\infty$)
+# is not outside. The stub reuses the weights-only window of §8.2.5, which the test rejects.
+
+# %%
+def outside_window(out, lse):
+    """[B, Tq, Hq]: rows whose terms e^(lse - SHIFT)·out leave the exact window."""
+    # TODO: conditions 1 to 3 with the row's largest and smallest nonzero |out|.
+    return weights_outside(out, lse)
+
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def outside_window(out, lse):  # noqa: F811 (the solution replaces the stub)
+    """[B, Tq, Hq]: rows whose terms e^(lse - SHIFT)·out leave the exact window."""
+    info = np.finfo(out.dtype)
+    tiny, top, ln_p = math.log(float(info.tiny)), math.log(float(info.max)), math.log(p)
+    x = lse - SHIFT
+    mag = jnp.abs(out)
+    big = jnp.log(jnp.maximum(mag.max(-1), 1.0))  # ln max(o_max, 1) >= 0
+    small = jnp.log(jnp.minimum(jnp.where(mag > 0, mag, 1.0).min(-1), 1.0))  # ln min(o_min, 1)
+    outside = ((x + small < tiny)  # 1: the smallest term is subnormal
+               | (x + big > top - ln_p)  # 2: p of the largest terms overflow
+               | (x > -tiny - ln_p))  # 3: 1/L is subnormal
+    return outside & ~jnp.isneginf(lse)
+
+
+# %%
+def device_flags(outside, out, lse):
+    """[cases]: some device has a row that `outside` flags."""
+    return np.any([np.asarray(outside(jnp.asarray(out[d]), jnp.asarray(lse[d]))).any(axis=(1, 2))
+                   for d in range(p)], axis=0)
+
+
+assert np.array_equal(device_flags(outside_window, out_g, lse_g), wrong)  # exactly the failures
+assert (wrong & ~device_flags(weights_outside, out_g, lse_g)).any()  # the stub fails this test
+assert (wrong & ~device_flags(old_outside, out_g, lse_g)).any()  # and so does the 0.9 window
+safe = functools.partial(merge_one_pass, outside=outside_window)
+safe_on_states, by_hand_allreduce = on_states(safe), on_states(merge_allreduce)
+for lse_value, size in CASES.values():
+    out_c, lse_c = case_states(lse_value, size)
+    np.testing.assert_array_equal(safe_on_states(out_c, lse_c), by_hand_allreduce(out_c, lse_c))
+safe_mesh = on_mesh(lambda q, k, v: safe(*local(q, k, v)))
+np.testing.assert_allclose(safe_mesh(q, k, v), want, rtol=1e-12, atol=1e-13)
+assert [c.kind for c in tae.collective_stats(safe_mesh, q, k, v).fast_path().collectives] == [
+    "all-reduce"]  # still one collective on the fast path
+print("outside_window flags exactly the failing cases; the merge falls back bit for bit   ✓")
+
+# %% [markdown]
+# Real data next. With the shift fixed at 0, the question is whether the devices' $\ell_i$
+# fall inside their rows' windows. They grow with the logits: here the data of §8.1 in
+# float32, at the default scale $1/\sqrt{D}$ and at larger `scale=`, which multiplies the
+# logits as huge activations would. Where any row is outside, its device raises the flag,
+# every device falls back, and the result is the `allreduce` merge's **bit for bit**. Where
+# none is, the fast path runs, and its error is compared with the `allreduce` merge's.
 
 # %%
 q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
-low32, high32 = states.one_pass_window(jnp.float32, p)
-print(f"{'scale':>8}{'lse range':>20}{'states outside':>16}{'devices flagged':>17}"
-      f"{'== allreduce bitwise':>22}{'max err':>10}")
+print(f"{'scale':>8}{'lse range':>20}{'rows outside':>14}{'== allreduce bitwise':>22}"
+      f"{'one_pass err':>14}{'allreduce err':>15}")
 for scale in (None, 5.0, 1e3):
-    lse = np.asarray(shard_states(q32, k32, v32, scale=scale)[1])
-    outside = (lse < low32) | (lse > high32)  # [p, B, Tq, Hq]
+    outs32, lses32 = (np.asarray(x) for x in shard_states(q32, k32, v32, scale=scale))
+    outside = np.zeros(lses32.shape, bool)  # [p, B, Tq, Hq], each row against its own window
+    for idx in np.ndindex(lses32.shape):
+        mag = np.abs(outs32[idx])
+        low, high = merges.one_pass_window(np.float32, p, out_max=mag.max(),
+                                           out_min=mag[mag > 0].min())
+        outside[idx] = not low <= lses32[idx] - SHIFT <= high
     one = tae.tree_decode(q32, k32, v32, mesh=mesh, merge="one_pass", scale=scale)
     two = tae.tree_decode(q32, k32, v32, mesh=mesh, merge="allreduce", scale=scale)
-    err = np.abs(np.asarray(one, np.float64) - tae.attention(q, k, v, scale=scale)).max()
-    assert err < 1e-5  # float32 accuracy, fallback or not
-    if outside.any():  # the flag is raised: the exact merge ran, bit for bit
-        np.testing.assert_array_equal(one, two)
+    exact = tae.attention(q, k, v, scale=scale)  # float64
+    err_one, err_two = (float(np.abs(np.asarray(x, np.float64) - exact).max()) for x in (one, two))
+    assert np.array_equal(one, two) == outside.any()  # fell back if and only if flagged
+    assert err_one <= 2 * err_two  # the fast path is as accurate as the two-collective merge
     label = "default" if scale is None else f"{scale:g}"
-    print(f"{label:>8}{f'[{lse.min():.1f}, {lse.max():.1f}]':>20}"
-          f"{f'{outside.sum()}/{outside.size}':>16}{f'{outside.any(axis=(1, 2, 3)).sum()}/{p}':>17}"
-          f"{np.array_equal(one, two)!s:>22}{err:>10.1e}")
+    print(f"{label:>8}{f'[{lses32.min():.1f}, {lses32.max():.1f}]':>20}"
+          f"{f'{outside.sum()}/{outside.size}':>14}{np.array_equal(one, two)!s:>22}"
+          f"{err_one:>14.1e}{err_two:>15.1e}")
 
 # %% [markdown]
 # Inside the window the fast path's result differs from `allreduce` in its last bits (other
-# weights, other roundings) and is as accurate, to float32 rounding; past it, a few states
-# on a few devices are enough for all of them to fall back.
+# weights, other roundings) and is as accurate; past it, one row on one device is enough
+# for all of them to fall back.
 #
 # **What it saves, what it adds.** On a network, the fast path saves the Allreduce(max): one
-# collective latency $\alpha$ per merge (per level of the mesh). It adds a flag, one number
+# collective's latency per merge (per level of the mesh). It adds a flag, one number
 # per device, to the sum, which costs nothing, and a **conditional** whose predicate is the
 # sum's result: nothing after it can start before the flag has arrived, and when the flag
 # is up the step pays for three collectives instead of two. So it pays only if the fallback
@@ -459,7 +893,7 @@ def break_even(p_devices, batch_heads, heads=16):
     return t1, t2, (t2 - t1) / (t3 - t1)
 
 
-for p_devices, bh in ((8, 16), (128, 16), (8, 65536), (128, 65536)):
+for p_devices, bh in ((8, 16), (16, 16), (128, 16), (8, 65536), (16, 65536), (128, 65536)):
     t1, t2, f = break_even(p_devices, bh)
     assert t1 < t2 and 0 < f < 1
     print(f"DGX H100, p = {p_devices:>3}, batch x heads = {bh:>6,}: merge {t1 * 1e6:7.1f} us "
@@ -467,8 +901,9 @@ for p_devices, bh in ((8, 16), (128, 16), (8, 65536), (128, 65536)):
 
 # %% [markdown]
 # Where latency dominates (few rows), skipping the max nearly halves the merge, and the
-# fallback may run often before one-pass loses. Where bytes dominate, the max's payload is
-# small next to the sum's, and the saving is a sliver that a rare fallback eats.
+# fallback may run about every other step before one-pass loses. Where bytes dominate, the
+# max's payload is small next to the sum's, and the saving is a sliver that a rare fallback
+# eats.
 #
 # And on this machine? The next cell times both merges of the package on the float32 data
 # above (default scale, so the fast path runs), in five interleaved rounds so that a
@@ -481,7 +916,7 @@ timed = {m: jax.jit(lambda q, k, v, m=m: tae.tree_decode(q, k, v, mesh=mesh, mer
          for m in ("allreduce", "one_pass")}
 ratios = []
 for _ in range(5):
-    sec = {m: benchmark.median_time(f, q32, k32, v32, repeats=15) for m, f in timed.items()}
+    sec = {m: benchmark.median_time(f, q32, k32, v32, repeats=11) for m, f in timed.items()}
     ratios.append(sec["one_pass"] / sec["allreduce"])
 lo, hi, mid = min(ratios), max(ratios), float(np.median(ratios))
 verdict = ("one_pass was faster in every round: here the saved collective paid for the flag "
@@ -498,27 +933,39 @@ display(Markdown(f"one_pass / allreduce time over 5 rounds: median {mid:.2f}, ra
 # pays a dispatch overhead far larger than a collective's latency, so a single saved
 # collective is hard to see. On a GPU cluster the saving is one network latency per merge,
 # which the cost model above prices with published figures. That is also why
-# `merge="auto"` leaves `one_pass` out (`decode.AUTO_MERGES`): its cost depends on the data.
+# `merge="auto"` leaves `one_pass` out (`merges.AUTO_MERGES`): its cost depends on the data.
 #
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
-# <p>A shift fixed in advance removes the max collective; a flag in the same Allreduce keeps
-# the merge exact, by falling back to the two-collective merge, bit for bit, whenever the
-# guess was wrong. It pays when latency dominates and the fallback is rare.</p></div>
+# <p>A shift fixed in advance removes the max collective. Its window must bound every term
+# of the sums, e^x·|out|, and the reciprocal of the denominator, row by row; a window on the
+# weights alone returns inf or 0 inside itself. Inside the exact window the fast path is as
+# accurate as the allreduce merge (not bit-equal to it); outside, a flag in the same
+# Allreduce sends every device to the allreduce merge, whose result it then is, bit for bit.
+# It pays when latency dominates and the fallback is rare.</p></div>
 #
 # ## 8.5 Two rings: pass-KV against pass-Q
 #
 # The merge patterns all start from a state per device. A ring can instead move the inputs.
-# Ring Attention (notebook 5) passes the **K/V blocks**: each device sends
-# $(p-1)$ blocks of $\frac{T_k}{p} H_{kv} (D + D_v)$ numbers. Meta's context-parallel
-# inference may pass the **queries** instead (`ring_decode_pass_q`): the queries are cut into
-# $p$ blocks by kv head, each block visits every device, and each device keeps the partial
-# state it computed for every block; one all-to-all sends the partial states home, where they
-# are merged, and one all-gather shares the outputs. Its bytes grow with $T_q H_q$, the pass-KV
-# ring's with $T_k H_{kv}$.
+# Ring Attention (notebook 5) passes the **K/V blocks**: each device sends $(p-1)$ blocks of
+# $\frac{T_k}{p} H_{kv} (D + D_v)$ numbers, and, the query being replicated, every device
+# folds every block: $p$ times the tree's local work.
+#
+# Yang et al.'s context-parallel inference (Meta) adds a ring that passes the **queries**
+# (pass-Q): there, each rank owns a chunk of the query *sequence*, and the query chunks
+# travel while the K/V stay put. One decoded token has no sequence to cut, so
+# `ring_decode_pass_q` is this package's adaptation of the idea to decoding: the query
+# heads are cut into $p$ blocks by kv head, each block visits every device, and each device
+# keeps the partial state it computed for every block; one all-to-all sends the partial
+# states home, where they are merged, and one all-gather shares the outputs. Each device
+# then folds each block of heads once over its own keys, $1/p$ of the heads per step: over
+# the $p$ steps, the tree's local work, without the pass-KV ring's $p$-fold repetition.
+# Its bytes grow with $T_q H_q$, the pass-KV ring's with $T_k H_{kv}$.
 #
 # The pass-Q ring is exact (the pass-KV ring was checked in notebook 5). Then both rings'
 # compiled bytes at a grouped-query shape like Llama 3's (32 query heads, 8 kv heads of
-# dimension 128), for a single decoded token and for a long chunk of queries.
+# dimension 128), for a single decoded token and for a long chunk of queries. The pass-KV
+# ring now ends with one all-reduce of the output (device 0's result, broadcast, so that
+# every device holds the same bits); `costmodel.ring_collectives` counts it.
 
 # %%
 np.testing.assert_allclose(tae.ring_decode_pass_q(q, k, v, mesh=mesh), want, rtol=1e-12, atol=1e-13)
@@ -530,8 +977,9 @@ ring_model = dict(batch=1, kv_heads=GQA["kv_heads"], head_dim=GQA["head_dim"],
                   v_dim=GQA["head_dim"], p=p, itemsize=4)
 
 
-def pass_kv_bytes(tk):
-    return costmodel.collective_bytes(costmodel.ring_collectives(**ring_model, kv_len=tk))
+def pass_kv_bytes(tk, tq=1):
+    return costmodel.collective_bytes(costmodel.ring_collectives(
+        **ring_model, kv_len=tk, q_len=tq, q_heads=GQA["q_heads"]))
 
 
 def pass_q_bytes(tq):
@@ -540,7 +988,6 @@ def pass_q_bytes(tq):
 
 
 measured_ring = {}
-# The pass-KV ring's bytes do not depend on Tq: compiled once; the pass-Q ring at both.
 for fn, tq, predicted in ((tae.ring_decode, 1, pass_kv_bytes(TK_RING)),
                           (tae.ring_decode_pass_q, 1, pass_q_bytes(1)),
                           (tae.ring_decode_pass_q, 2048, pass_q_bytes(2048))):
@@ -549,29 +996,35 @@ for fn, tq, predicted in ((tae.ring_decode, 1, pass_kv_bytes(TK_RING)),
     assert stats.total_bytes == predicted, (fn.__name__, tq)  # exact
     measured_ring[(fn.__name__, tq)] = stats.total_bytes
     print(f"Tq = {tq:>5}, Tk = {TK_RING:,}: {fn.__name__:<19} {stats.total_bytes:>13,} B per device")
+# The pass-KV ring's K/V blocks, written out: (p-1) steps, K and V blocks of Tk/p keys.
+kv_blocks = (p - 1) * (TK_RING // p) * GQA["kv_heads"] * 2 * GQA["head_dim"] * 4
+assert measured_ring[("ring_decode", 1)] == kv_blocks + GQA["q_heads"] * GQA["head_dim"] * 4
 
 # %% [markdown]
 # Both rings' compiled bytes equal the cost model's formulas. Since the formulas are exact,
 # they can sweep $T_q$ for us: the pass-Q ring's bytes grow linearly in $T_q$, the pass-KV
-# ring's do not depend on it, and the two cross at one chunk length.
+# ring's K/V blocks do not depend on it (only its final broadcast of the output does), and
+# the two cross at one chunk length.
 
 # %%
 tqs = [2**n for n in range(0, 17)]
 per_query = pass_q_bytes(2) - pass_q_bytes(1)  # bytes per query token: linear in Tq
 assert all(pass_q_bytes(tq) == tq * per_query for tq in tqs)
-tq_star = pass_kv_bytes(TK_RING) / per_query  # where the two rings move equal bytes
-assert pass_q_bytes(int(tq_star)) < pass_kv_bytes(TK_RING) < pass_q_bytes(int(tq_star) + 1)
+out_per_query = pass_kv_bytes(TK_RING, 2) - pass_kv_bytes(TK_RING, 1)  # the final broadcast
+fixed = pass_kv_bytes(TK_RING, 1) - out_per_query  # the K/V blocks: independent of Tq
+tq_star = math.ceil(fixed / (per_query - out_per_query))  # first Tq where pass-Q moves more
+assert pass_q_bytes(tq_star - 1) < pass_kv_bytes(TK_RING, tq_star - 1)
+assert pass_q_bytes(tq_star) >= pass_kv_bytes(TK_RING, tq_star)
 rule = (TK_RING * GQA["kv_heads"]) / (tq_star * GQA["q_heads"])  # Tk·Hkv / (Tq·Hq) at the crossover
 
 fig, ax = plt.subplots(figsize=(7, 4))
-ax.plot(tqs, [pass_kv_bytes(TK_RING)] * len(tqs), "-", color=plots.PATTERN_COLORS["ring"],
+ax.plot(tqs, [pass_kv_bytes(TK_RING, tq) for tq in tqs], "-", color=plots.color("ring"),
         label="pass-KV ring (ring_decode)")
-ax.plot(tqs, [pass_q_bytes(tq) for tq in tqs], "-", color=plots.PATTERN_COLORS["ring_pass_q"],
+ax.plot(tqs, [pass_q_bytes(tq) for tq in tqs], "-", color=plots.color("ring_pass_q"),
         label="pass-Q ring (ring_decode_pass_q)")
 for (name, tq), nbytes in measured_ring.items():
-    key = "ring" if name == "ring_decode" else "ring_pass_q"
-    ax.plot(tq, nbytes, "o", color=plots.PATTERN_COLORS[key])
-ax.axvline(tq_star, color=plots.NEUTRAL_COLOR, ls=":", label=f"crossover, Tq = {tq_star:,.0f}")
+    ax.plot(tq, nbytes, "o", color=plots.color("ring" if name == "ring_decode" else "ring_pass_q"))
+ax.axvline(tq_star, color=plots.BASELINE_COLOR, ls=":", label=f"crossover, Tq = {tq_star:,}")
 plots.pow2_axis(ax, tqs[::2])
 plots.bytes_axis(ax)
 ax.set_xlabel("query tokens $T_q$ per step")
@@ -580,7 +1033,7 @@ ax.set_title(f"Ring bytes per device, Tk = {TK_RING:,}, 32 q / 8 kv heads, p = {
 ax.legend(fontsize=9)
 ax.grid(alpha=0.3)
 plt.show()
-print(f"pass-Q moves fewer bytes than pass-KV for Tq < {tq_star:,.0f} at Tk = {TK_RING:,} "
+print(f"pass-Q moves fewer bytes than pass-KV for Tq < {tq_star:,} at Tk = {TK_RING:,} "
       f"(Tq/Tk < {tq_star / TK_RING:.3f}); at the crossover Tk·Hkv / (Tq·Hq) = {rule:.2f}")
 
 # %% [markdown]
@@ -591,15 +1044,17 @@ print(f"pass-Q moves fewer bytes than pass-KV for Tq < {tq_star:,.0f} at Tk = {T
 # chunk of queries approaches the cache in size.*
 #
 # The rule of thumb "pass-Q when $T_q H_q \ll T_k H_{kv}$" has a constant in it, printed
-# above: a query block travels $p-1$ hops like a K/V block, but its partial states also
-# travel home and its outputs are shared, about three $D$-sized vectors per query row and
-# head against two ($K$ and $V$) per key and kv head. For decoding, though, neither ring is
+# above, close to one: per query row and head the pass-Q ring moves about three $D$-sized
+# vectors (the query's $p-1$ hops, its partial state home, its output shared), less the one
+# that the pass-KV ring also moves to broadcast its output; per key and kv head the pass-KV
+# ring moves two, $K$ and $V$, on $p-1$ of $p$ hops. For decoding, though, neither ring is
 # the right tool: the tree merges of §8.2 move one state per row, with no loop of $p-1$
 # sequential transfers.
 #
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
-# <p>Pass-KV moves the cache, pass-Q moves the queries and their partial states: pass-Q is
-# cheaper until the chunk of queries nears the cache (with the constant computed above).</p></div>
+# <p>Pass-KV moves the cache and repeats the work on every device; pass-Q moves the queries
+# and their partial states, and does each block's work once: it is cheaper until the chunk
+# of queries nears the cache (with the constant computed above).</p></div>
 #
 # ## 8.6 Predicted against measured, on this machine
 #
@@ -608,10 +1063,8 @@ print(f"pass-Q moves fewer bytes than pass-KV for Tq < {tq_star:,.0f} at Tk = {T
 # kind of `calibrate.COLLECTIVE_FNS`, each timed at message sizes spanning the patterns'
 # and the ring's own messages), and `calibrate.validate_patterns` then times every pattern
 # and both rings at one cache length that the calibration did not use. It is kept short:
-# one length, few repeats, and a small problem. The simulated devices share this machine's
-# cores and memory with everything else running on it, so expect errors beyond the ±35%
-# the calibration aims at on a quiet machine; only a robust fact is asserted (the pass-KV
-# ring, which copies the cache around, is the slowest).
+# one length, few repeats, and a small problem. The cell asserts nothing about the timings:
+# they are this machine's, under whatever else runs on it.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -621,7 +1074,7 @@ messages = [b for m in costmodel.MERGES
             for _, b, _ in costmodel.merge_collectives(m, **shape8, out_itemsize=4)]
 messages += [b for _, b, _ in costmodel.ring_collectives(
     batch=1, kv_len=PROB.seq_len, kv_heads=PROB.kv_heads, head_dim=PROB.head_dim,
-    v_dim=PROB.head_dim, p=p)]
+    v_dim=PROB.head_dim, p=p, q_heads=PROB.q_heads)]
 cal = calibrate.measure_topology(
     mesh, kernel_problem=benchmark.Problem(seq_len=6144, q_heads=8, kv_heads=8, head_dim=64),
     sizes=calibrate.message_sizes(messages, points=2), repeats=3,
@@ -630,24 +1083,33 @@ cal, rows = calibrate.validate_patterns(mesh, seq_lens=(PROB.seq_len,), problem=
                                         calibration=cal, repeats=3)
 print(calibrate.patterns_table(cal, rows))
 by_name = {r["name"]: r for r in rows}
-assert max(by_name, key=lambda n: by_name[n]["median_s"]) == "ring"  # robust: it moves the cache
-assert max(by_name, key=lambda n: by_name[n]["predicted_s"]) == "ring"
-worst = max(rows, key=lambda r: abs(r["rel_err"]))
+ring_pred = calibrate.predict("ring", PROB.seq_len, cal.topology, PROB)
+block = costmodel.local_decode_time(1, PROB.seq_len // p, PROB.kv_heads, PROB.head_dim,
+                                    PROB.head_dim, PROB.q_heads, cal.topology, 4)
+ring_err = by_name["ring"]["rel_err"]
+within = sum(abs(r["rel_err"]) <= 0.35 for r in rows)
 display(Markdown(
-    f"Worst error: {worst['rel_err']:+.0%} ({worst['name']}); "
-    f"{sum(abs(r['rel_err']) <= 0.35 for r in rows)} of {len(rows)} predictions within ±35%. "
-    f"The pass-KV ring took {by_name['ring']['median_s'] / by_name['allreduce']['median_s']:.0f}× "
-    f"the allreduce merge's time (predicted "
+    f"{within} of {len(rows)} predictions within ±35%. The pass-KV ring's prediction is "
+    f"{ring_err:+.0%} off its measurement "
+    f"({'inside' if abs(ring_err) <= 0.35 else 'outside'} the ±35% target). Its "
+    f"{ring_pred.total_s * 1e3:.1f} ms predicted are {p} local kernels over {PROB.seq_len // p:,} "
+    f"keys ({p * block * 1e3:.1f} ms: every device folds the whole cache), "
+    f"{p - 1} copies of a block ({(ring_pred.compute_s - p * block) * 1e3:.1f} ms), the "
+    f"transfers and the broadcast ({ring_pred.comm_s * 1e3:.1f} ms) and the call overhead "
+    f"({ring_pred.overhead_s * 1e3:.1f} ms). The ring took "
+    f"{by_name['ring']['median_s'] / by_name['allreduce']['median_s']:.0f}× the allreduce "
+    f"merge's time (predicted "
     f"{by_name['ring']['predicted_s'] / by_name['allreduce']['predicted_s']:.0f}×)."))
 
 # %%
 names = [r["name"] for r in rows]
 fig, ax = plt.subplots(figsize=(8, 3.6))
 xs = np.arange(len(names))
-ax.bar(xs - 0.2, [r["predicted_s"] * 1e3 for r in rows], 0.4, color=plots.NEUTRAL_COLOR,
-       alpha=0.45, label="predicted (calibrated model)")
+ax.bar(xs - 0.2, [r["predicted_s"] * 1e3 for r in rows], 0.4, color=plots.BASELINE_COLOR,
+       label="predicted (calibrated model)")
 ax.bar(xs + 0.2, [r["median_s"] * 1e3 for r in rows], 0.4,
-       color=[plots.PATTERN_COLORS[n] for n in names], label="measured (median)")
+       color=[plots.color(n) for n in names])
+ax.bar([], [], color="white", edgecolor="black", label="measured (median), in each colour")
 ax.set_xticks(xs, names, rotation=20)
 ax.set_yscale("log")
 plots.plain_log_axis(ax)
@@ -663,7 +1125,21 @@ plt.show()
 # when this notebook ran. The merge patterns are close to each other: at this size a decode
 # step is dominated by the local kernel and a fixed per-call overhead, which every pattern
 # shares, so their differences are within this machine's noise. The pass-KV ring stands
-# apart, in the model and on the clock.*
+# apart, in the model and on the clock, and mostly for its repeated local work.*
+#
+# **The calibration is not a gate.** The predictions miss by tens of percent on this
+# machine, and from run to run some of them, the pass-KV ring's among them, land outside
+# the ±35% that notebook 6 aims at (the lines above say how this run went). The notebook
+# goes on regardless, and that should be said plainly: the model prices each part of a
+# method (the kernel, the ring's block copies, each collective) at rates measured alone,
+# at message sizes and under loads that differ from the method's own, while the 8
+# simulated devices share two CPU cores with everything else on the machine. A miss of
+# this size says that those parts do not add up here; this notebook does not isolate
+# which one is off. So nothing below rests on this calibration: §8.7 compares the merge
+# patterns with published DGX H100 figures, and every byte count above was read from a
+# compiled program, not from the clock. What the measurement does show is the ring's order
+# of magnitude, predicted and measured alike, and, from the decomposition above, where it
+# comes from: mostly local work, repeated on every device.
 #
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>On simulated devices the merge patterns are indistinguishable: what separates them is a
@@ -675,209 +1151,186 @@ plt.show()
 # `costmodel.crossover_map` predicts every pattern's latency for one decode step of the
 # paper's microbenchmark heads (16 heads × 128, bf16, 1M keys) on DGX H100 nodes, as the
 # number of devices $p$ and the number of query rows (batch × heads) grow, and records the
-# winner. Its figures are published ones, not fitted here:
+# winner. Its link figures are published ones, not fitted here:
 
 # %%
 for source in costmodel.DGX_H100.sources:
     print("*", source)
 
 # %% [markdown]
-# Two maps: the patterns `merge="auto"` chooses from (`decode.AUTO_MERGES`, without
-# `one_pass`, whose cost depends on the data), and all five with `one_pass` priced by its
-# fast path, as if the fallback never ran. Each cell is coloured by its winner and labelled
-# with the winner's predicted speedup over `allreduce` for the whole decode step.
+# **Whose algorithms?** The model prices each collective with the algorithms of **MPICH**,
+# as Thakur, Rabenseifner and Gropp analysed them: an all-reduce by ring or by recursive
+# doubling, whichever the alpha-beta formulas make cheaper; an all-gather by ring or
+# recursive doubling; a ring reduce-scatter; a pairwise-exchange all-to-all that pays one
+# $\alpha$ per peer, in sequence; across nodes, a stage inside the node and a stage across.
+# That is a model of *a* good MPI library, not of NCCL. NCCL chooses among its own
+# algorithms (ring, tree, and on recent systems NVLS and CollNet; `NCCL_ALGO` in its
+# documentation) with its own tuning model; it has no recursive-doubling all-gather, and
+# it posts an all-to-all's $p-1$ sends together rather than one after the other. So the map
+# below is the MPICH-style model's answer on DGX H100's published latencies and bandwidths;
+# where a conclusion depends on a latency count, NCCL may differ.
+#
+# Latency counts are where the patterns differ most when messages are small. The cell
+# counts, in the model, the latency terms $\alpha$ of each merge on one node of $p = 8$
+# (infinite bandwidth, so that only latency is left), against the algorithms' closed forms.
 
 # %%
-auto_map = costmodel.crossover_map(patterns=decode.AUTO_MERGES)
+topo8 = costmodel.DGX_H100.with_devices(p)
+alpha = topo8.intra.alpha_s
+latency_only = dataclasses.replace(topo8, intra=costmodel.Link(alpha, math.inf))
+log_p = math.ceil(math.log2(p))
+closed_form = {  # latency terms of each merge's collectives, one after the other
+    "allreduce": 2 * log_p,  # two recursive-doubling all-reduces (max, then sums)
+    "allgather": log_p,  # one recursive-doubling all-gather
+    "reduce_scatter": log_p + (p - 1),  # all-gather of the lse, then a ring reduce-scatter
+    "all_to_all": p - 1,  # pairwise exchange: one peer after the other
+    "one_pass": log_p,  # one recursive-doubling all-reduce
+}
+for name in tae.MERGES:
+    terms = costmodel.predict_merge(name, 2**20, latency_only).comm_s / alpha
+    assert math.isclose(terms, closed_form[name]), name
+    print(f"{name:<15}{terms:>4.0f} alpha")
+print(f"(a ring all-reduce, NCCL's usual choice inside a node, pays 2(p - 1) = {2 * (p - 1)} "
+      f"alpha per all-reduce)")
+
+# %% [markdown]
+# Three maps follow. The first: the patterns `merge="auto"` chooses from
+# (`merges.AUTO_MERGES`, without `one_pass`, whose cost depends on the data). The second:
+# all five, with `one_pass` priced by its fast path, as if the fallback never ran. The third:
+# the first again, with the head-scattered patterns charged for gathering their output
+# back onto every device, for a next layer that needs every head. Each cell is coloured by
+# its winner and labelled with the winner's predicted speedup over `allreduce` for the whole
+# decode step; a cell is **grey** where the winner beats the next-best pattern by less than
+# 2%, a margin that a model error would erase (`plots.crossover_map(..., min_gain=0.02)`).
+#
+# **Re-gathering.** `reduce_scatter` and `all_to_all` leave device $j$ with heads
+# $j H_q/p$ to $(j+1) H_q/p - 1$ of the output. To give every device every head, one
+# all-gather must follow that receives the whole output, $B H_q D_v$ numbers per device
+# (it sends $\frac{p-1}{p}$ of that). Where $p$ does not divide $H_q$ (here $p \ge 32$ for
+# 16 heads), the package already runs this all-gather and the model already counts it
+# (§8.3); elsewhere the third map adds it with `costmodel.collective_time`.
+
+# %%
+def with_regather(data, q_heads=16, v_dim=128, out_itemsize=2):
+    """The map's data with the head-scattered patterns charged for re-gathering their output
+    onto every device (an all-gather receiving B·Hq·Dv numbers), winners recomputed."""
+    data = copy.deepcopy(data)
+    for j, pp in enumerate(data["ps"]):
+        topo = costmodel.DGX_H100.with_devices(pp)
+        for i, bh in enumerate(data["batch_heads"]):
+            if costmodel.padded_heads(q_heads, pp) == q_heads:  # left scattered by the package
+                extra = costmodel.collective_time("all-gather", bh * v_dim * out_itemsize, topo)
+                for m in merges.HEAD_SCATTERED:
+                    data["seconds"][m][i][j] += extra
+            t = {m: data["seconds"][m][i][j] for m in data["patterns"]}
+            best = min(t, key=lambda m: (t[m], m != "allreduce"))  # ties go to the paper's
+            data["winner"][i][j], data["speedup"][i][j] = best, t["allreduce"] / t[best]
+    return data
+
+
+MIN_GAIN = 0.02
+auto_map = costmodel.crossover_map(patterns=merges.AUTO_MERGES)
 all_map = costmodel.crossover_map()
-fig, axes = plt.subplots(2, 1, figsize=(10, 9))
-plots.crossover_map(auto_map, ax=axes[0])
-axes[0].set_title("merge='auto' chooses among " + ", ".join(decode.AUTO_MERGES)
-                  + f"\n{auto_map['topology']}", fontsize=10)
-plots.crossover_map(all_map, ax=axes[1])
-axes[1].set_title("all five patterns, one_pass by its fast path", fontsize=10)
+gathered_map = with_regather(auto_map)
+maps = {"merge='auto' chooses among " + ", ".join(merges.AUTO_MERGES): auto_map,
+        "all five patterns, one_pass by its fast path": all_map,
+        "as the first, the head-scattered outputs gathered again": gathered_map}
+fig, axes = plt.subplots(3, 1, figsize=(10, 13))
+for ax, (title, data) in zip(axes, maps.items(), strict=True):
+    plots.crossover_map(data, ax=ax, min_gain=MIN_GAIN)
+    ax.set_title(f"{title}\n{data['topology']}", fontsize=10)
 fig.tight_layout()
 plt.show()
 
 # %% [markdown]
 # *Figure: x is the number of GPUs (one node up to eight GPUs, whole nodes beyond), y the
-# number of query rows, batch × heads. The conclusions, computed from the same data:*
+# number of query rows, batch × heads; grey cells are won by less than 2%. The conclusions,
+# computed from the same data:*
 
 # %%
 ps, bhs = auto_map["ps"], auto_map["batch_heads"]
-
-
-def winners(data, where):
-    return {data["winner"][i][j] for i, bh in enumerate(bhs) for j, pp in enumerate(ps)
-            if where(pp, bh)}
-
-
 node = costmodel.DGX_H100.devices_per_node
-few_rows, many_rows = bhs[:2], bhs[-3:]
-conclusions = {
-    f"batch x heads <= {few_rows[-1]:,}, p >= 4": winners(
-        auto_map, lambda pp, bh: bh in few_rows and pp >= 4),
-    f"batch x heads >= {many_rows[0]:,}, one node (p <= {node})": winners(
-        auto_map, lambda pp, bh: bh in many_rows and pp <= node),
-    f"batch x heads >= {many_rows[0]:,}, two nodes (p = {2 * node})": winners(
-        auto_map, lambda pp, bh: bh in many_rows and pp == 2 * node),
-    f"batch x heads >= {many_rows[0]:,}, p >= {4 * node}": winners(
-        auto_map, lambda pp, bh: bh in many_rows and pp >= 4 * node),
-}
-for regime, won in conclusions.items():
-    print(f"auto map, {regime:<45} -> {', '.join(sorted(won))}")
-# What the model guarantees, asserted:
-# latency dominates (few rows, many devices): one collective beats two, so allgather wins;
-assert conclusions[f"batch x heads <= {few_rows[-1]:,}, p >= 4"] == {"allgather"}
-# bytes dominate on NVLink: all_to_all sends (p-1)/p of the states once, allreduce twice that;
-assert conclusions[f"batch x heads >= {many_rows[0]:,}, one node (p <= {node})"] == {"all_to_all"}
-# across nodes the all-to-all pays one slow alpha per remote peer, allgather p x the bytes:
-# reduce_scatter on two nodes, and the hierarchical Allreduces beyond.
-assert conclusions[f"batch x heads >= {many_rows[0]:,}, two nodes (p = {2 * node})"] == {
-    "reduce_scatter"}
-assert conclusions[f"batch x heads >= {many_rows[0]:,}, p >= {4 * node}"] == {"allreduce"}
-# one_pass's fast path is allreduce minus one collective: never slower, by construction.
-assert all(o <= a for ro, ra in zip(all_map["seconds"]["one_pass"], all_map["seconds"]["allreduce"])
-           for o, a in zip(ro, ra))
+
+
+def decided(data):
+    """{(batch x heads, p): winner} for the cells won by at least MIN_GAIN."""
+    margins = plots.winner_margins(data)
+    return {(bh, pp): data["winner"][i][j] for i, bh in enumerate(bhs)
+            for j, pp in enumerate(ps) if margins[i][j] >= MIN_GAIN}
+
+
+cells = len(ps) * len(bhs)
+for title, data in maps.items():
+    won = decided(data)
+    counts = {m: sum(w == m for w in won.values()) for m in data["patterns"]}
+    print(f"{title}:\n  {len(won)} of {cells} cells decided by {MIN_GAIN:.0%} or more: "
+          + ", ".join(f"{m} {n}" for m, n in counts.items() if n))
+# A hand check of the third map's extra cost, on one node (recursive doubling wins there):
+# ceil(log2 p) alpha + (p - 1)/p x output bytes / beta.
+out_bytes = bhs[-1] * 128 * 2
+by_hand_s = log_p * alpha + (p - 1) / p * out_bytes / topo8.intra.beta_Bps
+assert math.isclose(costmodel.collective_time("all-gather", out_bytes, topo8), by_hand_s)
+merge_s = {m: costmodel.predict_merge(m, 2**20, topo8, batch=bhs[-1] // 16).comm_s
+           for m in merges.AUTO_MERGES}
+print(f"\nre-gathering {bhs[-1]:,} rows on one node of {p}: {out_bytes / 1e6:.1f} MB received, "
+      f"{by_hand_s * 1e6:.0f} us, against merges of "
+      + ", ".join(f"{m} {s * 1e6:.0f} us" for m, s in merge_s.items()))
+won_auto, won_gathered = decided(auto_map), decided(gathered_map)
 best = max((s, bhs[i], ps[j], auto_map["winner"][i][j])
            for i, row in enumerate(auto_map["speedup"]) for j, s in enumerate(row))
-one_pass_cells = sum(w == "one_pass" for row in all_map["winner"] for w in row)
-print(f"largest predicted gain over allreduce (auto map): {best[0]:.2f}x, {best[3]} at "
+print(f"largest predicted gain over allreduce (first map): {best[0]:.2f}x, {best[3]} at "
       f"batch x heads = {best[1]:,}, p = {best[2]}")
-print(f"with one_pass priced by its fast path, it wins {one_pass_cells} of "
-      f"{len(ps) * len(bhs)} cells")
+# What this model says, asserted (regression checks of the model, not facts about a cluster):
+# every decided cell of the first map goes to allgather or to the paper's allreduce, ...
+assert set(won_auto.values()) == {"allgather", "allreduce"}
+# ... allgather where rows are few, allreduce where they are many and devices many;
+assert {w for (bh, _), w in won_auto.items() if bh <= 64} == {"allgather"}
+assert {w for (bh, _), w in won_auto.items() if bh >= 1024} == {"allreduce"}
+assert all(pp >= 4 * node for (bh, pp), w in won_auto.items() if w == "allreduce")
+# the head-scattered patterns win only cells too close to call, gathered again or not;
+assert not set(merges.HEAD_SCATTERED) & (set(won_auto.values()) | set(won_gathered.values()))
 
 # %% [markdown]
 # Read the maps from the top-left corner down:
 #
+# * **Most cells are grey.** At a million keys the local kernel over each device's shard
+#   dwarfs every merge unless the shards are short (many devices) or the batch is small: the
+#   choice of merge then changes the decode step by less than 2%. The merges' own times can
+#   still differ by factors (the line above, for the bottom row on one node), which matters
+#   when the shards are short.
 # * **Few rows, many devices: `allgather`.** The merge's bytes are tiny and each collective
-#   costs mostly its latency, so one all-gather of $p$ states beats two Allreduces. The gain
-#   is largest across nodes, where $\alpha$ is a network round trip.
-# * **Many rows inside one node: `all_to_all` (Helix).** Bytes dominate; the all-to-all
-#   sends each state once, $(p-1)/p$ of it, where a ring Allreduce sends $2(p-1)/p$.
-# * **Many rows on two nodes: `reduce_scatter` (DCP)**, and **on more nodes: `allreduce`**.
-#   The all-to-all does not aggregate, so each remote peer costs one slow $\alpha$; the
-#   Allreduce's hierarchical schedule (notebook 4, §4.8) sends one reduced message per node.
-# * **`one_pass`**, priced by its fast path, takes most cells of the second map: it is the
-#   `allreduce` merge minus one collective. Whether it truly wins depends on how often the
-#   fallback runs (§8.4), which the model cannot know.
-# * Where a cell's speedup rounds to one, the local kernel over a million keys dwarfs every merge:
-#   the choice of merge matters when the shards are short or the batch is small.
+#   costs mostly its latency, so one all-gather of $p$ states, $\lceil \log_2 p \rceil$
+#   latency terms, beats two all-reduces, twice as many. The gain is largest across nodes,
+#   where $\alpha$ is a network round trip.
+# * **Many rows, many nodes: `allreduce`.** Bytes dominate, and across nodes the hierarchical
+#   all-reduce (notebook 4, §4.8) sends one reduced message per node, while the all-gather
+#   sends $p$ states and the model's all-to-all pays one slow $\alpha$ per remote peer.
+# * **`all_to_all` (Helix) and `reduce_scatter` (DCP)** win only grey cells, inside a node
+#   and on two nodes with many rows. Gathering their output again moves some of those grey
+#   cells to `allgather` or `allreduce` (third map) and decides none. On one node the
+#   gather is cheap next to the merges (the line above); whether a serving system needs it
+#   at all depends on the next layer: a head-parallel output projection does not.
+# * **`one_pass`**, priced by its fast path, takes most cells of the second map, many of them
+#   grey: it is the `allreduce` merge minus one collective, so by construction it is never
+#   slower. Whether it truly wins depends on how often the fallback runs (§8.4), which the
+#   model cannot know.
 #
-# ### `merge="auto"`
-#
-# `tree_decode(..., merge="auto")` asks the same question of `costmodel.best_merge`, for the
-# actual problem, on DGX H100 links shaped like the mesh. For this notebook's small problem
-# on one node of 8 it picks the pattern below; the compiled program confirms that it runs
-# that pattern's collectives.
-
-# %%
-chosen = costmodel.best_merge(
-    Tk, costmodel.DGX_H100.with_devices(p), batch=B, q_heads=Hq, kv_heads=Hkv, head_dim=D,
-    v_dim=D, itemsize=8, q_len=Tq, stat_itemsize=8, patterns=decode.AUTO_MERGES)
-small = (q, k, v)
-auto_stats = tae.collective_stats(
-    lambda q, k, v: tae.tree_decode(q, k, v, mesh=mesh, merge="auto"), *small)
-chosen_stats = tae.collective_stats(
-    lambda q, k, v: tae.tree_decode(q, k, v, mesh=mesh, merge=chosen), *small)
-assert auto_stats == chosen_stats
-np.testing.assert_allclose(tae.tree_decode(q, k, v, mesh=mesh, merge="auto"), want,
-                           rtol=1e-12, atol=1e-13)
-print(f"B = {B}, Hq = {Hq} ({B * Tq * Hq} rows) on {p} devices: auto chose {chosen!r}\n{auto_stats}")
-
-# %% [markdown]
-# <div class="admonition tip"><p class="admonition-title">Takeaway</p>
-# <p>On DGX H100 the model says: gather everything when rows are few (latency), exchange over
-# heads when rows are many inside a node (bandwidth), reduce-scatter or Allreduce when they are
-# many across nodes (aggregation). The paper's Allreduce pair is the right choice at scale with
-# large batches, not everywhere.</p></div>
-#
-# ## 8.8 Summary
-#
-# * All five merges compute $N/L$ with a shift $c$; they differ in which collective finds $c$,
-#   which carries $L$ and $N$, and where the output ends up. Each is a few lines of
-#   `shard_map`, equal to `tae.attention` and to `tree_decode(merge=...)`.
-# * The compiled programs move exactly the bytes of `costmodel.merge_collectives`:
-#   `allgather` one collective of $p$ times the payload, `all_to_all` one collective of about
-#   the `allreduce` payload, `reduce_scatter` a small all-gather and a reduce-scatter over
-#   heads, `one_pass` one Allreduce with a flag and a conditional fallback.
-# * The one-pass merge is exact: past its window it falls back to `allreduce`, bit for bit.
-#   It saves one collective latency per merge and pays only if the fallback is rare.
-# * The pass-Q ring moves queries and partial states instead of the cache: cheaper than
-#   pass-KV until the chunk of queries nears the cache in size.
-# * On simulated devices the patterns are indistinguishable on the clock; on DGX H100 the
-#   model picks `allgather` for few rows, `all_to_all` for many rows in a node, and
-#   `reduce_scatter` or `allreduce` across nodes.
-#
-# ## 8.9 Exercises
-#
-# **Exercise 1 (predict, then compile).** With 12 query heads on 8 devices, the
-# head-scattered patterns cannot give every device the same number of heads. What does the
-# package do, and which collectives does `all_to_all` then run? Predict, then check with
-# `collective_stats` and `costmodel.merge_collectives`.
+# **Quiz (predict, then compute).** On one DGX H100 node ($p = 8$), up to which batch ×
+# heads (multiples of 16 heads) does `allgather` beat `allreduce`? Why does it stop?
 #
 # <details><summary>Answer</summary>
 #
-# The heads are padded with empty states to the next multiple of $p$, so each device merges
-# $\lceil H_q/p \rceil$ heads, some of them padding. A result split unevenly over heads
-# cannot stay scattered, so one more all-gather replicates the output and the padding is
-# dropped. `merge_collectives` counts both; the cell checks them against the compiled program.
+# In the model, `allgather` saves latency terms: one recursive-doubling all-gather,
+# $\log_2 p$ of them, in place of two all-reduces with as many each. It pays for them with
+# bytes: $p$ states per row received against one, reduced, twice. Once the extra bytes take
+# longer over NVLink than the latency saved, it loses. The cell finds the last batch at
+# which it still wins, and splits the two merges' communication time into its latency part
+# (infinite bandwidth) and its bandwidth part (zero latency): at the crossover, the latency
+# saved and the bandwidth added are about equal.
 #
 # </details>
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-H12 = 12
-abstract12 = structs(mesh, 65536, batch=1, q_heads=H12, head_dim=128)
-for name in ("all_to_all", "reduce_scatter"):
-    stats = tae.collective_stats(
-        lambda q, k, v, name=name: tae.tree_decode(q, k, v, mesh=mesh, merge=name), *abstract12)
-    model = costmodel.merge_collectives(name, batch=1, q_len=1, q_heads=H12, v_dim=128, p=p,
-                                        stat_itemsize=4, out_itemsize=4)
-    assert stats.total_bytes == costmodel.collective_bytes(model)
-    print(f"{name}: heads padded to {costmodel.padded_heads(H12, p)}, "
-          f"{states.heads_per_device(H12, p)} per device\n{stats}\n")
-
-# %% [markdown]
-# **Exercise 2.** On two DGX H100 nodes (16 GPUs) with one sequence of 16 heads, what is the
-# largest fraction of decode steps that may take the one-pass fallback before one-pass is
-# slower on average than `allreduce`? And with a batch of 4096 sequences?
-#
-# <details><summary>Answer</summary>
-#
-# The expected merge time is $(1-f)\,t_1 + f\,t_3$ against $t_2$, so the break-even is
-# $f^* = (t_2 - t_1)/(t_3 - t_1)$, with $t_3$ the fast path plus the exact merge
-# (`predict_merge(..., fallback=True)`). With one sequence, the merge is latency-bound and
-# skipping the max saves about half of it, so the fallback may run often. With a large batch
-# the saved max is a small part of the merge, and even a rare fallback cancels it.
-#
-# </details>
-
-# %% tags=["solution"] jupyter={"source_hidden": true}
-for batch in (1, 4096):
-    t1, t2, f = break_even(16, 16 * batch)
-    print(f"batch {batch:>5}: one_pass {t1 * 1e6:7.1f} us, allreduce {t2 * 1e6:7.1f} us; "
-          f"break-even fallback rate {f:.1%}")
-assert break_even(16, 16)[2] > break_even(16, 16 * 4096)[2]
-
-# %% [markdown]
-# **Exercise 3.** On one DGX H100 node ($p = 8$), up to which batch × heads does `allgather`
-# beat `allreduce` (multiples of 16 heads)? Why does it stop?
-#
-# <details><summary>Answer</summary>
-#
-# `allgather` saves latency terms: one all-gather (recursive doubling, $\log_2 p$ steps) in
-# place of two Allreduces (as many steps each). It pays for them with bytes: $p$ states per
-# row against about two. Once the extra bytes take longer over NVLink than the latency saved,
-# it loses. The cell finds the last batch at which it still wins, and splits the two merges'
-# communication time into its latency part (infinite bandwidth) and its bandwidth part (zero
-# latency): at the crossover, the latency saved and the bandwidth added are about equal.
-#
-# </details>
-
-# %% tags=["solution"] jupyter={"source_hidden": true}
-topo8 = costmodel.DGX_H100.with_devices(8)
-
-
 def gather_wins(batch):
     t = {m: costmodel.predict_merge(m, 2**20, topo8, batch=batch).total_s
          for m in ("allgather", "allreduce")}
@@ -886,7 +1339,6 @@ def gather_wins(batch):
 
 last = max(b for b in range(1, 1025) if gather_wins(b))
 assert all(gather_wins(b) for b in range(1, last + 1))
-latency_only = dataclasses.replace(topo8, intra=costmodel.Link(topo8.intra.alpha_s, float("inf")))
 bytes_only = dataclasses.replace(topo8, intra=costmodel.Link(0.0, topo8.intra.beta_Bps))
 
 
@@ -898,14 +1350,71 @@ saved = comm("allreduce", latency_only) - comm("allgather", latency_only)
 added = comm("allgather", bytes_only) - comm("allreduce", bytes_only)
 assert abs(added / saved - 1) < 0.25
 print(f"allgather wins up to batch {last} (batch x heads = {16 * last:,}); there it saves "
-      f"{saved * 1e6:.1f} us of latency ({saved / topo8.intra.alpha_s:.0f} alpha) and adds "
+      f"{saved * 1e6:.1f} us of latency ({saved / alpha:.0f} alpha) and adds "
       f"{added * 1e6:.1f} us of transfer")
 
 # %% [markdown]
-# ## 8.10 References
+# ### `merge="auto"`
+#
+# `tree_decode(..., merge="auto")` asks the same question of `costmodel.best_merge`, for the
+# actual problem, on DGX H100 links shaped like the mesh: the figures of this section, not
+# this machine's (which §8.6 showed the model does not describe well), so on the simulated
+# devices its choice is a choice for a DGX node, not for the CPU it runs on. For this
+# notebook's small problem on one node of 8 it picks the pattern below. The cell checks the
+# wiring: the compiled program of `merge="auto"` runs the chosen pattern's collectives, and
+# its answer is attention.
+
+# %%
+chosen = costmodel.best_merge(
+    Tk, costmodel.DGX_H100.with_devices(p), batch=B, q_heads=Hq, kv_heads=Hkv, head_dim=D,
+    v_dim=D, itemsize=8, q_len=Tq, stat_itemsize=8, patterns=merges.AUTO_MERGES)
+auto_stats = tae.collective_stats(
+    lambda q, k, v: tae.tree_decode(q, k, v, mesh=mesh, merge="auto"), q, k, v)
+chosen_stats = tae.collective_stats(
+    lambda q, k, v: tae.tree_decode(q, k, v, mesh=mesh, merge=chosen), q, k, v)
+assert auto_stats == chosen_stats
+np.testing.assert_allclose(tae.tree_decode(q, k, v, mesh=mesh, merge="auto"), want,
+                           rtol=1e-12, atol=1e-13)
+print(f"B = {B}, Hq = {Hq} ({B * Tq * Hq} rows) on {p} devices: auto chose {chosen!r}\n{auto_stats}")
+
+# %% [markdown]
+# <div class="admonition tip"><p class="admonition-title">Takeaway</p>
+# <p>In the MPICH-style model on DGX H100's published figures, at a million keys the merge
+# matters where rows are few and devices many: one all-gather beats the two Allreduces,
+# by up to the factor printed above. With many rows across many nodes the paper's
+# Allreduce pair wins. Elsewhere most cells are decided by less than 2%, including every
+# cell the head-scattered patterns win, with or without gathering their output again.
+# NCCL's own algorithms may move these boundaries.</p></div>
+#
+# ## 8.8 Summary
+#
+# * All five merges compute $N/L$ with a shift $c$; they differ in which collective finds $c$,
+#   which carries $L$ and $N$, and where the output ends up. Each is a few lines of
+#   `shard_map`, equal to `tae.attention` and to `tree_decode(merge=...)`. Algorithm 3's
+#   three Allreduces run as two collectives.
+# * The compiled programs move exactly the bytes of `costmodel.merge_collectives`. In bytes
+#   each device sends, `allgather` pays $p/2$ times `allreduce` for its single collective,
+#   `all_to_all` half, `reduce_scatter` a little more than half; `one_pass` one Allreduce
+#   with a flag and a conditional fallback. A collective costs between $\lceil \log_2 p
+#   \rceil$ and $2(p-1)$ latency terms, depending on its algorithm.
+# * The one-pass merge's window must bound every term $e^x |o|$ and the reciprocal of the
+#   denominator, row by row, not just the weights: otherwise it returns `inf` or 0 inside its
+#   window. Inside the exact window it is as accurate as `allreduce`; past it, it falls back
+#   to `allreduce`, bit for bit. It saves one collective latency per merge and pays only if
+#   the fallback is rare.
+# * The pass-Q ring moves queries and partial states instead of the cache, and does each
+#   block's work once: cheaper than pass-KV until the chunk of queries nears the cache in
+#   size.
+# * On simulated devices the patterns are indistinguishable on the clock, and the
+#   calibrated model is not a gate. On DGX H100 the MPICH-style model picks `allgather` for
+#   few rows and `allreduce` for many rows on many nodes; most other cells are too close
+#   to call, and a head-scattered output costs an all-gather to replicate.
+#
+# ## 8.9 References
 #
 # * Shyam et al., *Tree Attention: Topology-aware Decoding for Long-Context Attention on
-#   GPU Clusters*, arXiv 2408.04093: Algorithm 3, the Allreduce(max) + Allreduce(sum) merge.
+#   GPU Clusters*, arXiv 2408.04093: Algorithm 3 and its three Allreduces; eq. 12 (the
+#   Allreduce's volume); §5.3 (BF16) and §6.1 (the microbenchmark's heads).
 # * Hong et al., *FlashDecoding++: Faster Large Language Model Inference on GPUs*,
 #   arXiv 2311.01282: the unified max and its recomputation fallback, inside one GPU's
 #   kernel; §8.4 applies the same idea to the merge across devices.
@@ -913,11 +1422,15 @@ print(f"allgather wins up to batch {last} (batch x heads = {16 * last:,}); there
 #   Multi-Million-Token LLM Decoding*, arXiv 2507.07120: KV parallelism with an all-to-all
 #   over heads.
 # * Yang et al., *Context Parallelism for Scalable Million-Token Inference*,
-#   arXiv 2411.01783: pass-KV and pass-Q rings, and when each is cheaper.
+#   arXiv 2411.01783: pass-KV and pass-Q rings over a sequence-sharded query, and when each
+#   is cheaper.
 # * vLLM and SGLang, decode context parallelism: all-gather of the LSEs and reduce-scatter
 #   of the outputs over heads (GitHub: vllm-project/vllm #25049, sgl-project/sglang #14982).
 # * Thakur, Rabenseifner and Gropp, *Optimization of Collective Communication Operations in
-#   MPICH*, IJHPCA 19(1), 2005: the cost of each collective in the alpha-beta model.
+#   MPICH*, IJHPCA 19(1), 2005: the algorithms and alpha-beta costs the cost model uses.
+# * NVIDIA, *NCCL User Guide*, environment variables, `NCCL_ALGO`
+#   (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html): NCCL's own
+#   algorithms.
 # * JAX documentation, *Manual parallelism with `shard_map`*
 #   (https://docs.jax.dev/en/latest/notebooks/shard_map.html): `all_gather`, `psum_scatter`,
 #   `all_to_all`.

@@ -90,12 +90,14 @@ def test_one_pass_falls_back_exactly_past_its_window(mesh8):
     np.testing.assert_allclose(inside, np_attention(q, k, v), **tol(jnp.float32))
 
 
-@pytest.mark.parametrize(("value", "shift"), [(1e5, 77.0), (1e-6, -79.0)])
+@pytest.mark.parametrize(("value", "shift"), [(1e5, 77.0), (1e-6, -79.0), (1.0, 85.9)])
 def test_one_pass_window_counts_the_outputs(value, shift, mesh8):
-    """Weights that are normal numbers are not enough: `e^x · out` must be too. With every
-    lse at `shift` and outputs of 1e5 the numerator overflowed (inf); with outputs of 1e-6
-    it flushed to 0. The window now includes each row's `|out|`, so both fall back to the
-    exact merge and agree with the float64 reference."""
+    """Weights that are normal numbers are not enough: `e^x · out` must be too, and so must
+    the reciprocal of their sum. With every lse at `shift` and outputs of 1e5 the numerator
+    overflowed (inf); with outputs of 1e-6 it flushed to 0; with outputs of 1 to 2 at 85.9
+    the sum of 8 weights (1.7e38) is finite but its reciprocal is subnormal, and XLA's
+    N · (1/L) read 0. The window now includes each row's `|out|` and the reciprocal, so all
+    three fall back to the exact merge and agree with the float64 reference."""
     B, Tk, H, D = 1, 64, 2, 4
     q = jnp.zeros((B, 1, H, D), jnp.float32)  # equal scores: lse = shift exactly
     k = jnp.zeros((B, Tk, H, D), jnp.float32)
@@ -113,16 +115,20 @@ def test_one_pass_window_counts_the_outputs(value, shift, mesh8):
 
 
 def test_one_pass_window_is_where_every_term_stays_normal():
-    """At the window's ends each term of the sums, `e^x·out`, is a normal number, and p of
-    them do not overflow (derived in `one_pass_window`)."""
+    """At the window's ends each term of the sums, `e^x·out`, is a normal number, p of them
+    do not overflow, and the reciprocal of p weights is normal (derived in
+    `one_pass_window`); each bound is reached by one of the cases."""
     for dtype in (jnp.float32, jnp.float64):
         info = np.finfo(dtype)
         for out_min, out_max in ((1.0, 1.0), (1e-3, 1e3)):
             low, high = merges.one_pass_window(dtype, 8, out_max=out_max, out_min=out_min)
-            assert np.exp(np.float64(low)) * out_min >= info.tiny * (1 - 1e-12)
-            assert 8 * np.exp(np.float64(high)) * out_max <= info.max * (1 + 1e-12)
+            # in logs, so that float64's own bounds can be checked in float64
+            assert low + np.log(out_min) >= np.log(info.tiny) - 1e-12
+            assert high + np.log(8) + np.log(out_max) <= np.log(info.max) + 1e-12
+            assert high + np.log(8) + np.log(info.tiny) <= 1e-12
     low, high = merges.one_pass_window(jnp.float32, 8)
-    assert (round(low, 2), round(high, 2)) == (-87.34, 86.64)
+    assert (round(low, 2), round(high, 2)) == (-87.34, 85.26)  # 1/L binds at the top
+    assert round(merges.one_pass_window(jnp.float32, 8, out_max=1e3)[1], 2) == 79.74
 
 
 def test_auto_asks_the_registered_policy(mesh8):

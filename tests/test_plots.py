@@ -142,6 +142,36 @@ def test_crossover_map_draws_the_winners(tmp_path):
     plt.close(fig)
 
 
+def test_crossover_map_greys_out_close_calls(tmp_path):
+    """A cell whose winner beats the runner-up by less than `min_gain` is drawn grey, and
+    the margins are the runner-up's time over the winner's, minus one."""
+    data = {"ps": [8, 16], "batch_heads": [16],
+            "patterns": ["allreduce", "allgather", "all_to_all"],
+            "winner": [["allgather", "all_to_all"]],
+            "seconds": {"allreduce": [[2.0, 1.015]], "allgather": [[1.0, 3.0]],
+                        "all_to_all": [[1.5, 1.0]]},
+            "speedup": [[2.0, 1.015]]}
+    margins = plots.winner_margins(data)
+    assert margins[0][0] == pytest.approx(0.5) and margins[0][1] == pytest.approx(0.015)
+    fig = plots.crossover_map(data, min_gain=0.02)
+    ax = fig.axes[0]
+    cells = ax.images[0].get_array()
+    cmap = ax.images[0].get_cmap()
+    norm = ax.images[0].norm
+    colors = [cmap(norm(cells[0][j])) for j in range(2)]
+    assert same_color(colors[0], plots.PATTERN_COLORS["allgather"])  # won by 50%
+    assert same_color(colors[1], plots.BASELINE_COLOR)  # won by 1.5%: grey
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["allgather", "won by < 2%"]
+    assert {t.get_text() for t in ax.texts} == {"2.00×", "1.01×\nall_to_all"}  # named
+    plt.close(fig)
+    fig = plots.crossover_map(data)  # without min_gain every cell keeps its winner's colour
+    image = fig.axes[0].images[0]
+    assert same_color(image.get_cmap()(image.norm(image.get_array()[0][1])),
+                      plots.PATTERN_COLORS["all_to_all"])
+    plt.close(fig)
+
+
 def test_pattern_colours_keep_the_course_rules():
     assert plots.PATTERN_COLORS["allreduce"] == plots.TREE_COLOR
     assert plots.PATTERN_COLORS["ring"] == plots.RING_COLOR

@@ -268,10 +268,32 @@ def color(name: str) -> str:
     return COLORS.get(name, method_color(name, BASELINE_COLOR))
 
 
-def crossover_map(data: Mapping, ax=None, path: str | None = None, annotate: bool = True):
+def winner_margins(data: Mapping) -> list[list[float]]:
+    """How decisively each cell of `costmodel.crossover_map`'s data is won: the runner-up's
+    predicted time over the winner's, minus one (0.05: the winner is 5% faster than the best
+    other pattern; inf where only one pattern competes). Same layout as `data["winner"]`."""
+    seconds, winner = data["seconds"], data["winner"]
+    margins = []
+    for i, row in enumerate(winner):
+        out = []
+        for j, w in enumerate(row):
+            others = [seconds[m][i][j] for m in seconds if m != w]
+            out.append(min(others) / seconds[w][i][j] - 1 if others else math.inf)
+        margins.append(out)
+    return margins
+
+
+def crossover_map(data: Mapping, ax=None, path: str | None = None, annotate: bool = True,
+                  min_gain: float = 0.0):
     """Which merge pattern wins where: `costmodel.crossover_map`'s plain dict, drawn as a
     grid of device count (x) against batch × heads (y), each cell in its winner's colour
-    (`PATTERN_COLORS`) and labelled with the winner's speedup over "allreduce"."""
+    (`PATTERN_COLORS`) and labelled with the winner's speedup over "allreduce".
+
+    `min_gain`: cells whose winner beats the runner-up by less than this fraction
+    (`winner_margins`; e.g. 0.02 for 2%) are drawn in `BASELINE_COLOR` (grey), labelled
+    with the winner's name: there the choice of pattern barely matters, and a model error
+    of that size would flip it.
+    """
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
@@ -279,14 +301,22 @@ def crossover_map(data: Mapping, ax=None, path: str | None = None, annotate: boo
     names = list(data.get("patterns") or sorted({w for row in winner for w in row}))
     if ax is None:
         _, ax = plt.subplots(figsize=(1.1 * len(ps) + 3.2, 0.55 * len(bhs) + 1.8))
-    index = [[names.index(w) for w in row] for row in winner]
-    cmap = ListedColormap([PATTERN_COLORS.get(n, NEUTRAL_COLOR) for n in names])
-    ax.imshow(index, cmap=cmap, vmin=-0.5, vmax=len(names) - 0.5, origin="lower",
+    margins = winner_margins(data) if min_gain > 0 else None
+    close = [[margins is not None and margins[i][j] < min_gain for j in range(len(row))]
+             for i, row in enumerate(winner)]
+    index = [[len(names) if close[i][j] else names.index(w) for j, w in enumerate(row)]
+             for i, row in enumerate(winner)]
+    cmap = ListedColormap([PATTERN_COLORS.get(n, NEUTRAL_COLOR) for n in names]
+                          + [BASELINE_COLOR])
+    ax.imshow(index, cmap=cmap, vmin=-0.5, vmax=len(names) + 0.5, origin="lower",
               aspect="auto", alpha=0.85)
     if annotate and "speedup" in data:
         for i, row in enumerate(data["speedup"]):
             for j, s in enumerate(row):
-                ax.text(j, i, f"{s:.2f}×", ha="center", va="center", fontsize=7, color="white")
+                # A grey cell still names its (narrow) winner.
+                label = f"{s:.2f}×\n{winner[i][j]}" if close[i][j] else f"{s:.2f}×"
+                ax.text(j, i, label, ha="center", va="center", fontsize=7 - close[i][j],
+                        color="white")
     ax.set_xticks(range(len(ps)), [str(p) for p in ps])
     ax.set_yticks(range(len(bhs)), [count_label(b) for b in bhs])
     ax.set_xlabel("devices p")
@@ -295,10 +325,14 @@ def crossover_map(data: Mapping, ax=None, path: str | None = None, annotate: boo
     if data.get("topology"):
         title += f"\n{data['topology']}"
     ax.set_title(title, fontsize=10)
-    shown = [n for n in names if any(n in row for row in winner)]
-    ax.legend(handles=[Patch(color=PATTERN_COLORS.get(n, NEUTRAL_COLOR), label=n)
-                       for n in shown], loc="upper left", bbox_to_anchor=(1.01, 1),
-              frameon=False, fontsize=8)
+    shown = [n for n in names
+             if any(w == n and not c for row, crow in zip(winner, close, strict=True)
+                    for w, c in zip(row, crow, strict=True))]
+    handles = [Patch(color=PATTERN_COLORS.get(n, NEUTRAL_COLOR), label=n) for n in shown]
+    if any(any(row) for row in close):
+        handles.append(Patch(color=BASELINE_COLOR, label=f"won by < {min_gain:.0%}"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False,
+              fontsize=8)
     if path:
         ax.figure.tight_layout()
         ax.figure.savefig(path, dpi=110)

@@ -179,22 +179,25 @@ def one_pass_window(dtype: DTypeLike, p: int, out_max: float = 1.0,
     rounding, for p devices whose outputs' nonzero entries lie in `[out_min, out_max]` in
     magnitude.
 
-    The merge sums p terms `e^x` (the denominator) and p terms `e^x·out` (the numerator).
-    Every term keeps full relative precision if it is a normal number, and no sum overflows
-    if each term is at most `max / p`:
+    The merge sums p terms `e^x` (the denominator L) and p terms `e^x·out` (the numerator N),
+    then divides. Every term keeps full relative precision if it is a normal number, no sum
+    overflows if each term is at most `max / p`, and the division stays exact if `1/L` is a
+    normal number too: XLA divides by a broadcast denominator as a multiplication by its
+    reciprocal, and a subnormal reciprocal is flushed to zero (N/L would read 0):
 
     * low end: `e^x · min(out_min, 1) >= tiny`, i.e. `x >= ln(tiny) - min(ln out_min, 0)`
       (-87.34 in float32 for outputs of size at least 1);
-    * high end: `p · e^x · max(out_max, 1) <= max`, i.e.
-      `x <= ln(max) - ln(p) - max(ln out_max, 0)` (88.72 - ln p in float32 for outputs of
-      size at most 1).
+    * high end: `p · e^x · max(out_max, 1) <= max` and `p · e^x <= 1/tiny`, i.e.
+      `x <= min(ln(max) - max(ln out_max, 0), -ln(tiny)) - ln(p)` (87.34 - ln p in float32
+      for outputs of size at most 1: 85.26 on 8 devices).
 
     `one_pass_combine` applies these bounds row by row, with each row's own smallest nonzero
     and largest `|out|`.
     """
     info = np.finfo(np.dtype(dtype))
-    low = math.log(float(info.tiny)) - min(math.log(out_min), 0.0)
-    high = math.log(float(info.max)) - math.log(max(p, 1)) - max(math.log(out_max), 0.0)
+    tiny, big = math.log(float(info.tiny)), math.log(float(info.max))
+    low = tiny - min(math.log(out_min), 0.0)
+    high = min(big - max(math.log(out_max), 0.0), -tiny) - math.log(max(p, 1))
     return low, high
 
 
@@ -205,10 +208,11 @@ def one_pass_combine(state: AttentionState, axes: Sequence[str],
 
     Every device weighs its state by `e^{lse - shift}` with the same fixed `shift`, so the
     numerators and denominators can be summed at once. That is exact to rounding while every
-    term is a normal float and no sum overflows (`one_pass_window`, with each row's own
-    smallest nonzero and largest `|out|`); a device with a row outside its window raises a
-    flag that travels in the same Allreduce, and if any flag is up all devices fall back to
-    `allreduce_combine` (a conditional: the exact two-collective merge runs only then).
+    term is a normal float, no sum overflows and the denominator's reciprocal is normal
+    (`one_pass_window`, with each row's own smallest nonzero and largest `|out|`); a device
+    with a row outside its window raises a flag that travels in the same Allreduce, and if
+    any flag is up all devices fall back to `allreduce_combine` (a conditional: the exact
+    two-collective merge runs only then).
     """
     axes = check_axes(state, axes)
     p = lax.axis_size(axes)
@@ -218,9 +222,10 @@ def one_pass_combine(state: AttentionState, axes: Sequence[str],
     mag = jnp.abs(state.out)
     big = jnp.log(jnp.maximum(jnp.max(mag, axis=-1), 1.0))  # >= 0
     small = jnp.log(jnp.minimum(jnp.min(jnp.where(mag > 0, mag, 1.0), axis=-1), 1.0))  # <= 0
+    tiny, top = math.log(float(info.tiny)), math.log(float(info.max)) - math.log(p)
     outside = ~jnp.isneginf(state.lse) & (
-        (x + small < math.log(float(info.tiny)))
-        | (x + big > math.log(float(info.max)) - math.log(p)))
+        (x + small < tiny) | (x + big > top)
+        | (x > -tiny - math.log(p)))  # 1/L must stay normal (see `one_pass_window`)
     flag = jnp.any(outside).astype(dt)
     w = state_weight(state, jnp.asarray(shift, dt))
     num, den, flag = psum_inner_first((weighted_out(w, state.out), w, flag), axes)
