@@ -74,7 +74,7 @@ def _as_layout(x, layout):
     return kernels.to_layout(jnp.asarray(x), "bthd", layout)
 
 
-@settings(max_examples=25)
+@settings(max_examples=10)
 @given(
     layout=st.sampled_from(kernels.LAYOUTS),
     block=st.integers(1, 12),

@@ -83,7 +83,7 @@ def random_chunks(draw, tk):
     return [b - a for a, b in itertools.pairwise(bounds)]  # zero-size chunks allowed
 
 
-@settings(max_examples=25)
+@settings(max_examples=8)
 @given(problems(), st.data())
 def test_tree_reduce_invariant_to_chunking_and_tree_shape(problem, data):
     shape, kw = problem
@@ -96,7 +96,7 @@ def test_tree_reduce_invariant_to_chunking_and_tree_shape(problem, data):
         np.testing.assert_allclose(tae.finalize(reduced), ref, **tol(q.dtype))
 
 
-@settings(max_examples=15)
+@settings(max_examples=6)
 @given(problems(), st.sampled_from([jnp.float32, jnp.bfloat16]))
 def test_low_precision_agreement(problem, dtype):
     shape, kw = problem
