@@ -212,7 +212,7 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
     # of 4 sends 2·3/4 of it, half of the devices across.
     out = 1 * 1 * 4 * 16 * 4
     assert m["ring"]["bytes_inter"] == 3 * 2 * block / 2 + 2 * 0.75 * out / 2
-    assert m["ring"]["link_bytes"] == 3 * 2 * block
+    assert m["ring"]["link_bytes"] == 3 * 2 * block + 2 * 0.75 * out
     # Two rates were set, and each level was fitted at each.
     assert [r["set_Bps"] for r in rep["rates"]] == [2e9 / 8, 1e9 / 8]
     for level in ("inter", "intra"):
