@@ -597,7 +597,7 @@ def ring_home(q, k, v):
     # TODO: p steps of: fold the block held into the state, then ppermute it onwards.
     for _ in range(p - 1):
         k, v = lax.ppermute((k, v), "x", perm)
-    return jnp.zeros((1,) + q.shape[:3] + v.shape[-1:], q.dtype), k, v
+    return jnp.zeros((1, *q.shape[:3], v.shape[-1]), q.dtype), k, v
 
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
@@ -672,7 +672,7 @@ for tk in TK_TIMED:
              "compute": (jax.jit(fn(tae.tree_decode, mesh)), (qt, k_rep, v_rep)),
              "ring_pass_q": (jax.jit(fn(tae.ring_decode_pass_q, mesh)), (qt, kt, vt))}
     want_t = attention_np(qt, kt, vt)
-    for name, (f, a) in calls.items():
+    for f, a in calls.values():
         np.testing.assert_allclose(np.asarray(f(*a), np.float64), want_t, atol=1e-5)
     timed[tk] = benchmark.median_times(calls, repeats=REPEATS)
     del k_rep, v_rep
@@ -811,7 +811,7 @@ def pass_q_by_hand(q, k, v):
 # %% tags=["solution"] jupyter={"source_hidden": true}
 def pass_q_by_hand(q, k, v):  # noqa: F811 (the solution replaces the stub)
     """Inside shard_map: q replicated [B, Tq, H, D], k and v this device's shard. Attention."""
-    b, tq, h, d = q.shape
+    b, tq, h, _ = q.shape
     hs = h // p
     idx = lax.axis_index("x")
     q_blk = lax.dynamic_slice_in_dim(q, idx * hs, hs, axis=2)  # device i starts with block i
