@@ -198,7 +198,8 @@ except ValueError as err:
 # >
 # > This algorithm requires three Allreduce operations in total, ...
 #
-# (The stored text of the paper lost the minus signs of line 4; they are restored here.)
+# (The stored text of the paper lost the minus signs of line 4 and prints $d_a$ for $d_g$ in
+# line 6; both are restored here.)
 # The code follows the lines one by one. It differs from the paper in one place: the
 # scores are scaled by $1/\sqrt{D}$, the package's default, where the paper writes no scale.
 # Line 2 is the local kernel; here it is three lines of `jnp`, with the max shift a flash

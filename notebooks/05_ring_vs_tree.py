@@ -894,8 +894,8 @@ print(f"the tree sends more than the ring's K/V from Tq = {crossover:,.0f} queri
 assert pf["tree"][0] < pf["ring"][0] and pf["tree"][-1] > pf["ring"][-1]
 
 # %% [markdown]
-# With one query the tree sends a thousandth of the ring's bytes; with as many queries as
-# keys it sends more, cannot overlap them with its compute (the Allreduce needs the finished
+# With one query the tree sends thousands of times fewer bytes than the ring; with as many
+# queries as keys it sends more, cannot overlap them with its compute (the Allreduce needs the finished
 # local states), and the ring no longer repeats any work. That is why Ring Attention is the
 # method of choice for long-context training and prefill, and tree decoding for generating
 # tokens from a sharded cache.

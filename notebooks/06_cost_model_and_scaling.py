@@ -888,8 +888,8 @@ assert beta_need > node.mem_Bps
 #   shrink.
 # * **The model itself.** Its CPU calibration tested its form on XLA:CPU, where collectives
 #   are memory copies and the compiled ring copies its block at every step; the GPU figures
-#   enter untested. The extrapolation spans two orders of magnitude in sequence length
-#   beyond the calibrated sizes. Read its ratios as orders of magnitude.
+#   enter untested. The extrapolation reaches sequence lengths more than a hundred times
+#   the calibrated ones. Read its ratios as orders of magnitude.
 #
 # What survives every reading: tree decoding's traffic is independent of $N$ and ring's grows
 # linearly with it (measured in the compiled programs of notebooks 4 and 5); ring decoding
