@@ -86,7 +86,7 @@ STYLES = ("o-", "s--", "^-.", "d:")
 LARGE = False
 H, HEAD_DIM = (16, 128) if LARGE else (8, 64)
 TK_BW = 65536 if LARGE else 16384  # sequence length of the bandwidth measurement
-TK_CAL = (16384, 32768, 65536, 131072) if LARGE else (4096, 8192, 16384)
+TK_CAL = (16384, 32768, 65536, 131072) if LARGE else (8192, 16384, 32768)
 REPEATS = 5 if LARGE else 3
 problem = benchmark.Problem(seq_len=TK_BW, q_heads=H, kv_heads=H, head_dim=HEAD_DIM)
 
