@@ -173,8 +173,10 @@ def paper_memory_ring(b: int, t: int, n_h: int, d_h: int) -> int:
 #       2(p-1)·alpha + 2(p-1)/p · n/beta
 #   tree allreduce (recursive doubling / binomial tree):
 #       ceil(log2 p)·(alpha + n/beta)
-# NCCL's tuner predicts each algorithm's time from such a latency-bandwidth model per
-# message size and picks the cheapest (NCCL docs, `NCCL_ALGO`); `allreduce_time` does the same.
+# `allreduce_time` prices both and takes the cheaper per message size, as an MPICH-style
+# selection does. NCCL's algorithms differ (ring and double binary trees for all-reduce, rings
+# for all-gather and reduce-scatter, NVLS/CollNet where the hardware has them; its tuner picks
+# among those, NCCL docs `NCCL_ALGO`): the model is MPICH's, not NCCL's.
 # The other collectives of the merge patterns, from the same paper (m bytes contributed per
 # rank, p ranks):
 #   all-gather, ring:                 (p-1)·(alpha + m/beta)
@@ -230,7 +232,8 @@ class Topology:
 
     `ring_only`: the collective library runs every all-reduce and all-gather as a ring, as
     XLA:CPU asks gloo to (`tree_attention_edu.cluster`); False prices the cheaper of ring and
-    tree (recursive doubling), as NCCL's tuner picks per message size.
+    tree (recursive doubling) per message size, as an MPICH-style selection does (NCCL's
+    own algorithms differ: see the comment above `ring_allreduce_time`).
 
     `uplinks`: inter-node links per node, shared by its devices; None means one per device
     (DGX H100: eight NICs for eight GPUs). When fewer, a stage in which every device of a
@@ -327,7 +330,8 @@ def tree_allreduce_time(nbytes: float, p: int, link: Link) -> float:
 
 
 def allreduce_time(nbytes: float, p: int, link: Link) -> tuple[float, str]:
-    """The cheaper of ring and tree allreduce, as NCCL's tuner picks: `(seconds, "ring"|"tree")`."""
+    """The cheaper of ring and recursive-doubling allreduce (an MPICH-style selection):
+    `(seconds, "ring"|"tree")`."""
     ring, tree = ring_allreduce_time(nbytes, p, link), tree_allreduce_time(nbytes, p, link)
     return (tree, "tree") if tree <= ring else (ring, "ring")
 
@@ -648,7 +652,8 @@ def _collective_list(collectives) -> list:
 def allgather_time(nbytes: float, p: int, link: Link) -> tuple[float, str]:
     """All-gather that leaves `nbytes` on every rank (each contributes m = nbytes/p): the
     cheaper of ring `(p−1)(α + m/β)` and recursive doubling `⌈log2 p⌉α + (p−1)m/β`
-    (Thakur et al. 2005), as NCCL's tuner picks: `(seconds, "ring"|"recursive_doubling")`."""
+    (Thakur et al. 2005), the cheaper of the two as an MPICH-style selection picks (NCCL
+    runs all-gather as a ring): `(seconds, "ring"|"recursive_doubling")`."""
     _allreduce_args(nbytes, p, link)
     if p <= 1:
         return 0.0, "ring"
@@ -690,7 +695,8 @@ def collective_time(kind: str, nbytes: float, topo: Topology) -> float:
       each rank contributing its node's block;
     * reduce-scatter: inside nodes (`nbytes` per rank, each ends with `nbytes/dpn`), then
       across nodes on that share;
-    * all-to-all: no aggregation (NCCL sends one message per peer): the `dpn−1` peers in the
+    * all-to-all: no aggregation (one message per peer, the pairwise exchange of Thakur et
+      al.; NCCL posts them all at once, so its α terms overlap): the `dpn−1` peers in the
       node cost `(dpn−1)(α_intra + n/(p·β_intra))` and the `p−dpn` outside it cross the slow
       links, `(p−dpn)(α_inter + n/(p·β_inter))`;
     * collective-permute (a ring's step): one send over the slowest link of the ring.
