@@ -826,8 +826,9 @@ plt.show()
 # * **Exact:** $I(z) \ge 0$, and $I(z) = 0$ only at $z$ = attention: attention is the unique
 #   zero of the rate function.
 # * **Cramér's theorem** is about probabilities of **sets**: for a set $A$,
-#   $\frac1n \log P(\bar v_n \in A) \to -\inf_{z\in A} I(z)$. Sets away from attention have
-#   probabilities that fall exponentially in $n$.
+#   $\frac1n \log P(\bar v_n \in A) \to -\inf_{z\in A} I(z)$ (precisely: an upper bound with
+#   the closure of $A$ and a lower bound with its interior, which agree for sets like
+#   intervals). Sets away from attention have probabilities that fall exponentially in $n$.
 # * **Densities** are another matter. $\bar v_n$ takes finitely many values (it averages $n$
 #   draws from $T_k$ values), so it has no density; a histogram with bins wider than the
 #   spacing of those values has a smooth envelope, and **Daniels' saddle-point approximation**
