@@ -50,3 +50,39 @@ def test_exercise_identities_hold(make):
     prints)."""
     idents = make()
     assert idents and all(sp.simplify(i.lhs - i.rhs) == 0 for i in idents)
+
+
+@pytest.mark.parametrize("name", sorted(symbolic.ANY_N))
+def test_identity_holds_for_any_n(name):
+    """Proved with a symbolic number of keys n (sympy Sum over IndexedBase), not an instance."""
+    idents = symbolic.ANY_N[name]()
+    assert idents and all(i.holds() for i in idents)
+    n = sp.Symbol("n", integer=True, positive=True)
+    assert any(n in i.lhs.free_symbols | i.rhs.free_symbols for i in idents)  # every n
+
+
+def test_any_n_checks_can_fail():
+    """Wrong claims with symbolic n are rejected: the Hessian is not the raw second moment, the
+    third derivative not the raw third moment, the fourth not the fourth central moment, and
+    overlapping chunks do not give the lse of the union."""
+    n, a, s, w, t = symbolic.symbols_any_n()
+    F = symbolic.directional_energy_any_n()
+    mean = symbolic.expectation_any_n(w[a], n, a, s)
+    wrong = [(2, symbolic.expectation_any_n(w[a] ** 2, n, a, s)),
+             (3, symbolic.expectation_any_n(w[a] ** 3, n, a, s)),
+             (4, symbolic.expectation_any_n((w[a] - mean) ** 4, n, a, s))]
+    for order, rhs in wrong:
+        assert not symbolic.Identity("wrong", sp.diff(F, t, order).subs(t, 0), rhs).holds()
+    m = sp.Symbol("m", integer=True, positive=True)
+    whole = sp.log(sp.Sum(sp.exp(s[a]), (a, 1, n)))
+    overlap = symbolic.lse([sp.log(sp.Sum(sp.exp(s[a]), (a, 1, m))),
+                            sp.log(sp.Sum(sp.exp(s[a]), (a, m, n)))])
+    assert not symbolic.Identity("overlapping chunks", whole, overlap).holds()
+
+
+def test_combine_of_overlapping_chunks_is_not_the_union():
+    """The chunk-split step can fail: sums over 1..m and m..n (key m twice) are rejected."""
+    n, a, s, _, _ = symbolic.symbols_any_n()
+    m = sp.Symbol("m", integer=True, positive=True)
+    twice = sp.Sum(sp.exp(s[a]), (a, 1, m)) + sp.Sum(sp.exp(s[a]), (a, m, n))
+    assert not symbolic.Identity("overlap", twice, sp.Sum(sp.exp(s[a]), (a, 1, n))).holds()

@@ -231,8 +231,10 @@ def tree_reduce(
 ) -> T:
     """Reduce with a `branching`-ary tree: `ceil(log_branching(n))` levels of `op`.
 
-    `op` defaults to `combine`; any associative operation works (e.g. `max`, or a counter
-    that measures the tree's depth).
+    `op` defaults to `combine`; any associative operation works (e.g. `max`). Neighbours are
+    merged first and an odd one out moves up a level unchanged. A counter such as
+    `max(x, y) + 1` on leaves of 0 measures the tree's depth: it is not associative, which is
+    why it sees the tree's shape.
     """
     level = _check_states_sequence(states)
     validate.check_int(branching, "branching", minimum=2, example="`branching=2` (a binary tree)")

@@ -30,9 +30,13 @@ What is true instead (each function here computes one side of it):
   of v under the posterior, the rate function I(z) = K*(z) = F*(z) + F(0) (`rate_function`)
   equals min{KL(Q‖P) : E_Q[v] = z} (`min_kl_with_mean`, attained by the tilted posterior
   Q ∝ P e^{ζ·v}, `tilted_posterior`). I ≥ 0 and I = 0 only at attention; near it
-  I(z) ≈ ½ (z − μ)ᵀ Σ⁻¹ (z − μ). The mean of n draws from the posterior (`sample_means`) has
-  density ≈ e^{−n I(z)} (`saddlepoint_density`), so attention is its most probable value:
-  the sense in which "most probable" is true.
+  I(z) ≈ ½ (z − μ)ᵀ Σ⁻¹ (z − μ). For the mean of n draws from the posterior
+  (`sample_means`), attention is the exact expected value for every n, and Cramér's theorem
+  gives the probability of a set A as ≈ e^{−n inf_A I}. The draws come from finitely many
+  values, so the mean has no density; Daniels' saddle-point approximation
+  (`saddlepoint_density`, ∝ e^{−n I(z)}) describes its histogram, whose peak sits about
+  −k₃/(2 k₂ n) from attention (k₂, k₃ the cumulants of v): attention is the most probable
+  value only as n → ∞.
 
 Shapes: queries `q [B, Tq, Hq, D]`, keys `k [B, Tk, Hkv, D]`, values `v [B, Tk, Hkv, Dv]`;
 estimates `z` and sources `zeta` are shaped like attention's output, `[B, Tq, Hq, Dv]`;
@@ -440,7 +444,8 @@ def rate_function(
     K(ζ) = F(ζ) − F(0) = log E_p[e^{ζ·v}] is the cumulant-generating function of the values
     under the posterior p, and I its convex conjugate. I ≥ 0, with I = 0 only at attention;
     near attention μ, I(z) ≈ ½ (z − μ)ᵀ Σ⁻¹ (z − μ) (Σ the value covariance); and the mean
-    of n draws from p has density ≈ e^{−n I(z)} (Cramér's theorem). `z` is `[B, Tq, Hq, Dv]`;
+    of n draws from p falls in a set A with probability ≈ e^{−n inf_A I} (Cramér's theorem;
+    its smoothed density is `saddlepoint_density`). `z` is `[B, Tq, Hq, Dv]`;
     `tol`, `max_newton` and the NaN rows are those of `conjugate_energy`.
     """
     return _solve(z, q, k, v, scale, causal, kv_lengths, tol, max_newton)[2]["rate"]
@@ -541,9 +546,10 @@ def sample_means(
     Hq, Dv]`.
 
     Each sample draws `n` keys per row from p(a | q) (with `key`, a JAX PRNG key) and averages
-    their values. By the law of large numbers the means concentrate on attention; by Cramér's
-    theorem their density is ≈ e^{−n I(z)} (`rate_function`, `saddlepoint_density`). A row
-    with no visible key gives 0.
+    their values. Their expected value is attention for every n, and they concentrate there
+    (law of large numbers); by Cramér's theorem a set A away from attention has probability
+    ≈ e^{−n inf_A I} (`rate_function`), and their histogram follows `saddlepoint_density`.
+    A row with no visible key gives 0.
     """
     validate.check_prng_key(key)
     n = validate.check_int(n, "n", example="`n=16` draws")

@@ -204,6 +204,111 @@ def stationary_point(n: int = 3, d: int = 2) -> list[Identity]:
     return out
 
 
+def symbols_any_n():
+    """Symbols for sums over any number of keys: `n` (a positive-integer symbol), the index
+    `a`, scores `s[a]` and directional values `w[a]` (sympy `IndexedBase`), and a step `t`.
+
+    Every sum uses the same bound index `a`: sympy's `simplify` combines sums only when their
+    indices match, and a bound index means the same in each sum.
+    """
+    n = sp.Symbol("n", integer=True, positive=True)
+    a = sp.Symbol("a", integer=True)
+    return n, a, sp.IndexedBase("s", real=True), sp.IndexedBase("w", real=True), sp.Symbol(
+        "t", real=True)
+
+
+def expectation_any_n(f: sp.Expr, n, a, s) -> sp.Expr:
+    """E_p[f] = Σ_{a=1}^n e^{s_a} f_a / Σ_{a=1}^n e^{s_a}, with `n` a symbol."""
+    return sp.Sum(sp.exp(s[a]) * f, (a, 1, n)) / sp.Sum(sp.exp(s[a]), (a, 1, n))
+
+
+def directional_energy_any_n() -> sp.Expr:
+    """F(t·u) = log Σ_{a=1}^n exp(s_a + t·w_a) for any number of keys `n`.
+
+    `u` is any direction of the source ζ and `w_a = u·v_a` the value of key `a` along it, so
+    this is the energy of notebook 1 restricted to the line ζ = t·u.
+    """
+    n, a, s, w, t = symbols_any_n()
+    return sp.log(sp.Sum(sp.exp(s[a] + t * w[a]), (a, 1, n)))
+
+
+def cumulants_any_n() -> list[Identity]:
+    """The first three derivatives of t ↦ F(t·u) at t = 0, for any number of keys `n`.
+
+    They are the mean `E[w]`, the variance `E[w²] − E[w]²` and the third central moment
+    `E[(w − E w)³]` of `w_a = u·v_a` under the attention weights `softmax(s)`. Since `u` is
+    any direction: the gradient of F at 0 is attention (`u·∇F(0) = u·E[v]` for every `u`),
+    and the Hessian is the covariance (`uᵀ∇²F(0)u = uᵀ Cov(v) u` for every `u`, and a
+    symmetric matrix is fixed by its quadratic form). Proved for symbolic `n`, unlike
+    `gradient_is_attention(n, d)`, which checks one instance.
+    """
+    n, a, s, w, t = symbols_any_n()
+    F = directional_energy_any_n()
+    mean = expectation_any_n(w[a], n, a, s)
+    rhs = [mean, expectation_any_n(w[a] ** 2, n, a, s) - mean**2,
+           expectation_any_n((w[a] - mean) ** 3, n, a, s)]
+    names = ["dF(tu)/dt = E[u.v] (gradient = attention)",
+             "d2F(tu)/dt2 = Var(u.v) (Hessian = covariance)",
+             "d3F(tu)/dt3 = E[(u.v - E u.v)^3] (third cumulant)"]
+    return [Identity(name, sp.diff(F, t, order).subs(t, 0), r)
+            for order, (name, r) in enumerate(zip(names, rhs, strict=True), start=1)]
+
+
+def shift_invariance_any_n() -> list[Identity]:
+    """log Σ_{a=1}^n e^{s_a} = c + log Σ_{a=1}^n e^{s_a − c} for any `n` and any `c`."""
+    n, a, s, _, _ = symbols_any_n()
+    c = sp.Symbol("c", real=True)
+    lhs = sp.log(sp.Sum(sp.exp(s[a]), (a, 1, n)))
+    return [Identity("lse shift by c, any n", lhs,
+                     c + sp.log(sp.Sum(sp.exp(s[a] - c), (a, 1, n))))]
+
+
+def lse_of_union_any_n() -> list[Identity]:
+    """lse over keys 1..n = lse of the two chunks' lse's, keys 1..m and m+1..n, for any
+    sizes (`m`, `n` symbols). By induction on the number of chunks this covers any
+    chunking."""
+    n, a, s, _, _ = symbols_any_n()
+    m = sp.Symbol("m", integer=True, positive=True)
+    whole = sp.log(sp.Sum(sp.exp(s[a]), (a, 1, n)))
+    first, second = (sp.log(sp.Sum(sp.exp(s[a]), (a, lo, hi))) for lo, hi in
+                     ((1, m), (m + 1, n)))
+    return [Identity("lse over chunks 1..m and m+1..n", whole, lse([first, second]))]
+
+
+def combine_matches_chunks_any_n() -> list[Identity]:
+    """Combining two chunks' states gives the state of their union, for any chunk sizes.
+
+    Two steps, each an identity: (1) for any positive sums `X` (of e^{s_a}) and `Y` (of
+    e^{s_a} w_a), `combine((Y1/X1, log X1), (Y2/X2, log X2)) = ((Y1+Y2)/(X1+X2),
+    log(X1+X2))`; (2) the sums over keys 1..m and m+1..n add up to the sums over 1..n, for
+    symbolic `m` and `n`. So the combined state is (attention, lse) of the union.
+    """
+    n, a, s, w, _ = symbols_any_n()
+    m = sp.Symbol("m", integer=True, positive=True)
+    x1, x2, y1, y2 = sp.symbols("X1 X2 Y1 Y2", positive=True)
+    out, l = combine_expr((y1 / x1, sp.log(x1)), (y2 / x2, sp.log(x2)))
+
+    def split(f):
+        return (sp.Sum(f, (a, 1, m)) + sp.Sum(f, (a, m + 1, n)), sp.Sum(f, (a, 1, n)))
+
+    return [
+        Identity("combine out = (Y1 + Y2)/(X1 + X2)", out, (y1 + y2) / (x1 + x2)),
+        Identity("combine lse = log(X1 + X2)", l, sp.log(x1 + x2)),
+        Identity("sum of e^s over 1..m and m+1..n = over 1..n", *split(sp.exp(s[a]))),
+        Identity("sum of e^s w over 1..m and m+1..n = over 1..n", *split(sp.exp(s[a]) * w[a])),
+    ]
+
+
+ANY_N = {
+    "cumulants_any_n": cumulants_any_n,
+    "shift_invariance_any_n": shift_invariance_any_n,
+    "lse_of_union_any_n": lse_of_union_any_n,
+    "combine_matches_chunks_any_n": combine_matches_chunks_any_n,
+}
+"""Identities proved for a symbolic number of keys (kept out of `ALL`, whose count the CLI
+demo prints)."""
+
+
 ALL = {
     "gradient_is_attention": gradient_is_attention,
     "hessian_is_covariance": hessian_is_covariance,
