@@ -229,7 +229,9 @@ def _check_states_sequence(states: Any) -> list:
 def tree_reduce(
     states: Sequence[T], branching: int = 2, op: Callable[[T, T], T] = combine  # type: ignore[assignment]
 ) -> T:
-    """Reduce with a `branching`-ary tree: `ceil(log_branching(n))` levels of `op`.
+    """Reduce with a `branching`-ary tree: `ceil(log_branching(n))` levels, each group of up
+    to `branching` merged left to right by `branching − 1` binary `op`s (so a ternary level
+    is two sequential binary steps, not one).
 
     `op` defaults to `combine`; any associative operation works (e.g. `max`). Neighbours are
     merged first and an odd one out moves up a level unchanged. A counter such as
