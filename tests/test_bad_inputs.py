@@ -290,8 +290,19 @@ def states_family() -> list[Case]:
           for c in (case(fn, "type", "state", lambda fn=fn: fn("state", ("x",)), TypeError,
                          "state"),
                     case(fn, "type", "axes", lambda fn=fn: fn(STATE, "x"), TypeError, "axes"))],
+        *merge_helper_cases(),
         case(states.merge_stacked, "type", "stacked",
              lambda: states.merge_stacked([STATE, STATE]), TypeError, "stacked"),
+        case(cs, "type", "lse-list", lambda: cs(_state(lse=STATE.lse.tolist()), STATE),
+             TypeError, "a.lse"),
+        # A merge is a collective: outside shard_map (or over an axis the enclosing
+        # shard_map lacks) it is refused by name, not with JAX's unbound-axis NameError.
+        *[case(fn, "range", "outside-shard_map", lambda fn=fn: fn(STATE, ("x",)), ValueError,
+               "axes") for fn in merges.MERGES.values()],
+        case(merges.allreduce_combine, "range", "unknown-axis",
+             lambda: jax.shard_map(lambda o: merges.allreduce_combine(
+                 _state(out=o), ("y",)).out, mesh=mesh(), in_specs=jax.P(),
+                 out_specs=jax.P())(OUT), ValueError, "axes"),
     ]
     ch = tae.chunk_states
     cases += qkv_cases(ch, lambda q, k, v, **kw: ch(q, k, v, [TK], **kw))
@@ -305,7 +316,33 @@ def states_family() -> list[Case]:
              "chunk_sizes"),
     ]
     cases += qkv_cases(tae.local_state, tae.local_state, chunk=True)
+    ls = tae.local_state
+    cases += [case(ls, kind, f"kv_offset={bad!r}", lambda bad=bad: ls(Q, K, V, kv_offset=bad),
+                   exc, "kv_offset")
+              for kind, bad, exc in (("type", 1.5, TypeError), ("type", "8", TypeError),
+                                     ("shape", np.array([1, 2]), TypeError),
+                                     ("type", True, TypeError),
+                                     ("range", 2**40, ValueError))]
     return cases
+
+
+def merge_helper_cases() -> list[Case]:
+    hp, ow, sp = merges.heads_per_device, merges.one_pass_window, merges.set_auto_policy
+    return [
+        case(hp, "range", "p-0", lambda: hp(8, 0), ValueError, "p"),
+        case(hp, "type", "q_heads-float", lambda: hp(8.0, 2), TypeError, "q_heads"),
+        case(ow, "range", "p-0", lambda: ow(jnp.float32, 0), ValueError, "p"),
+        case(ow, "range", "p-negative", lambda: ow(jnp.float32, -3), ValueError, "p"),
+        case(ow, "range", "out_max-nan", lambda: ow(jnp.float32, 8, out_max=float("nan")),
+             ValueError, "out_max"),
+        case(ow, "range", "out_max-0", lambda: ow(jnp.float32, 8, out_max=0), ValueError,
+             "out_max"),
+        case(ow, "range", "out_min-negative", lambda: ow(jnp.float32, 8, out_min=-1),
+             ValueError, "out_min"),
+        case(ow, "dtype", "int32", lambda: ow(jnp.int32, 8), TypeError, "dtype"),
+        case(ow, "type", "p-float", lambda: ow(jnp.float32, 8.0), TypeError, "p"),
+        case(sp, "type", "not-callable", lambda: sp(42), TypeError, "policy"),
+    ]
 
 
 # --- devices, kernels, decoders ----------------------------------------------------------------
@@ -330,6 +367,8 @@ def devices_family() -> list[Case]:
         case(mm, "dtype", "devices-ints", lambda: mm(2, "x", devices=[0, 1]), TypeError,
              "devices"),
         case(mm, "type", "devices-int", lambda: mm(2, "x", devices=5), TypeError, "devices"),
+        case(mm, "range", "devices-repeated", lambda: mm(2, "x", devices=[jax.devices()[0]] * 2),
+             ValueError, "devices"),
         case(mm, "range", "devices-too-few", lambda: mm(2, "x", devices=jax.devices()[:1]),
              ValueError, "shape", "devices"),
         *pad_cache_cases(),
@@ -402,6 +441,12 @@ def kernels_family() -> list[Case]:
         case(cs, "range", "cudnn-off-a-gpu", lambda: cs(Q, K, VD), ValueError, "local_kernel"),
         case(rs, "range", "cudnn-off-a-gpu", lambda: rs("cudnn", **auto), ValueError,
              "local_kernel"),
+        case(kernels.cudnn.head_dim_limit, "type", "capability-str",
+             lambda: kernels.cudnn.head_dim_limit("9.0"), TypeError, "capability"),
+        case(xs, "type", "kv_offset-float", lambda: xs(Q, K, V, kv_offset=1.5), TypeError,
+             "kv_offset"),
+        case(cs, "type", "kv_offset-str", lambda: cs_xla(Q, K, VD, kv_offset="8"), TypeError,
+             "kv_offset"),
     ]
 
 
@@ -412,8 +457,11 @@ def decode_family() -> list[Case]:
             *decoder_cases(tae.ring_decode_pass_q), *decoder_cases(fe),
             case(td, "range", "merge", lambda: td(Q, K, V, mesh=mesh(), merge="ring"),
                  ValueError, "merge"),
-            case(td, "range", "merge-list", lambda: td(Q, K, V, mesh=mesh(), merge=["auto"]),
-                 ValueError, "merge"),
+            case(td, "type", "merge-list", lambda: td(Q, K, V, mesh=mesh(), merge=["auto"]),
+                 TypeError, "merge"),
+            case(td, "type", "merge-array",
+                 lambda: td(Q, K, V, mesh=mesh(), merge=np.array(["allreduce"])), TypeError,
+                 "merge"),
             *qkv_cases(te, lambda q, k, v, **kw: te(q, k, v, OUT, mesh=mesh(), **kw)),
             *like_output_cases(te, lambda z: te(Q, K, V, z, mesh=mesh()), "zeta"),
             case(te, "type", "mesh", lambda: te(Q, K, V, OUT, mesh="x"), TypeError, "mesh"),
@@ -946,15 +994,14 @@ NOT_VALIDATED = {
                "check_state"},  # the check itself
     "merges": {"check_axes", "shared_max", "psum_inner_first", "global_lse", "pack", "unpack",
                "pad_heads",  # pieces of the merges, inside shard_map on validated states
-               "heads_per_device", "one_pass_window",  # sizes of validated shapes
-               "MergeProblem", "set_auto_policy", "resolve_merge"},  # the auto policy
+               "MergeProblem", "resolve_merge"},  # the auto policy's plumbing
     "devices": {"mesh_devices", "axis_size", "shard_index", "ring_permutation",
                 "varying_like", "resolve_mesh", "is_explicit", "check_seq_axes",
                 "check_divisible"},  # helpers of make_mesh/decode, which check
     "kernels": {"check_name"},  # the check itself
     "flash": {"installed", "version_reason", "available", "unsupported_reason",
               "layout_reason", "forward_only"},  # helpers of resolve and flash_state
-    "cudnn": {"cuda_capability", "head_dim_limit", "unsupported_reason"},  # helpers of resolve
+    "cudnn": {"cuda_capability", "unsupported_reason"},  # helpers of resolve
     "common": {"default_backend"},
     "decode": {"Plan", "kv_spec", "make_plan",  # the decoders' own planning, which checks
                "pass_q_blocks"},  # sizes of validated shapes

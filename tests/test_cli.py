@@ -129,6 +129,12 @@ BAD_FLAGS = [
     ("launch --timeout nan", "--timeout"),
     ("launch --port 70000", "--port"),
     ("launch --cluster --port 1234", "--port"),
+    # fetch-model: the folder is checked before the download
+    ("fetch-model --cache ''", "`cache` is empty"),
+    ("fetch-model --cache {file}", "is a file, not a folder"),
+    ("fetch-model --cache {file}/models", "cannot be used as a folder"),
+    # cluster: tc's token bucket has a smallest rate
+    ("cluster --link-gbit 1e-300", "--link-gbit"),
     # the command itself
     ("", "COMMAND"),
     ("frobnicate", "frobnicate"),

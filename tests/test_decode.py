@@ -71,6 +71,24 @@ def test_sharded_inputs_and_jit(mesh8):
     np.testing.assert_allclose(out, np_attention(q, k, v), **tol(q.dtype))
 
 
+def test_inputs_placed_elsewhere_are_moved_onto_the_mesh(mesh8):
+    """Arrays committed to one device, or sharded on another mesh, are placed on the decode's
+    mesh (JAX's jit refuses them with 'incompatible devices')."""
+    q, k, v = rand_qkv(7, Tk=16)
+    want = np_attention(q, k, v)
+    devs = jax.devices()
+    other = NamedSharding(tae.make_mesh(4, "y", devices=devs[4:]), P(None, "y"))
+    placements = {
+        "committed to one device": (jax.device_put(q, devs[5]), jax.device_put(k, devs[3]),
+                                    jax.device_put(v, devs[3])),
+        "sharded on another mesh": (q, jax.device_put(k, other), jax.device_put(v, other)),
+    }
+    for name, (qq, kk, vv) in placements.items():
+        for f in (tae.tree_decode, tae.ring_decode, tae.ring_decode_pass_q):
+            np.testing.assert_allclose(f(qq, kk, vv, mesh=mesh8), want, **tol(jnp.float64),
+                                       err_msg=f"{f.__name__}: {name}")
+
+
 def test_seq_axes_subset(mesh2x4):
     """Sharding over "gpu" only replicates the cache across "node"; the answer is unchanged."""
     q, k, v = rand_qkv(5, Tk=20)

@@ -236,6 +236,38 @@ def test_chat_template(tmp_path):
                            template="{{ messages.__class__.__mro__[1].__subclasses__() }}")
     with pytest.raises(ValueError, match=r"tokenizer.chat_template: does not render"):
         gc.render_chat(gc.inspect_gguf(hostile), [{"role": "user", "content": "x"}])
+    hostile, _ = _tok_file(tmp_path, pre="gpt2", template="{{ 1/0 }}")
+    with pytest.raises(ValueError, match=r"does not render \(ZeroDivisionError"):
+        gc.render_chat(gc.inspect_gguf(hostile), [{"role": "user", "content": "x"}])
+    with pytest.raises(TypeError, match=r"`messages`"):
+        gc.render_chat(info, None)
+    with pytest.raises(TypeError, match=r"`messages\[1\]`"):
+        gc.render_chat(info, [{"role": "user", "content": "x"}, {"role": "user"}])
+
+
+HOSTILE_TEMPLATES = {  # each would take minutes, gigabytes or a traceback without limits
+    "power": ("{{ 2 ** (2 ** 40) }}", "65,536 bits"),
+    "digits": ("{{ 10 ** 100000 }}", "65,536 bits"),
+    "repeat": ("{{ 'a' * 4000000000 }}", "repeats a sequence"),
+    "filter": ("{{ 'a'|center(1000000000) }}", "with the size"),
+    "method": ("{{ 'a'.ljust(1000000000) }}", "with the size"),
+    "format": ("{{ '%*s' % (1000000000, 'a') }}", "with the size"),
+    "loops": ("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}"
+              "{% endfor %}", "loops run more than"),
+    "output": ("{% for i in range(999999) %}xx{% endfor %}", "output passes"),
+    "silent loops": ("{% set l = range(2000)|list %}{% for i in l %}{% for j in l %}"
+                     "{% for k in l %}{% endfor %}{% endfor %}{% endfor %}", "ran for more"),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_TEMPLATES)
+def test_hostile_chat_templates_stop_within_limits(name, monkeypatch):
+    from tree_attention_edu.llama import chat_template as ct
+    if name == "silent loops":  # only the clock stops it: a short one
+        monkeypatch.setattr(ct, "TIME_LIMIT_S", 0.3)
+    template, message = HOSTILE_TEMPLATES[name]
+    with pytest.raises(ct.TemplateLimitError, match=message):
+        ct.render(template, messages=[])
 
 
 # --- malformed files: one clear message, bounded time and memory ---------------------------

@@ -142,12 +142,18 @@ def test_lengths_outside_the_cache_are_clamped_the_same_way_on_every_path(paths,
     `jit`): below 0 acts as 0, above the cache as the cache's length, on every path, and the
     same bits eagerly and under `jit`."""
     q, k, v = problem
-    bad = jnp.array([-3, TK + 2], jnp.int32)
     want = tae.attention(q, k, v, kv_lengths=jnp.array([0, TK]))
-    for name, f in paths.items():
-        eager = f(q, k, v, bad)
-        np.testing.assert_allclose(eager, want, rtol=1e-12, atol=1e-12, err_msg=name)
-        np.testing.assert_array_equal(jax.jit(f)(q, k, v, bad), eager, err_msg=name)
+    # Wide integers saturate before they are narrowed to int32: 2**32 + 3 wrapped to 3 once,
+    # and uint32 2**32 - 1 to -1.
+    for bad in (jnp.array([-3, TK + 2], jnp.int32), np.array([-2**40, 2**32 + 3], np.int64),
+                np.array([0, 2**32 - 1], np.uint32)):
+        for name, f in paths.items():
+            eager = f(q, k, v, bad)
+            np.testing.assert_allclose(eager, want, rtol=1e-12, atol=1e-12,
+                                       err_msg=f"{name} {bad.dtype}")
+            np.testing.assert_array_equal(jax.jit(f)(q, k, v, bad), eager, err_msg=name)
+    _, _, n = tae.pad_cache(k[:, :13], v[:, :13], 8, kv_lengths=np.array([2**32 + 1, 5]))
+    np.testing.assert_array_equal(n, [13, 5])
 
 
 # ------------------------------------------------------------------ 3. visible NaN
@@ -230,13 +236,16 @@ def test_logits_that_overflow_give_nan_on_every_path(mesh8):
 # ------------------------------------------------------------------ 5. empty shapes
 
 
-@pytest.mark.parametrize("shape", [dict(B=0), dict(Tq=0)])
-def test_no_queries_give_an_empty_result(paths, shape):
+@pytest.mark.parametrize("shape", [dict(B=0), dict(Tq=0), dict(Hq=0)])
+def test_no_queries_give_an_empty_result(paths, shape, mesh8):
     q, k, v = rand_qkv(12, **{**dict(B=B, Tq=TQ, Hq=HQ, Hkv=HKV, D=D, Dv=D, Tk=TK), **shape})
     n = jnp.full((q.shape[0],), 5, jnp.int32)
-    for name, f in paths.items():
-        out = f(q, k, v, n)
-        assert out.shape == (q.shape[0], q.shape[1], HQ, D), name
+    want = (q.shape[0], q.shape[1], q.shape[2], D)
+    for name, f in {**paths, "pass_q": lambda q, k, v, n: tae.ring_decode_pass_q(
+            q, k, v, mesh=mesh8, kv_lengths=n)}.items():
+        assert f(q, k, v, n).shape == want, name
+    # "auto" asks no policy about an empty problem (the cost model refuses a batch of 0)
+    assert tae.tree_decode(q, k, v, mesh=mesh8, merge="auto").shape == want
 
 
 def test_head_dim_zero_is_refused(mesh8):

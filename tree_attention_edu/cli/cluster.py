@@ -21,7 +21,9 @@ def _rates(text: str) -> list[float]:
     if not text.strip() or any(not s for s in parts):
         raise argparse.ArgumentTypeError(f"expected comma-separated rates in Gbit/s, got "
                                          f"{text!r}")
-    return [cl.finite(s, "a rate in Gbit/s", lambda r: 0 < r <= 100, "in (0, 100]")
+    # tc's token bucket counts whole bits per second; below 1 Mbit/s a decode step's few
+    # kilobytes would take seconds per message anyway.
+    return [cl.finite(s, "a rate in Gbit/s", lambda r: 0.001 <= r <= 100, "in [0.001, 100]")
             for s in parts]
 
 

@@ -17,7 +17,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def validate(parser: argparse.ArgumentParser, args: Any) -> None:
-    del parser, args  # fetch_model checks the folder and says what went wrong
+    from ..llama.fetch import make_cache
+
+    try:
+        make_cache(args.cache)  # the folder must exist before the 98 MB download
+    except ValueError as err:
+        parser.error(f"--cache: {err}")
 
 
 def run(args: Any) -> int:

@@ -120,6 +120,28 @@ def _sharded(plan: Plan, body: Callable[..., Any], out_specs: Any, q: Array, k: 
     return jax.shard_map(body, mesh=plan.mesh, in_specs=specs, out_specs=out_specs)(*args)
 
 
+def _place(plan: Plan, q: Any, k: Any, v: Any, kv_lengths: Any, *extra: Any) -> tuple:
+    """Arrays already placed on other devices than the mesh's (committed to one device, or
+    sharded on another mesh) are moved onto it, as `jit` would place uncommitted ones; under
+    an outer `jit` the arguments are traced and the outer program places them."""
+    want = set(plan.mesh.devices.flat) if isinstance(plan.mesh, Mesh) else None
+    specs = (P(), plan.kv_spec, plan.kv_spec, P(), *(P() for _ in extra))
+
+    def place(x: Any, spec: P) -> Any:
+        if (want is None or not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer)
+                or not x.is_fully_addressable or set(x.sharding.device_set) == want):
+            return x
+        return jax.device_put(x, NamedSharding(plan.mesh, spec))
+
+    return tuple(place(x, s) for x, s in zip((q, k, v, kv_lengths, *extra), specs,
+                                              strict=True))
+
+
+def _nothing_to_attend(dims: inputs.Dims) -> bool:
+    """An empty output (no batch, query or head): no collective runs."""
+    return dims.batch == 0 or dims.q_len == 0 or dims.q_heads == 0
+
+
 def _empty(dims: inputs.Dims, dtype: Any) -> Array:
     return jnp.zeros((dims.batch, dims.q_len, dims.q_heads, dims.v_dim), dtype)
 
@@ -164,14 +186,13 @@ def tree_decode(
     """
     plan, dims = make_plan(q, k, v, mesh=mesh, seq_axes=seq_axes, scale=scale, causal=causal,
                            kv_lengths=kv_lengths, local_kernel=local_kernel, layout=layout)
-    if merge not in (*merges.MERGES, "auto"):
-        raise ValueError(f"`merge` must be one of {(*merges.MERGES, 'auto')}, got {merge!r}.")
+    validate.check_str_choice(merge, (*merges.MERGES, "auto"), "merge")
+    if _nothing_to_attend(dims):  # no collective, and no pattern to pick
+        return _empty(dims, q.dtype)
     merge = merges.resolve_merge(merge, merges.MergeProblem(
         dims.batch, dims.q_len, dims.q_heads, dims.kv_heads, dims.head_dim, dims.v_dim,
         dims.kv_len, jnp.dtype(q.dtype), tuple(plan.mesh.shape[a] for a in plan.axes)))
-    if dims.batch == 0 or dims.q_len == 0:  # nothing to attend: no collective
-        return _empty(dims, q.dtype)
-    return _tree(plan, merge, q, k, v, kv_lengths)
+    return _tree(plan, merge, *_place(plan, q, k, v, kv_lengths))
 
 
 @partial(jax.jit, static_argnums=(0, 1))
@@ -227,9 +248,9 @@ def ring_decode(
     """
     plan, dims = make_plan(q, k, v, mesh=mesh, seq_axes=seq_axes, scale=scale, causal=causal,
                            kv_lengths=kv_lengths, local_kernel=local_kernel, layout=layout)
-    if dims.batch == 0 or dims.q_len == 0:
+    if _nothing_to_attend(dims):
         return _empty(dims, q.dtype)
-    return _ring(plan, q, k, v, kv_lengths)
+    return _ring(plan, *_place(plan, q, k, v, kv_lengths))
 
 
 @partial(jax.jit, static_argnums=0)
@@ -291,9 +312,9 @@ def ring_decode_pass_q(
     """
     plan, dims = make_plan(q, k, v, mesh=mesh, seq_axes=seq_axes, scale=scale, causal=causal,
                            kv_lengths=kv_lengths, local_kernel=local_kernel, layout=layout)
-    if dims.batch == 0 or dims.q_len == 0:
+    if _nothing_to_attend(dims):
         return _empty(dims, q.dtype)
-    return _pass_q(plan, q, k, v, kv_lengths)
+    return _pass_q(plan, *_place(plan, q, k, v, kv_lengths))
 
 
 def pass_q_blocks(kv_heads: int, p: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
@@ -381,9 +402,9 @@ def tree_energy(
                            kv_lengths=kv_lengths, local_kernel="xla", layout=layout)
     inputs.check_zeta(zeta, dims)
     acc = accum_dtype(q.dtype)
-    if dims.batch == 0 or dims.q_len == 0:
+    if _nothing_to_attend(dims):
         return jnp.zeros((), acc)
-    return _energy(plan, q, k, v, kv_lengths, zeta.astype(acc))
+    return _energy(plan, *_place(plan, q, k, v, kv_lengths, zeta.astype(acc)))
 
 
 def tree_decode_from_energy(
@@ -411,9 +432,9 @@ def tree_decode_from_energy(
                          "Use local_kernel='xla' (or tree_decode for flash or cudnn).")
     plan, dims = make_plan(q, k, v, mesh=mesh, seq_axes=seq_axes, scale=scale, causal=causal,
                            kv_lengths=kv_lengths, local_kernel="xla", layout=layout)
-    if dims.batch == 0 or dims.q_len == 0:
+    if _nothing_to_attend(dims):
         return _empty(dims, q.dtype)
-    return _energy_grad(plan, q, k, v, kv_lengths)
+    return _energy_grad(plan, *_place(plan, q, k, v, kv_lengths))
 
 
 @partial(jax.jit, static_argnums=0)

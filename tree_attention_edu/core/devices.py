@@ -20,7 +20,7 @@ import numpy as np
 from jax import Array, lax
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
-from . import inputs, validate
+from . import inputs, masks, validate
 
 
 def simulate_devices(n: int) -> None:
@@ -207,8 +207,7 @@ def pad_cache(
                          f"rank-4 caches of layout {layout!r}.")
     inputs.check_kv_lengths(kv_lengths, ks[0])
     tk = ks[ax]
-    lengths = (jnp.full((ks[0],), tk, jnp.int32) if kv_lengths is None
-               else jnp.clip(jnp.asarray(kv_lengths, jnp.int32), 0, tk))
+    lengths = masks.clamp_lengths(kv_lengths, ks[0], tk)
     pad = (-tk) % p
     if pad:
         widths = [(0, 0)] * 4
@@ -341,5 +340,8 @@ def _mesh_device_list(devices: Any) -> list | None:
     if not devs:
         raise ValueError("`devices` is empty; pass None for all devices, or some of "
                          "jax.devices().")
+    if len(set(devs)) != len(devs):
+        raise ValueError(f"`devices` names a device more than once ({len(devs)} entries, "
+                         f"{len(set(devs))} distinct); a mesh places each device once.")
     return devs
 

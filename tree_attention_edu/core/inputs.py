@@ -127,6 +127,24 @@ def check_kv_lengths(kv_lengths: Any, batch: int) -> None:
         )
 
 
+def check_kv_offset(kv_offset: Any) -> Any:
+    """`kv_offset`, a chunk's global position: one integer (a Python or numpy int, or a 0-d
+    integer array, which may be traced: a device index times the shard length). Its value
+    is not inspected; it may be negative (the chunk starts before position 0)."""
+    if isinstance(kv_offset, int | np.integer) and not isinstance(kv_offset, bool | np.bool_):
+        if not np.iinfo(np.int32).min <= int(kv_offset) <= np.iinfo(np.int32).max:
+            raise ValueError(f"`kv_offset` must fit in int32, got {int(kv_offset)}.")
+        return int(kv_offset)
+    shape, dtype = getattr(kv_offset, "shape", None), getattr(kv_offset, "dtype", None)
+    if shape == () and dtype is not None and jnp.issubdtype(dtype, jnp.integer):
+        return kv_offset
+    raise TypeError(
+        f"`kv_offset` must be one integer (the global position of the chunk's first key), got "
+        f"{type(kv_offset).__name__}"
+        f"{' of shape ' + str(tuple(shape)) if shape is not None else ''}"
+        f"{' and dtype ' + str(dtype) if dtype is not None else ''}; e.g. `kv_offset=1024`.")
+
+
 def bthd_view(x: Any, layout: str, name: str = "k or v") -> Any:
     """Shape-and-dtype stand-in of a K or V array in "bthd" order, for validation."""
     check_layout(layout)

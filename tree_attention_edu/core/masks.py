@@ -16,7 +16,10 @@ and sharded attention exact.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 
@@ -63,11 +66,34 @@ def clamp_lengths(kv_lengths: Array | None, batch: int, kv_len: int) -> Array:
 
     Lengths are values, so they are never checked (a check would raise eagerly and be
     skipped under `jax.jit`): one below 0 acts as 0 and one above the cache as the cache's
-    length, the same on every path, eagerly and under `jit`.
+    length, the same on every path, eagerly and under `jit` (wide integers saturate first,
+    `as_lengths`: 2**32 + 3 acts as `kv_len`, not as 3).
     """
     if kv_lengths is None:
         return full_lengths(batch, kv_len)
-    return jnp.clip(jnp.asarray(kv_lengths, jnp.int32), 0, kv_len)
+    return jnp.clip(as_lengths(kv_lengths), 0, kv_len)
+
+
+def as_lengths(kv_lengths: Any) -> Array:
+    """Integer lengths as int32, saturated (not wrapped) into int32's range.
+
+    Lengths wider than int32 (int64, uint32, uint64) are saturated in their own dtype
+    before they are narrowed, so 2**32 + 3 stays the largest int32 instead of becoming 3.
+    No length of a real cache comes near 2**31, so no mask changes. (Without
+    `jax_enable_x64`, JAX narrows an int64 argument of a jitted function to int32 before
+    this code sees it; numpy arrays passed eagerly are saturated here first.)
+    """
+    info = np.iinfo(np.int32)
+
+    def saturate(x: Any, clip: Any) -> Any:
+        if np.iinfo(x.dtype).max <= info.max:
+            return x  # every value fits (int8/16/32, uint8/16)
+        signed = np.issubdtype(x.dtype, np.signedinteger)
+        return clip(x, int(info.min) if signed else 0, int(info.max))
+
+    if isinstance(kv_lengths, np.ndarray | np.generic):  # before JAX narrows it
+        kv_lengths = saturate(np.asarray(kv_lengths), np.clip)
+    return saturate(jnp.asarray(kv_lengths), jnp.clip).astype(jnp.int32)
 
 
 def select_valid_keys(x: Array, kv_lengths: Array, kv_offset: int | Array = 0,

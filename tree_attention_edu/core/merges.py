@@ -18,11 +18,13 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
+import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import Array, lax
+from jax.sharding import AxisType
 from jax.typing import DTypeLike
 
+from . import validate
 from .numerics import finite_or_zero, lse_pair, nonzero_or_one
 from .states import (
     AttentionState,
@@ -38,13 +40,26 @@ Merge = Callable[[AttentionState, Sequence[str]], AttentionState]
 
 
 def check_axes(state: Any, axes: Any) -> tuple[str, ...]:
-    """A merge's arguments: an AttentionState and a list or tuple of mesh axis names."""
+    """A merge's arguments: an AttentionState and a list or tuple of mesh axis names, each a
+    manual axis of the enclosing `jax.shard_map` (the merges are collectives over them)."""
     if not isinstance(state, AttentionState):
         raise TypeError(f"`state` must be an AttentionState, got {type(state).__name__}.")
     if isinstance(axes, str) or not (isinstance(axes, list | tuple)
                                      and all(isinstance(a, str) for a in axes)):
         raise TypeError(f"`axes` must be a list or tuple of mesh axis names, outermost first, "
                         f"got {axes!r}.")
+    mesh = jax.sharding.get_abstract_mesh()
+    manual = () if mesh.empty else tuple(
+        a for a, t in zip(mesh.axis_names, mesh.axis_types, strict=True)
+        if t == AxisType.Manual)
+    outside = [a for a in axes if a not in manual]
+    if outside:
+        where = (f"the enclosing shard_map's manual axes are {manual}" if manual
+                 else "this call is not inside jax.shard_map")
+        raise ValueError(
+            f"`axes` {tuple(axes)} names {outside}, but {where}. A merge is a collective over "
+            f"the devices of a shard_map: call it inside `jax.shard_map(..., mesh=mesh)` with "
+            f"axes of that mesh (tree_decode does this for you).")
     return tuple(axes)
 
 
@@ -105,6 +120,8 @@ def unpack(packed: Array) -> AttentionState:
 
 def heads_per_device(q_heads: int, p: int) -> int:
     """Query heads each device ends with in the head-scattered patterns: `ceil(Hq / p)`."""
+    validate.check_size(q_heads, "q_heads")
+    validate.check_positive(p, "p")
     return -(-q_heads // p)
 
 
@@ -193,11 +210,20 @@ def one_pass_window(dtype: DTypeLike, p: int, out_max: float = 1.0,
 
     `one_pass_combine` applies these bounds row by row, with each row's own smallest nonzero
     and largest `|out|`.
+
+    Args:
+      dtype: a floating dtype (float16, bfloat16, float32 or float64).
+      p: the number of devices, >= 1.
+      out_max, out_min: positive finite bounds on the outputs' nonzero magnitudes.
     """
-    info = np.finfo(np.dtype(dtype))
+    validate.check_float_dtype(dtype)
+    validate.check_positive(p, "p")
+    out_max = validate.check_real(out_max, "out_max", low=0.0, low_open=True)
+    out_min = validate.check_real(out_min, "out_min", low=0.0, low_open=True)
+    info = jnp.finfo(dtype)
     tiny, big = math.log(float(info.tiny)), math.log(float(info.max))
     low = tiny - min(math.log(out_min), 0.0)
-    high = min(big - max(math.log(out_max), 0.0), -tiny) - math.log(max(p, 1))
+    high = min(big - max(math.log(out_max), 0.0), -tiny) - math.log(p)
     return low, high
 
 
@@ -217,7 +243,7 @@ def one_pass_combine(state: AttentionState, axes: Sequence[str],
     axes = check_axes(state, axes)
     p = lax.axis_size(axes)
     dt = state.out.dtype
-    info = np.finfo(np.dtype(dt))
+    info = jnp.finfo(dt)
     x = (state.lse - shift) + state.lse_lo
     mag = jnp.abs(state.out)
     big = jnp.log(jnp.maximum(jnp.max(mag, axis=-1), 1.0))  # >= 0
@@ -291,6 +317,9 @@ def set_auto_policy(policy: MergePolicy | None) -> None:
     """Give the core the policy that `merge="auto"` asks: a function of a `MergeProblem`
     that returns one of `AUTO_MERGES`. The package registers `perf.costmodel.auto_merge` on
     import; `None` restores the default, "allreduce"."""
+    if policy is not None:
+        validate.check_callable(policy, "policy", "a function of a MergeProblem that returns "
+                                "a pattern name")
     _auto_policy.clear()
     if policy is not None:
         _auto_policy.append(policy)

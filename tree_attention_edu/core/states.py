@@ -106,6 +106,9 @@ def local_state(
       `AttentionState` in the accumulation dtype (float32, or float64 for float64 inputs).
     """
     dims = inputs.check_qkv(q, k_chunk, v_chunk, kv_lengths)
+    kv_offset = inputs.check_kv_offset(kv_offset)
+    if kv_lengths is not None:
+        kv_lengths = masks.as_lengths(kv_lengths)
     s, mask = scaled_scores(
         q,
         k_chunk,
@@ -147,8 +150,8 @@ def check_state(state: Any, name: str) -> AttentionState:
     shapes = []
     for part in ("out", "lse", "lse_lo"):
         x = getattr(state, part)
+        shapes.append(validate.shape_of(x, f"{name}.{part}"))  # an array first, then its dtype
         validate.check_float(x, f"{name}.{part}")
-        shapes.append(validate.shape_of(x, f"{name}.{part}"))
     out, lse, lo = shapes
     if out[:-1] != lse or lo != lse:
         raise ValueError(f"`{name}` has out {out}, lse {lse} and lse_lo {lo}; lse and lse_lo "

@@ -158,7 +158,10 @@ def check_real(value: Any, name: str, *, low: float | None = None, high: float |
             f"concrete number here; pass it as a static argument "
             f"(`jax.jit(f, static_argnames='{name}')`)."
         )
-    x = float(number)
+    try:
+        x = float(number)
+    except OverflowError:  # an int past float's range, e.g. 10**400
+        x = math.inf if number > 0 else -math.inf
     bounds = _interval(low, high, low_open, high_open) if (low, high) != (None, None) else ""
     if math.isnan(x) or (finite and math.isinf(x)):
         raise ValueError(

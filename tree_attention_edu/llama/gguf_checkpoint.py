@@ -49,6 +49,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..core import validate
+from . import chat_template
 from .checkpoint import aligned_empty, check_weight_dtype
 from .model import Config, Params
 
@@ -599,6 +600,20 @@ def eos_token_id(info: GGUFInfo) -> int | None:
     return tid if isinstance(tid, int) and 0 <= tid < info.cfg.vocab else None
 
 
+def _check_messages(messages: Any) -> list[dict]:
+    """A chat: a list of `{"role": str, "content": str}` dicts."""
+    example = "e.g. [{'role': 'user', 'content': 'Hello'}]"
+    if isinstance(messages, str | bytes | dict) or not isinstance(messages, list | tuple):
+        raise TypeError(f"`messages` must be a list of {{'role', 'content'}} dicts, {example}, "
+                        f"got {validate.describe(messages)}.")
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)):
+            raise TypeError(f"`messages[{i}]` must be a dict with str 'role' and 'content', "
+                            f"{example}, got {validate.describe(m)}.")
+    return [dict(m) for m in messages]
+
+
 def render_chat(info: GGUFInfo, messages: Sequence[dict], add_generation_prompt: bool = True,
                 tokenizer: Any = None) -> str:
     """The file's chat template (`tokenizer.chat_template`, Jinja) applied to `messages`
@@ -607,11 +622,19 @@ def render_chat(info: GGUFInfo, messages: Sequence[dict], add_generation_prompt:
     (`load_gguf_tokenizer`'s) spells the `bos_token` and `eos_token` the template may use.
 
     The template comes from an untrusted file, so it runs sandboxed (no attribute access to
-    Python internals); a template that fails to render is a ValueError naming the file.
+    Python internals) and bounded in time, memory and output (`llama.chat_template`); a
+    template that fails to render, for any reason, is a ValueError naming the file.
+
+    Args:
+      info: `inspect_gguf`'s description of the file.
+      messages: a list of `{"role": str, "content": str}` dicts.
+      add_generation_prompt: end with the assistant's turn header.
+      tokenizer: `load_gguf_tokenizer(info)`, or None.
     """
     from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+    messages = _check_messages(messages)
+    validate.check_bool(add_generation_prompt, "add_generation_prompt")
     template = info.metadata.get("tokenizer.chat_template")
     if not isinstance(template, str):
         raise _bad(info.path, "tokenizer.chat_template", "missing or not a string, so --chat "
@@ -625,11 +648,11 @@ def render_chat(info: GGUFInfo, messages: Sequence[dict], add_generation_prompt:
         tid = info.metadata.get(f"tokenizer.ggml.{w}_token_id")
         if tokenizer is not None and isinstance(tid, int):
             names[w] = tokenizer.id_to_token(tid) or ""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
     try:
-        return env.from_string(template).render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt,
-            bos_token=names.get("bos", ""), eos_token=names.get("eos", ""))
-    except TemplateError as err:
-        raise _bad(info.path, "tokenizer.chat_template", f"does not render ({err})") from None
+        return chat_template.render(
+            template, messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=names.get("bos", ""), eos_token=names.get("eos", ""),
+            raise_exception=raise_exception)
+    except Exception as err:  # an untrusted template: any failure of it is the file's
+        detail = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+        raise _bad(info.path, "tokenizer.chat_template", f"does not render ({detail})") from None

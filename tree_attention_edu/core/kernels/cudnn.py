@@ -49,7 +49,16 @@ def cuda_capability() -> tuple[int, int] | None:
 
 def head_dim_limit(capability: tuple[int, int] | None) -> int:
     """Largest head_dim cuDNN's bf16/fp16 flash attention takes: 256 from Hopper (compute
-    capability 9.0) on, 128 before (JAX's `check_is_flash_attention`)."""
+    capability 9.0) on, 128 before (JAX's `check_is_flash_attention`).
+
+    Args:
+      capability: the GPU's compute capability `(major, minor)` as ints, or None (unknown).
+    """
+    if capability is not None and not (
+            isinstance(capability, tuple | list) and len(capability) == 2
+            and all(isinstance(c, int) and not isinstance(c, bool) for c in capability)):
+        raise TypeError(f"`capability` must be a (major, minor) pair of ints such as (9, 0), "
+                        f"or None, got {validate.describe(capability)}.")
     return 256 if capability is not None and tuple(capability) >= (9, 0) else 128
 
 
@@ -140,6 +149,7 @@ def cudnn_state(
       (float32, or float64 for float64 inputs on the xla implementation).
     """
     dims = inputs.check_qkv(q, k_chunk, v_chunk, kv_lengths, layout=layout)
+    kv_offset = inputs.check_kv_offset(kv_offset)
     validate.check_choice(implementation, IMPLEMENTATIONS, "implementation")
     validate.check_bool(causal, "causal")
     B, Tq, Hq, D = q.shape
@@ -162,7 +172,7 @@ def cudnn_state(
     q, k, v = (x if x.dtype == dt else x.astype(dt) for x in (q, k, v))
     k, v = to_layout(k, layout, "bthd"), to_layout(v, layout, "bthd")  # "bhtd": a copy
     offset = jnp.asarray(kv_offset, jnp.int32)
-    lengths = None if kv_lengths is None else jnp.asarray(kv_lengths, jnp.int32)
+    lengths = None if kv_lengths is None else masks.as_lengths(kv_lengths)
     out, lse = _state(q, k, v, offset, lengths, scale, bool(causal), implementation)
     return AttentionState(out, lse, jnp.zeros_like(lse))
 

@@ -135,7 +135,7 @@ def flash_state(
     `kv_offset` only places the shard and changes nothing here. Forward-only: under
     `jax.grad` it raises (see the module docstring).
     """
-    del kv_offset
+    inputs.check_kv_offset(kv_offset)  # places the shard only: checked, then unused
     inputs.check_layout(layout)
     if layout != "bthd":
         raise ValueError(layout_reason(layout))

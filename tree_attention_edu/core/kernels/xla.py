@@ -147,6 +147,7 @@ def xla_state(
                 tuple(window[1] if i == head_ax else n for i, n in enumerate(x.shape)),
                 x.dtype) for x in (k_chunk, v_chunk))
     dims = inputs.check_qkv(q, k_view, v_view, kv_lengths, layout=layout)
+    kv_offset = inputs.check_kv_offset(kv_offset)
     validate.check_positive(block, "block")
     B, Tq, Hq, D = q.shape
     Hkv, Tc, G = dims.kv_heads, dims.kv_len, dims.group
@@ -159,7 +160,8 @@ def xla_state(
     # holds data and the "bhtd" layout is read in one pass (a where over the whole chunk would
     # be a cache-sized copy).
     padded = kv_lengths is not None
-    lengths = masks.full_lengths(B, Tc) + kv_offset if kv_lengths is None else kv_lengths
+    lengths = (masks.full_lengths(B, Tc) + kv_offset if kv_lengths is None
+               else masks.as_lengths(kv_lengths))
     # Queries of one kv head side by side: [B, Hkv, G·Tq, D], so K and V keep their layout.
     qg = (q.astype(acc) * jnp.asarray(scale, acc)).reshape(B, Tq, Hkv, G, D)
     qg = qg.transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * Tq, D)
