@@ -887,7 +887,8 @@ def merge_pattern_cases() -> list[Case]:
         case(ct, "range", "nbytes-negative", lambda: ct("all-gather", -1, TOPO), ValueError,
              "nbytes"),
         case(ct, "type", "topo-str", lambda: ct("all-gather", 8, "nvlink"), TypeError, "topo"),
-        case(cts, "range", "kind", lambda: cts([("gather", 8, 1)], TOPO), ValueError, "kind"),
+        case(cts, "range", "kind", lambda: cts([("gather", 8, 1)], TOPO), ValueError,
+             "collectives"),
         case(cts, "type", "topo", lambda: cts([("all-gather", 8, 1)], None), TypeError, "topo"),
         case(cb, "type", "collectives", lambda: cb(5), TypeError, "collectives"),
         case(bm, "range", "patterns-unknown", lambda: bm(1024, TOPO, patterns=("psum",)),
@@ -970,6 +971,152 @@ def checkpoint_family() -> list[Case]:
 CASES = CASES + checkpoint_family()
 
 
+def perf_theory_family() -> list[Case]:
+    """`theory.symbolic`, the Hopfield `beta`, the cost model's malformed lists and float
+    range, `introspect`'s shape text and arguments, and the measuring tools (`benchmark`,
+    `calibrate`): the cases of the hostile-input review."""
+    import sympy
+
+    from tree_attention_edu.perf import benchmark, calibrate
+    from tree_attention_edu.theory import symbolic as sy
+
+    en, st, rt = hf.hopfield_energy, hf.hopfield_step, hf.retrieve
+    lu, cmc, s_mean = sy.lse_of_union, sy.combine_matches_chunks, sy.softmax_mean
+    s2, v2, _ = sy.symbols(2, 1)
+    cts, cb, am = costmodel.collectives_time, costmodel.collective_bytes, costmodel.auto_merge
+    mp = merges.MergeProblem(1, 1, 16, 16, 128, 128, 1024, "float32", (8,))
+    sb, ms, cs = introspect.shape_bytes, introspect.memory_stats, introspect.collective_stats
+    prob = benchmark.Problem(seq_len=64, q_heads=2, kv_heads=2, head_dim=8)
+    small = dict(q_heads=2, kv_heads=2, head_dim=8)
+    bP, lr, fl, msz = benchmark.Problem, calibrate.local_rates, calibrate.fit_link, \
+        calibrate.message_sizes
+    mt, mts, mf = benchmark.median_time, benchmark.median_times, benchmark.method_fns
+    return [
+        # theory.symbolic: sizes are positive ints, sums are over at least one term
+        case(lu, "range", "sizes-zero", lambda: lu((0, 2)), ValueError, "sizes"),
+        case(lu, "range", "sizes-empty", lambda: lu(()), ValueError, "sizes"),
+        case(lu, "type", "sizes-str", lambda: lu("23"), TypeError, "sizes"),
+        case(sy.lse, "range", "xs-empty", lambda: sy.lse([]), ValueError, "xs"),
+        case(sy.lse, "type", "xs-int", lambda: sy.lse(5), TypeError, "xs"),
+        case(sy.symbols, "range", "n-negative", lambda: sy.symbols(-1, 2), ValueError, "n"),
+        case(sy.symbols, "type", "d-str", lambda: sy.symbols(2, "1"), TypeError, "d"),
+        case(sy.gradient_is_attention, "range", "n-0", lambda: sy.gradient_is_attention(0),
+             ValueError, "n"),
+        case(sy.gradient_is_attention, "type", "n-float",
+             lambda: sy.gradient_is_attention(2.5), TypeError, "n"),
+        case(cmc, "range", "sizes-zero", lambda: cmc((0, 0)), ValueError, "sizes"),
+        case(cmc, "shape", "sizes-three", lambda: cmc((1, 2, 3)), ValueError, "sizes"),
+        case(cmc, "type", "sizes-int", lambda: cmc(2), TypeError, "sizes"),
+        case(sy.third_cumulant, "range", "n-negative", lambda: sy.third_cumulant(-1),
+             ValueError, "n"),
+        case(sy.third_cumulant, "type", "n-float", lambda: sy.third_cumulant(1.5), TypeError,
+             "n"),
+        case(s_mean, "range", "j-out-of-range", lambda: s_mean(s2, v2, 5), ValueError, "j"),
+        case(s_mean, "type", "j-float", lambda: s_mean(s2, v2, 0.5), TypeError, "j"),
+        case(s_mean, "range", "s-empty", lambda: s_mean([], [], 0), ValueError, "s"),
+        case(sy.energy_expr, "shape", "v-rows", lambda: sy.energy_expr(s2, v2[:1], [s2[0]]),
+             ValueError, "v"),
+        case(sy.energy_expr, "type", "v-str", lambda: sy.energy_expr(s2, "v", [s2[0]]),
+             TypeError, "v"),
+        # hopfield: a traced beta is refused under jit as a bad one is eagerly
+        case(en, "type", "beta-traced-negative",
+             lambda: jax.jit(lambda b: en(XI[0], MEM.keys, b))(-2.0), TypeError, "beta"),
+        case(en, "type", "beta-traced-zero",
+             lambda: jax.jit(lambda b: en(XI[0], MEM.keys, b))(0.0), TypeError, "beta"),
+        case(st, "type", "beta-traced-negative",
+             lambda: jax.jit(lambda b: st(XI[0], MEM.keys, b))(-1.0), TypeError, "beta"),
+        case(rt, "range", "beta-overflows-float32", lambda: rt(XI, MEM, 1e39), ValueError,
+             "beta"),
+        case(en, "range", "beta-overflows-float32", lambda: en(XI[0], MEM.keys, 1e39),
+             ValueError, "beta"),
+        case(bayes.stationary_point, "range", "seed-2**70",
+             lambda: bayes.stationary_point(Q, K, V, seed=2**70), ValueError, "seed"),
+        # the cost model
+        case(costmodel.paper_microbenchmark, "range", "p-more-than-seq_len",
+             lambda: costmodel.paper_microbenchmark(1024, 10**6), ValueError, "p"),
+        case(costmodel.predict_ring, "range", "seq_len-fewer-than-devices",
+             lambda: costmodel.predict_ring(4, TOPO), ValueError, "seq_len"),
+        case(costmodel.predict_tree, "type", "seq_len-sympy",
+             lambda: costmodel.predict_tree(sympy.Symbol("n", positive=True, integer=True),
+                                            TOPO), TypeError, "seq_len"),
+        case(cts, "shape", "entry-short", lambda: cts([("all-reduce",)], TOPO), TypeError,
+             "collectives"),
+        case(cb, "shape", "entry-pair", lambda: cb([("all-reduce", 10)]), TypeError,
+             "collectives"),
+        case(cb, "range", "entry-negative", lambda: cb([("all-reduce", -10, 1)]), ValueError,
+             "collectives"),
+        case(cb, "range", "entry-kind", lambda: cb([("psum", 10, 1)]), ValueError,
+             "collectives"),
+        case(costmodel.ring_allreduce_time, "range", "nbytes=10**400",
+             lambda: costmodel.ring_allreduce_time(10**400, 8, LINK), ValueError, "nbytes"),
+        case(costmodel.Link, "range", "beta_Bps=10**400", lambda: costmodel.Link(1e-6, 10**400),
+             ValueError, "beta_Bps"),
+        case(am, "type", "problem-str", lambda: am("problem"), TypeError, "problem"),
+        case(am, "dtype", "problem-dtype", lambda: am(mp._replace(dtype="floaty")), TypeError,
+             "problem"),
+        case(am, "range", "problem-axis_sizes", lambda: am(mp._replace(axis_sizes=())),
+             ValueError, "problem"),
+        # introspect
+        case(sb, "range", "shape_text-size", lambda: sb("f32[abc]"), ValueError, "shape_text"),
+        case(sb, "range", "shape_text-type", lambda: sb("floaty[8]"), ValueError,
+             "shape_text"),
+        case(sb, "range", "shape_text-not-a-shape", lambda: sb("hello"), ValueError,
+             "shape_text"),
+        case(ms, "type", "args-str", lambda: ms(lambda a: a, "x"), TypeError, "args"),
+        case(cs, "type", "args-nested-str", lambda: cs(lambda a: a, {"a": "x"}), TypeError,
+             "args"),
+        # benchmark and calibrate
+        case(benchmark.device_read_gbs, "range", "nbytes-0",
+             lambda: benchmark.device_read_gbs(0), ValueError, "nbytes"),
+        case(benchmark.device_read_gbs, "range", "nbytes-negative",
+             lambda: benchmark.device_read_gbs(-1), ValueError, "nbytes"),
+        case(benchmark.device_read_gbs, "type", "nbytes-float",
+             lambda: benchmark.device_read_gbs(1.5), TypeError, "nbytes"),
+        case(benchmark.DeviceReader, "type", "device-str",
+             lambda: benchmark.DeviceReader(4096, device="cpu"), TypeError, "device"),
+        case(msz, "range", "points-0", lambda: msz([1024], 0), ValueError, "points"),
+        case(msz, "range", "block_bytes-empty", lambda: msz([], 6), ValueError, "block_bytes"),
+        case(msz, "type", "block_bytes-int", lambda: msz(1024), TypeError, "block_bytes"),
+        case(lr, "range", "kernel_s-0", lambda: lr(prob, 8, 0.0, 1.0), ValueError, "kernel_s"),
+        case(lr, "range", "devices-0", lambda: lr(prob, 0, 1.0, 1.0), ValueError, "devices"),
+        case(lr, "type", "problem-str", lambda: lr("p", 8, 1.0, 1.0), TypeError, "problem"),
+        case(fl, "range", "points-negative", lambda: fl([(1, -1e-6), (10**6, -1e-3)]),
+             ValueError, "points"),
+        case(fl, "range", "points-nan", lambda: fl([(1, float("nan")), (10**6, float("nan"))]),
+             ValueError, "points"),
+        case(fl, "range", "points-inf", lambda: fl([(1, float("inf")), (10**6, float("inf"))]),
+             ValueError, "points"),
+        case(fl, "shape", "points-triples", lambda: fl([(1, 1e-6, 0), (10**6, 1e-3, 0)]),
+             TypeError, "points"),
+        case(fl, "type", "points-int", lambda: fl(5), TypeError, "points"),
+        case(mf, "type", "names-str", lambda: mf(mesh(), 64, "tree"), TypeError, "names"),
+        case(mf, "range", "names-unknown", lambda: mf(mesh(), 64, ["tre"]), ValueError,
+             "names"),
+        case(mt, "range", "repeats-0", lambda: mt(lambda: 1, repeats=0), ValueError, "repeats"),
+        case(mt, "type", "fn-int", lambda: mt(42), TypeError, "fn"),
+        case(mts, "type", "calls-not-callable", lambda: mts({"a": (42, ())}), TypeError,
+             "calls"),
+        case(mts, "range", "calls-empty", lambda: mts({}), ValueError, "calls"),
+        case(bP, "range", "seq_len-negative", lambda: bP(seq_len=-1, **small), ValueError,
+             "seq_len"),
+        case(bP, "type", "head_dim-float", lambda: bP(seq_len=64, q_heads=2, kv_heads=2,
+                                                      head_dim=1.5), TypeError, "head_dim"),
+        case(bP, "range", "batch-0", lambda: bP(seq_len=64, batch=0, **small), ValueError,
+             "batch"),
+        case(bP, "dtype", "dtype-unknown", lambda: bP(dtype="floaty"), TypeError, "dtype"),
+        case(bP, "shape", "heads", lambda: bP(q_heads=2, kv_heads=3), ValueError, "q_heads"),
+        case(benchmark.make_inputs, "range", "seed-2**70",
+             lambda: benchmark.make_inputs(prob, 2**70), ValueError, "seed"),
+        case(benchmark.make_inputs, "type", "problem-dict",
+             lambda: benchmark.make_inputs({}), TypeError, "problem"),
+        case(benchmark.run, "type", "methods-str",
+             lambda: benchmark.run(mesh(), prob, methods="tree"), TypeError, "methods"),
+    ]
+
+
+CASES = CASES + perf_theory_family()
+
+
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
 def test_bad_input_names_the_argument(c: Case):
     names = "|".join(re.escape(n) for n in c.names)
@@ -1006,7 +1153,7 @@ NOT_VALIDATED = {
     "decode": {"Plan", "kv_spec", "make_plan",  # the decoders' own planning, which checks
                "pass_q_blocks"},  # sizes of validated shapes
     "introspect": {"Collective", "CollectiveStats", "MemoryStats"},  # results, not inputs
-    "costmodel": {"Prediction", "auto_merge"},  # a result; the policy of validated problems
+    "costmodel": {"Prediction"},  # a result
     "model": {"swiglu",  # one block of forward, on the model's own activations
               "KVCache", "Generation",  # containers; forward / generate check them
               "check_config", "check_params", "check_prompts"},  # the checks themselves

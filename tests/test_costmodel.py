@@ -487,3 +487,24 @@ def test_bad_arguments_of_the_merge_model():
         dataclasses.replace(cm.DGX_H100, measured=(("all-gather", link), ("all-gather", link)))
     with pytest.raises(TypeError, match="`fallback` must be True or False"):
         cm.predict_merge("one_pass", 1024, cm.DGX_H100, fallback=1)
+
+
+def test_ring_payload_bytes_symbolic():
+    """(p−1) blocks of ceil(N/p) keys, K and V: for N = p·t exactly (p−1)·b·t·h·(d+dv)·s."""
+    b, t, h, d, dv, p, s = sympy.symbols("b t h d d_v p s", positive=True, integer=True)
+    got = cm.ring_payload_bytes(b, p * t, h, d, dv, p, s)
+    assert sympy.simplify(got - (p - 1) * b * t * h * (d + dv) * s) == 0
+    assert cm.ring_payload_bytes(1, 4100, 1, 1, 1, 8, 1) == 7 * 513 * 2  # ceil(4100 / 8)
+
+
+def test_auto_merge_of_an_empty_problem_is_allreduce():
+    """No sequences, queries or heads: nothing to merge; a real problem asks best_merge."""
+    from tree_attention_edu.core import merges
+
+    full = merges.MergeProblem(1, 1, 16, 16, 128, 128, 1 << 20, "bfloat16", (2, 8))
+    for empty in (full._replace(batch=0), full._replace(q_len=0),
+                  full._replace(q_heads=0, kv_heads=1)):
+        assert cm.auto_merge(empty) == "allreduce"
+    topo = dataclasses.replace(cm.DGX_H100, nodes=2, devices_per_node=8)
+    assert cm.auto_merge(full) == cm.best_merge(1 << 20, topo, itemsize=2,
+                                                patterns=merges.AUTO_MERGES)

@@ -86,3 +86,37 @@ def test_bad_shapes_and_types_name_the_argument():
         hf.accuracy_grid(0, (16,), (1.0,))
     with pytest.raises(ValueError, match=r"`sizes\[1\]` must be a positive int"):
         hf.accuracy_grid(jax.random.key(0), (16, 0), (1.0,))
+
+
+def _patterns(seed, m, d):
+    """`m` distinct ±1 patterns of dimension `d` (float32), from numpy."""
+    x = np.sign(np.random.default_rng(seed).standard_normal((m, d))).astype(np.float32)
+    assert len({tuple(r) for r in x}) == m  # distinct: no ties in the softmax
+    return x
+
+
+def test_beta_up_to_the_float32_maximum_retrieves_exactly(mesh8):
+    """Scores of ±1 patterns are at most beta: at float32's largest beta the readout of a
+    clean key is exactly its value (one-hot softmax), on one device and sharded; above it
+    beta is refused (the scores would overflow to inf and the readout be NaN)."""
+    mem = hf.Memory(_patterns(0, 8, 16), _patterns(1, 8, 16))
+    top = float(np.finfo(np.float32).max)
+    for mesh in (None, mesh8):
+        np.testing.assert_array_equal(hf.retrieve(mem.keys, mem, top, mesh=mesh), mem.values)
+    with pytest.raises(ValueError, match="`beta` = 1e\\+39 overflows float32"):
+        hf.retrieve(mem.keys, mem, 1e39)
+
+
+def test_energy_is_the_same_eagerly_and_under_jit_with_a_static_beta():
+    """beta is concrete in both (a traced one is refused), and the values agree with a
+    float64 numpy reference of -(1/s) log Σ exp(s x·ξ) + ½ ξ·ξ, s = beta / D."""
+    keys = _patterns(2, 8, 16)
+    xi = keys[0] * np.where(np.arange(16) < 4, -1, 1).astype(np.float32)  # 4 signs flipped
+    x, q = keys.astype(np.float64), xi.astype(np.float64)
+    s = 4.0 / 16
+    scores = s * x @ q
+    want = -(scores.max() + np.log(np.exp(scores - scores.max()).sum())) / s + 0.5 * q @ q
+    eager = hf.hopfield_energy(xi, keys, 4.0)
+    jitted = jax.jit(hf.hopfield_energy, static_argnames="beta")(xi, keys, beta=4.0)
+    assert float(eager) == float(jitted)
+    np.testing.assert_allclose(float(eager), want, rtol=1e-6)

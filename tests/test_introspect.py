@@ -1,5 +1,7 @@
 """What crosses the wire, read from the compiled program."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -162,3 +164,19 @@ def test_structs_bad_arguments_name_the_argument(mesh8, kwargs, exc, name):
     kwargs = {"mesh": mesh8, **kwargs}
     with pytest.raises(exc, match=f"`{name}`"):
         structs(kwargs.pop("mesh"), kwargs.pop("kv_len"), **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int4, jnp.uint2, jnp.float4_e2m1fn, jnp.float8_e4m3fn,
+                                   jnp.float8_e8m0fnu, jnp.complex128, jnp.bool_,
+                                   jnp.bfloat16])
+def test_shape_bytes_of_every_kind_of_xla_type(dtype):
+    """Against XLA's own memory analysis: the parameter as the signature prints it (no
+    layout: sub-byte types packed) and the output as its instruction prints it (with the
+    layout, `{0:E(4)}` where packed)."""
+    compiled = jax.jit(lambda x: x.reshape(-1)[1:]).lower(jnp.zeros((3, 5), dtype)).compile()
+    text = compiled.as_text()
+    param = re.search(r"ENTRY[^\n]*?: (.*?)\) ->", text).group(1)
+    root = re.search(r"ROOT %\S+ = (.*?) \w+\(", text).group(1)
+    mem = compiled.memory_analysis()
+    assert shape_bytes(param) == mem.argument_size_in_bytes
+    assert shape_bytes(root) == mem.output_size_in_bytes

@@ -41,6 +41,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ..core import inputs, validate
 from ..core.decode import (
     kv_spec,
     ring_decode,
@@ -65,6 +66,8 @@ class Problem:
     """Decode problem sizes.
 
     q is `[batch, q_len, q_heads, head_dim]`; k and v are `[batch, seq_len, kv_heads, head_dim]`.
+    Every size is a positive int, `kv_heads` divides `q_heads`, and `dtype` is a floating
+    dtype (a name such as "bfloat16", or the dtype).
     """
 
     seq_len: int = 65536
@@ -74,6 +77,12 @@ class Problem:
     kv_heads: int = 16
     head_dim: int = 128
     dtype: str = "float32"
+
+    def __post_init__(self):
+        for name in ("seq_len", "batch", "q_len", "q_heads", "kv_heads", "head_dim"):
+            validate.check_int(getattr(self, name), name, example=f"`Problem({name}=8)`")
+        inputs.check_head_groups(self.q_heads, self.kv_heads)
+        validate.check_float_dtype(self.dtype)
 
     @property
     def kv_bytes(self) -> int:
@@ -100,7 +109,9 @@ class Record:
 
 
 def make_inputs(problem: Problem, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Random `(q, k, v)` as host numpy arrays, from an explicit seed."""
+    """Random `(q, k, v)` as host numpy arrays, from an explicit seed (0 to 2**63 - 1)."""
+    validate.check_instance(problem, Problem, "problem", "e.g. Problem(seq_len=4096)")
+    _check_seed(seed)
     kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
     dt = jnp.dtype(problem.dtype)
     b, t, hkv, d = problem.batch, problem.seq_len, problem.kv_heads, problem.head_dim
@@ -110,9 +121,21 @@ def make_inputs(problem: Problem, seed: int = 0) -> tuple[np.ndarray, np.ndarray
     return q, k, v
 
 
+def _check_seed(seed: int) -> None:
+    validate.check_int(seed, "seed", minimum=0, example="`seed=0`")
+    if seed > 2**63 - 1:  # jax.random.key takes a C long
+        raise ValueError(f"`seed` = {seed} is more than the largest PRNG seed, 2**63 - 1; "
+                         f"pass a smaller one, e.g. `seed % 2**63`.")
+
+
+def _check_repeats(repeats: int) -> None:
+    validate.check_int(repeats, "repeats", example="`repeats=5` (a median needs one time)")
+
+
 def median_time(fn: Callable, *args, repeats: int = 5) -> float:
     """Median wall time of `fn(*args)` over `repeats` timed calls, each after an untimed one
     (`median_times` of one function)."""
+    validate.check_callable(fn, "fn", "the function to time")
     return median_times({"fn": (fn, args)}, repeats=repeats)["fn"]
 
 
@@ -163,6 +186,7 @@ def device_read_gbs(nbytes: int | None = None, *, repeats: int = 7, device=None)
     This measures the device through XLA, the figure a kernel on that device can be held
     to (on CPU, the simulated devices share this bus).
     """
+    _check_repeats(repeats)
     reader = DeviceReader(nbytes, device)
     seconds = median_time(reader.fn, reader.x, repeats=repeats)
     return reader.x.nbytes / seconds / 1e9
@@ -173,6 +197,10 @@ class DeviceReader:
     elsewhere) and a jitted `jnp.sum` that reads it: `gbs()` times one read."""
 
     def __init__(self, nbytes: int | None = None, device=None):
+        if nbytes is not None:
+            validate.check_int(nbytes, "nbytes", example="`nbytes=2**28` (None: the default)")
+        if device is not None:
+            validate.check_instance(device, jax.Device, "device", "e.g. jax.devices()[0]")
         device = jax.devices()[0] if device is None else device
         if nbytes is None:
             nbytes = DEVICE_READ_BYTES.get(device.platform, 2 * 2**30)
@@ -230,7 +258,14 @@ def method_fns(mesh: Mesh, kv_len: int | None = None,
 
     `kv_len`: the sharded methods' K/V carry padding after this many keys (so that their
     length is a multiple of the device count, `pad_cache`) and mask it; `None`: no padding.
+    `names`: a list of method names (default: all).
     """
+    validate.check_instance(mesh, Mesh, "mesh", "e.g. tree_attention_edu.make_mesh(8, 'x')")
+    if kv_len is not None:
+        validate.check_int(kv_len, "kv_len", example="`kv_len=4096` (None: no padding)")
+    if isinstance(names, str):
+        raise TypeError(f"`names` must be a list of method names, got the str {names!r}; "
+                        f"pass a list, e.g. `[{names!r}]`.")
     rep = NamedSharding(mesh, P())
     kv = NamedSharding(mesh, kv_spec(tuple(mesh.axis_names)))
     one = NamedSharding(Mesh(np.array(mesh.devices).ravel()[:1], ("one",)), P())
@@ -255,10 +290,10 @@ def method_fns(mesh: Mesh, kv_len: int | None = None,
                              (rep, kv, kv)),
         **{m: functools.partial(sharded, tree_decode, merge=m) for m in MERGES},
     }
-    names = list(builders) if names is None else list(names)
-    for n in names:
-        if n not in builders:
-            raise ValueError(f"unknown method {n!r}; use one of {', '.join(builders)}.")
+    names = list(builders) if names is None else validate.check_sequence(
+        names, "names", "method names", '["tree", "ring"]')
+    for i, n in enumerate(names):
+        validate.check_str_choice(n, tuple(builders), f"names[{i}]")
     return {n: builders[n]() for n in names}
 
 
@@ -284,6 +319,14 @@ def run(
     progress: Callable[[str], None] | None = None,
 ) -> list[Record]:
     """Measure each method on the same inputs; see the module docstring for what is measured."""
+    validate.check_instance(mesh, Mesh, "mesh", "e.g. tree_attention_edu.make_mesh(8, 'x')")
+    validate.check_instance(problem, Problem, "problem", "e.g. Problem(seq_len=4096)")
+    _check_repeats(repeats)
+    if progress is not None:
+        validate.check_callable(progress, "progress", "called with each method's name")
+    if isinstance(methods, str):
+        raise TypeError(f"`methods` must be a list of method names, got the str {methods!r}; "
+                        f"pass a list, e.g. `[{methods!r}]`.")
     q, k, v, kp, vp, kv_len = sharded_inputs(mesh, problem, seed)
     want = np.asarray(attention(*(jnp.asarray(x, jnp.float64) for x in (q, k, v))))
     sharded_qkv = (q, kp, vp)
@@ -347,6 +390,8 @@ def median_times(calls: dict[str, tuple[Callable, tuple]], repeats: int = 5) -> 
 def interleaved_times(calls: dict[str, tuple[Callable, tuple]],
                       repeats: int = 5) -> dict[str, list[float]]:
     """Every timed call of `median_times`, in rounds: `name -> [seconds per round]`."""
+    _check_calls(calls)
+    _check_repeats(repeats)
     names = list(calls)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
@@ -357,3 +402,19 @@ def interleaved_times(calls: dict[str, tuple[Callable, tuple]],
             jax.block_until_ready(fn(*args))
             times[name].append(time.perf_counter() - t0)
     return times
+
+
+def _check_calls(calls: dict) -> None:
+    """A non-empty dict `name -> (fn, args)`, each `fn` callable and `args` a tuple."""
+    eg = '{"tree": (fn, (q, k, v))}'
+    if not isinstance(calls, dict):
+        raise TypeError(f"`calls` must be a dict name -> (fn, args), e.g. {eg}, got "
+                        f"{validate.describe(calls)}.")
+    if not calls:
+        raise ValueError(f"`calls` is empty; give at least one, e.g. {eg}.")
+    for name, call in calls.items():
+        if not (isinstance(call, tuple) and len(call) == 2 and isinstance(call[1],
+                                                                          tuple | list)):
+            raise TypeError(f"`calls[{name!r}]` must be a pair (fn, args) with args a tuple, "
+                            f"e.g. {eg}, got {validate.describe(call)}.")
+        validate.check_callable(call[0], f"calls[{name!r}][0]", "the function to time")

@@ -248,12 +248,17 @@ def fit_link(points: Iterable[tuple[int, float]]) -> costmodel.Link:
     read them: α is the median time of the small messages (≤ `SMALL_MESSAGE`), β the median
     of `n / (t − α)` over the larger ones that took longer than α (inf if none did). A
     least-squares line through all points would let
-    the largest messages set α (often to a negative value) and misprice everything else."""
-    pts = list(points)
+    the largest messages set α (often to a negative value) and misprice everything else.
+
+    Each point is a pair of numbers, bytes and seconds, both finite and >= 0."""
+    pts = _points(points)
     small = [t for n, t in pts if n <= SMALL_MESSAGE]
     big = [(n, t) for n, t in pts if n > SMALL_MESSAGE]
     if not small or not big:
-        raise ValueError(f"fit_link needs messages both <= and > {SMALL_MESSAGE} bytes.")
+        raise ValueError(f"`points` needs messages both <= and > {SMALL_MESSAGE} bytes (α from "
+                         f"the small ones, β from the large), got sizes "
+                         f"{sorted({n for n, _ in pts})}; measure both, e.g. at "
+                         f"`message_sizes(...)`.")
     alpha = max(statistics.median(small), 0.0)
     # A large message no slower than α says nothing about β (noise, or a transfer too fast
     # to see at this size); if none is slower, the transfer is unresolved: β = inf.
@@ -262,10 +267,31 @@ def fit_link(points: Iterable[tuple[int, float]]) -> costmodel.Link:
     return costmodel.Link(alpha_s=alpha, beta_Bps=beta)
 
 
+def _points(points: Any) -> list[tuple[float, float]]:
+    """`fit_link`'s points as a list of `(bytes, seconds)`, each checked by name."""
+    eg = "[(1024, 2e-5), (2**20, 1e-4)]"
+    if isinstance(points, str | bytes) or not isinstance(points, Iterable):
+        raise TypeError(f"`points` must be an iterable of (bytes, seconds) pairs, e.g. {eg}, "
+                        f"got {validate.describe(points)}.")
+    out = []
+    for i, point in enumerate(points):
+        if not isinstance(point, tuple | list) or len(point) != 2:
+            raise TypeError(f"`points[{i}]` must be a (bytes, seconds) pair, e.g. {eg}, got "
+                            f"{validate.describe(point)}.")
+        validate.check_real(point[0], f"points[{i}][0]", low=0.0,
+                            hint="message bytes, e.g. 1024")
+        t = validate.check_real(point[1], f"points[{i}][1]", low=0.0,
+                                hint="seconds, a measured time")
+        out.append((point[0], t))
+    return out
+
+
 def message_sizes(block_bytes: Iterable[int], points: int = 6) -> tuple[int, ...]:
     """Small messages for α, then `points` sizes spanning the given transfer sizes (from half
-    the smallest to twice the largest) for β: the links are measured where they will be used."""
-    blocks = [int(b) for b in block_bytes]
+    the smallest to twice the largest) for β: the links are measured where they will be used.
+    `block_bytes`: a non-empty sequence of positive ints; `points >= 1`."""
+    blocks = validate.check_sizes_list(block_bytes, "block_bytes", "[2**20, 2**23]")
+    validate.check_int(points, "points", example="`points=6`")
     lo, hi = max(min(blocks) // 2, 2 * SMALL_MESSAGE), 2 * max(blocks)
     big = np.geomspace(lo, hi, points).astype(int) // 4 * 4
     return (1024, 4096, SMALL_MESSAGE, *sorted(set(big.tolist())))
@@ -314,7 +340,14 @@ def local_rates(problem: benchmark.Problem, devices: int, kernel_s: float, copy_
                 overhead_s: float = 0.0) -> tuple[float, float]:
     """`(mem_Bps, copy_Bps)` per device from the times of `local_calls`' two programs: a
     shard's K and V bytes over the kernel's time, a K shard's bytes over the copy's (read and
-    written once), each less the per-call `overhead_s`."""
+    written once), each less the per-call `overhead_s`. The times are positive seconds,
+    `overhead_s >= 0`; a time not above the overhead is taken as 1 ns."""
+    validate.check_instance(problem, benchmark.Problem, "problem",
+                            "e.g. benchmark.Problem(seq_len=4096)")
+    validate.check_int(devices, "devices", example="`devices=mesh.size`")
+    for name, value in (("kernel_s", kernel_s), ("copy_s", copy_s)):
+        validate.check_real(value, name, low=0.0, low_open=True, hint="a measured time")
+    validate.check_real(overhead_s, "overhead_s", low=0.0, hint="seconds per call")
     shard = problem.kv_bytes / devices
     return (shard / max(kernel_s - overhead_s, 1e-9), shard / max(copy_s - overhead_s, 1e-9))
 

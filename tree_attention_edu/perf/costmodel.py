@@ -15,8 +15,11 @@ Notation follows the paper: b batch, t = N/p keys per device, n_h heads, d_h hea
 d = n_h·d_h, p devices.
 
 Every size is a positive int and every rate a positive number; anything else raises a
-ValueError or TypeError that names the argument. Sizes may also be sympy symbols, so that the
-formulas can be checked symbolically (`tests/test_costmodel.py`).
+ValueError or TypeError that names the argument. Sizes may also be sympy symbols in the
+byte, flop, step and memory formulas and in the single-algorithm collective times, so that
+they can be checked symbolically (`tests/test_costmodel.py`); the functions that compare
+times (the cheaper algorithm, a roofline's max, every latency prediction) need numbers, and
+name the symbol they were given.
 """
 
 from __future__ import annotations
@@ -51,13 +54,57 @@ def _sizes(**sizes) -> None:
         _int(value, name, symbolic=True)
 
 
+def _is_symbolic(value: Any) -> bool:
+    return hasattr(value, "free_symbols") and hasattr(value, "subs")
+
+
+def _no_symbols(what: str, **values: Any) -> None:
+    """`what` compares times (a max, a min, the cheaper algorithm), which needs numbers: a
+    sympy expression among `values` is a TypeError naming it. `what` is a clause such as
+    "allreduce_time compares times"."""
+    for name, value in values.items():
+        if _is_symbolic(value):
+            raise TypeError(
+                f"`{name}` is a sympy expression ({value}); {what}, which needs numbers. "
+                f"Substitute values first (`expr.subs(...)`), or use the "
+                f"formulas that take symbols (kv_read_bytes, decode_flops, merge_collectives, "
+                f"ring_collectives, the paper_* volumes and memories, ...)."
+            )
+
+
+def _link_fields(link: Any, name: str = "link") -> dict[str, Any]:
+    """A Link's fields by their names in a message (`link.alpha_s`, ...)."""
+    return {f"{name}.alpha_s": link.alpha_s, f"{name}.beta_Bps": link.beta_Bps}
+
+
+def _concrete_sizes(what: str, **sizes: Any) -> None:
+    """Each size a positive int at most `MAX_SIZE`, and not a sympy expression."""
+    _no_symbols(what, **sizes)
+    _sizes(**sizes)
+
+
+def _real(value: Any, name: str, **kw: Any) -> Any:
+    """`validate.check_real`, with a Python int too large for a float (10**400) refused by
+    name instead of overflowing inside the conversion."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            float(value)
+        except OverflowError:
+            raise ValueError(
+                f"`{name}` = an int of {len(str(abs(value)))} digits does not fit in a float "
+                f"(largest {np.finfo(np.float64).max:.3g}), in which the model computes; pass "
+                f"a smaller number{'; ' + kw['hint'] if kw.get('hint') else ''}."
+            ) from None
+    return validate.check_real(value, name, **kw)
+
+
 def _branching(branching: int) -> None:
     _int(branching, "branching", minimum=2, symbolic=True,
          example="`branching=2` for a binary tree")
 
 
-def _nbytes(nbytes: float) -> None:
-    validate.check_real(nbytes, "nbytes", low=0.0, symbolic=True)
+def _nbytes(nbytes: float, name: str = "nbytes") -> None:
+    _real(nbytes, name, low=0.0, symbolic=True)
 
 
 def _check_whole_nodes(p: int, devices_per_node: int) -> None:
@@ -130,7 +177,7 @@ def ring_payload_bytes(batch: int, kv_len: int, kv_heads: int, head_dim: int, v_
     """Bytes each device sends in Ring Attention decoding: p−1 K and V blocks of `kv_len/p` keys."""
     _sizes(batch=batch, kv_len=kv_len, kv_heads=kv_heads, head_dim=head_dim, v_dim=v_dim, p=p,
            itemsize=itemsize)
-    t = math.ceil(kv_len / p)
+    t = -(-kv_len // p)  # ceil, exact for ints and for sympy symbols
     return (p - 1) * batch * t * kv_heads * (head_dim + v_dim) * itemsize
 
 
@@ -199,10 +246,10 @@ class Link:
     beta_Bps: float
 
     def __post_init__(self):
-        validate.check_real(self.alpha_s, "alpha_s", low=0.0, symbolic=True,
-                           hint="seconds per message, e.g. 3e-6")
-        validate.check_real(self.beta_Bps, "beta_Bps", low=0.0, low_open=True, finite=False,
-                           symbolic=True, hint="bytes per second, e.g. 50e9")
+        _real(self.alpha_s, "alpha_s", low=0.0, symbolic=True,
+              hint="seconds per message, e.g. 3e-6")
+        _real(self.beta_Bps, "beta_Bps", low=0.0, low_open=True, finite=False, symbolic=True,
+              hint="bytes per second, e.g. 50e9 (float('inf'): no bandwidth limit)")
 
     def send(self, nbytes: float) -> float:
         """Seconds to send one message of `nbytes`."""
@@ -263,19 +310,24 @@ class Topology:
         _int(self.devices_per_node, "devices_per_node")
         validate.check_instance(self.intra, Link, "intra", "pass Link(alpha_s, beta_Bps)")
         validate.check_instance(self.inter, Link, "inter", "pass Link(alpha_s, beta_Bps)")
-        validate.check_real(self.mem_Bps, "mem_Bps", low=0.0, low_open=True, finite=False,
-                           hint="memory read bytes per second, e.g. 3.35e12")
-        validate.check_real(self.flops, "flops", low=0.0, low_open=True, finite=False,
-                           hint="peak flop/s, e.g. 989e12 (inf: never compute-bound)")
-        validate.check_real(self.overhead_s, "overhead_s", low=0.0)
+        for name, link in (("intra", self.intra), ("inter", self.inter), *(
+                (f"measured[{i}][1]", pair[1]) for i, pair in enumerate(self.measured)
+                if isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], Link))):
+            _no_symbols("a Topology picks each collective's algorithm by comparing times",
+                        **_link_fields(link, name))
+        _real(self.mem_Bps, "mem_Bps", low=0.0, low_open=True, finite=False,
+              hint="memory read bytes per second, e.g. 3.35e12")
+        _real(self.flops, "flops", low=0.0, low_open=True, finite=False,
+              hint="peak flop/s, e.g. 989e12 (inf: never compute-bound)")
+        _real(self.overhead_s, "overhead_s", low=0.0)
         validate.check_bool(self.overlap, "overlap")
         validate.check_bool(self.ring_only, "ring_only")
         if self.uplinks is not None:
             _int(self.uplinks, "uplinks")
         _check_kind_links(self.measured, "measured", COLLECTIVE_KINDS, Link)
         if self.copy_Bps is not None:
-            validate.check_real(self.copy_Bps, "copy_Bps", low=0.0, low_open=True, finite=False,
-                               hint="bytes read + written per second by a local copy")
+            _real(self.copy_Bps, "copy_Bps", low=0.0, low_open=True, finite=False,
+                  hint="bytes read + written per second by a local copy")
 
     @property
     def devices(self) -> int:
@@ -331,7 +383,10 @@ def tree_allreduce_time(nbytes: float, p: int, link: Link) -> float:
 
 def allreduce_time(nbytes: float, p: int, link: Link) -> tuple[float, str]:
     """The cheaper of ring and recursive-doubling allreduce (an MPICH-style selection):
-    `(seconds, "ring"|"tree")`."""
+    `(seconds, "ring"|"tree")`. Numbers only: the choice compares the two times."""
+    _allreduce_args(nbytes, p, link)
+    _no_symbols("allreduce_time compares two algorithms' times", nbytes=nbytes,
+                **_link_fields(link))
     ring, tree = ring_allreduce_time(nbytes, p, link), tree_allreduce_time(nbytes, p, link)
     return (tree, "tree") if tree <= ring else (ring, "ring")
 
@@ -342,6 +397,7 @@ def hierarchical_allreduce_time(nbytes: float, topo: Topology) -> float:
     The second stage carries the already-reduced message: one per node position.
     """
     _nbytes(nbytes)
+    _no_symbols("hierarchical_allreduce_time compares algorithms' times", nbytes=nbytes)
     validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
     inter = topo.shared_inter  # every device of a node takes part in the second stage
     if topo.ring_only:
@@ -395,7 +451,11 @@ def decode_intensity(group: int, itemsize: int = 2, q_len: int = 1) -> float:
 def local_decode_time(batch: int, kv_len: int, kv_heads: int, head_dim: int, v_dim: int,
                       q_heads: int, topo: Topology, itemsize: int = 2, q_len: int = 1) -> float:
     """Roofline time of one device's local decode over `kv_len` keys: the larger of reading
-    K and V once at `mem_Bps` (`kv_read_bytes`) and doing `decode_flops` at `flops`."""
+    K and V once at `mem_Bps` (`kv_read_bytes`) and doing `decode_flops` at `flops`.
+    Numbers only (the larger of two times)."""
+    _no_symbols("local_decode_time takes the larger of two times", batch=batch,
+                kv_len=kv_len, kv_heads=kv_heads, head_dim=head_dim, v_dim=v_dim,
+                q_heads=q_heads, itemsize=itemsize, q_len=q_len)
     _sizes(batch=batch, kv_len=kv_len, kv_heads=kv_heads, head_dim=head_dim, v_dim=v_dim,
            q_heads=q_heads, itemsize=itemsize, q_len=q_len)
     inputs.check_head_groups(q_heads, kv_heads)
@@ -422,13 +482,23 @@ class Prediction:
         return self.compute_s + self.comm_s + self.overhead_s + self.merge_s
 
 
-def _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len) -> int:
-    """Check a prediction's sizes; return `kv_heads` (default: `q_heads`)."""
+def _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len,
+                  **more) -> int:
+    """Check a prediction's sizes (concrete ints: a prediction compares times) and that
+    every device holds a key; return `kv_heads` (default: `q_heads`). `more`: further
+    sizes, e.g. `v_dim` (None: not given)."""
     validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
     kv_heads = q_heads if kv_heads is None else kv_heads
-    _sizes(seq_len=seq_len, batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
-           itemsize=itemsize, q_len=q_len)
+    _concrete_sizes("a latency prediction compares times", seq_len=seq_len, batch=batch,
+                    q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, itemsize=itemsize,
+                    q_len=q_len, **{k: v for k, v in more.items() if v is not None})
     inputs.check_head_groups(q_heads, kv_heads)
+    if seq_len < topo.devices:
+        raise ValueError(
+            f"`seq_len` = {seq_len} keys over `topo`'s {topo.devices} devices leaves some "
+            f"without a key; give at least one key per device, or fewer devices "
+            f"(`topo.with_devices(p)`)."
+        )
     return kv_heads
 
 
@@ -464,13 +534,13 @@ def predict_ring(seq_len: int, topo: Topology, *, batch: int = 1, q_heads: int =
     it, the permute's result taking the same loop slot (the compiled loop body shows the two
     copies).
     """
-    kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len)
+    kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len,
+                             v_dim=v_dim)
     v_dim = head_dim if v_dim is None else v_dim
-    _sizes(v_dim=v_dim)
     validate.check_bool(overlap, "overlap", optional=True)
     overlap = topo.overlap if overlap is None else overlap
     p = topo.devices
-    t = math.ceil(seq_len / p)
+    t = -(-seq_len // p)
     block = local_decode_time(batch, t, kv_heads, head_dim, v_dim, q_heads, topo, itemsize,
                               q_len)
     k_send, v_send, *broadcast = ring_collectives(
@@ -642,9 +712,24 @@ def collective_bytes(collectives: list[tuple[str, int, int]]) -> int:
     return sum(nbytes * count for _, nbytes, count in collectives)
 
 
-def _collective_list(collectives) -> list:
-    return validate.check_sequence(collectives, "collectives", "(kind, nbytes, count) triples",
-                                  '[("all-gather", 8192, 1)]')
+def _collective_list(collectives) -> list[tuple[str, Any, Any]]:
+    """A non-empty sequence of `(kind, nbytes, count)`: kind one of `COLLECTIVE_KINDS`,
+    `nbytes >= 0` bytes, `count >= 0` runs (sympy expressions allowed for both)."""
+    eg = '[("all-gather", 8192, 1)]'
+    items = validate.check_sequence(collectives, "collectives", "(kind, nbytes, count) triples",
+                                    eg)
+    out = []
+    for i, entry in enumerate(items):
+        name = f"collectives[{i}]"
+        if not isinstance(entry, tuple | list) or len(entry) != 3:
+            raise TypeError(f"`{name}` must be a (kind, nbytes, count) triple, e.g. {eg}, got "
+                            f"{validate.describe(entry)}.")
+        kind, nbytes, count = entry
+        validate.check_str_choice(kind, COLLECTIVE_KINDS, f"{name}[0]")
+        _nbytes(nbytes, f"{name}[1]")
+        _int(count, f"{name}[2]", minimum=0, symbolic=True)
+        out.append((kind, nbytes, count))
+    return out
 
 
 # --- latency of one collective --------------------------------------------------------------
@@ -653,8 +738,10 @@ def allgather_time(nbytes: float, p: int, link: Link) -> tuple[float, str]:
     """All-gather that leaves `nbytes` on every rank (each contributes m = nbytes/p): the
     cheaper of ring `(p−1)(α + m/β)` and recursive doubling `⌈log2 p⌉α + (p−1)m/β`
     (Thakur et al. 2005), the cheaper of the two as an MPICH-style selection picks (NCCL
-    runs all-gather as a ring): `(seconds, "ring"|"recursive_doubling")`."""
+    runs all-gather as a ring): `(seconds, "ring"|"recursive_doubling")`. Numbers only."""
     _allreduce_args(nbytes, p, link)
+    _no_symbols("allgather_time compares two algorithms' times", nbytes=nbytes,
+                **_link_fields(link))
     if p <= 1:
         return 0.0, "ring"
     m = nbytes / p
@@ -703,6 +790,7 @@ def collective_time(kind: str, nbytes: float, topo: Topology) -> float:
     """
     validate.check_choice(kind, COLLECTIVE_KINDS, "kind")
     _nbytes(nbytes)
+    _no_symbols("collective_time compares algorithms' times", nbytes=nbytes)
     validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
     measured = dict(topo.measured)
     if kind in measured:
@@ -731,8 +819,12 @@ def collective_time(kind: str, nbytes: float, topo: Topology) -> float:
 
 
 def collectives_time(collectives: list[tuple[str, int, int]], topo: Topology) -> float:
-    """Seconds of a list of `(kind, nbytes, count)` run one after the other on `topo`."""
+    """Seconds of a list of `(kind, nbytes, count)` run one after the other on `topo`
+    (numbers only, as `collective_time`)."""
     collectives = _collective_list(collectives)
+    for i, (_, nbytes, count) in enumerate(collectives):
+        _no_symbols("collectives_time compares algorithms' times",
+                    **{f"collectives[{i}][1]": nbytes, f"collectives[{i}][2]": count})
     validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
     return sum(count * collective_time(kind, nbytes, topo) for kind, nbytes, count in collectives)
 
@@ -752,12 +844,11 @@ def predict_merge(pattern: str, seq_len: int, topo: Topology, *, batch: int = 1,
     `fallback=True` adds the exact merge that runs when the shared shift does not fit.
     """
     _pattern(pattern)
-    kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len)
+    kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len,
+                             v_dim=v_dim, stat_itemsize=stat_itemsize)
     v_dim = head_dim if v_dim is None else v_dim
-    _sizes(v_dim=v_dim)
-    _int(stat_itemsize, "stat_itemsize")
     p = topo.devices
-    t = math.ceil(seq_len / p)
+    t = -(-seq_len // p)
     compute = local_decode_time(batch, t, kv_heads, head_dim, v_dim, q_heads, topo, itemsize,
                                 q_len)
     shape: dict[str, Any] = dict(batch=batch, q_len=q_len, q_heads=q_heads, v_dim=v_dim, p=p,
@@ -781,10 +872,9 @@ def predict_pass_q_ring(seq_len: int, topo: Topology, *, batch: int = 1, q_heads
 
     Cheaper than pass-KV when `Tq·Hq ≪ Tk·Hkv`: what travels is the queries, not the cache.
     """
-    kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len)
+    kv_heads = _predict_args(seq_len, topo, batch, q_heads, kv_heads, head_dim, itemsize, q_len,
+                             v_dim=v_dim, stat_itemsize=stat_itemsize)
     v_dim = head_dim if v_dim is None else v_dim
-    _sizes(v_dim=v_dim)
-    _int(stat_itemsize, "stat_itemsize")
     validate.check_bool(overlap, "overlap", optional=True)
     overlap = topo.overlap if overlap is None else overlap
     p = topo.devices
@@ -846,8 +936,21 @@ def auto_merge(problem: merges.MergeProblem) -> str:
     """The policy behind `tree_decode(merge="auto")` (registered with
     `core.merges.set_auto_policy` when the package is imported): the pattern `best_merge`
     predicts fastest among `core.merges.AUTO_MERGES`, on DGX H100 links shaped like the
-    mesh: the innermost sequence axis inside a node, the others across nodes."""
-    sizes = problem.axis_sizes
+    mesh: the innermost sequence axis inside a node, the others across nodes.
+
+    An empty problem (`batch`, `q_len` or `q_heads` 0) has nothing to merge; it gets
+    "allreduce"."""
+    validate.check_instance(problem, merges.MergeProblem, "problem",
+                            "tree_decode(merge='auto') builds one; pass a "
+                            "core.merges.MergeProblem")
+    for name in ("batch", "q_len", "q_heads"):
+        validate.check_int(getattr(problem, name), f"problem.{name}", minimum=0)
+    for name in ("kv_heads", "head_dim", "v_dim", "kv_len"):
+        _int(getattr(problem, name), f"problem.{name}")
+    sizes = validate.check_sizes_list(problem.axis_sizes, "problem.axis_sizes", "(2, 4)")
+    validate.check_float_dtype(problem.dtype, "problem.dtype")
+    if 0 in (problem.batch, problem.q_len, problem.q_heads):
+        return "allreduce"
     per_node = sizes[-1]
     topo = replace(DGX_H100, nodes=math.prod(sizes) // per_node, devices_per_node=per_node)
     itemsize = int(np.dtype(problem.dtype).itemsize)
@@ -974,6 +1077,10 @@ def paper_microbenchmark(seq_len: int, p: int, topo: Topology = DGX_H100
     `topo` (whole nodes beyond one): `{"tree": Prediction, "ring": Prediction}`."""
     validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100")
     _int(p, "p")
+    _concrete_sizes("a latency prediction compares times", seq_len=seq_len)
+    if p > seq_len:
+        raise ValueError(f"`p` = {p} devices for `seq_len` = {seq_len} keys leaves some "
+                         f"devices without a key; use p <= seq_len.")
     topo = topo.with_devices(p)
     return {"tree": predict_tree(seq_len, topo, **PAPER_MICROBENCHMARK),
             "ring": predict_ring(seq_len, topo, **PAPER_MICROBENCHMARK)}

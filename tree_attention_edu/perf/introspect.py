@@ -31,12 +31,25 @@ from ..core.decode import kv_spec
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 
-_DTYPE_BYTES = {
-    "pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
-    "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
-    "f8e4m3fn": 1, "f8e5m2": 1,
+_ELEMENT_BITS = {
+    "pred": 8,
+    "s1": 1, "s2": 2, "s4": 4, "s8": 8, "s16": 16, "s32": 32, "s64": 64,
+    "u1": 1, "u2": 2, "u4": 4, "u8": 8, "u16": 16, "u32": 32, "u64": 64,
+    "f16": 16, "bf16": 16, "f32": 32, "f64": 64,
+    "f4e2m1fn": 4,
+    "f8e3m4": 8, "f8e4m3": 8, "f8e4m3fn": 8, "f8e4m3b11fnuz": 8, "f8e4m3fnuz": 8,
+    "f8e5m2": 8, "f8e5m2fnuz": 8, "f8e8m0fnu": 8,
+    "c64": 64, "c128": 128,
 }
-_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
+"""Bits per element of each XLA array type, as HLO text spells it (`PrimitiveType` in XLA's
+`xla_data.proto`). XLA's default layouts pack sub-byte types, and say so: `s4[8]{0:E(4)}` is
+4 bytes; a layout without `E(...)`, `s4[8]{0}`, stores a byte per element; a shape printed
+without a layout (a computation's signature) is taken as packed."""
+_NO_DATA = ("token", "opaque")
+"""Types without a buffer of data (`token[]` orders side effects): 0 bytes."""
+_ARRAY = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\[([^\[\]]*)\](\{[^{}]*\})?")
+_DIM = re.compile(r"(?:<=)?(\d+)")  # a size, or a bounded dynamic one (<=N: N allocated)
+_ELEMENT_SIZE = re.compile(r"E\((\d+)\)")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.+?)\s+(" + "|".join(COLLECTIVES)
@@ -104,16 +117,59 @@ class CollectiveStats:
 
 
 def shape_bytes(shape_text: str) -> int:
-    """Bytes of an HLO shape such as `f32[1,16]{1,0}` or a tuple `(f32[4], bf16[2,3])`."""
+    """Bytes of an HLO shape such as `f32[1,16]{1,0}` or a tuple `(f32[4], bf16[2,3])`.
+
+    Every XLA array type counts (`_ELEMENT_BITS`; sub-byte types packed as the layout
+    says, `{0:E(4)}`); `token[]` counts 0. A type XLA does not
+    have, a size that is not a number, or text that is not a shape is a ValueError naming
+    `shape_text`: a byte count of 0 would pass for a real one."""
     validate.check_instance(shape_text, str, "shape_text", "pass HLO shape text such as "
                            "'f32[1,16]{1,0}'")
+    return _shape_bytes(shape_text, strict=True)
+
+
+def _shape_bytes(text: str, *, strict: bool) -> int:
+    """`shape_bytes`; `strict`: also refuse text around the arrays that is not tuple syntax
+    (parse_hlo passes what its own pattern cut out of an instruction, so it is lenient)."""
     total = 0
-    for dtype, dims in _ARRAY.findall(shape_text):
-        if dtype not in _DTYPE_BYTES:
-            continue  # token[] and other non-data types
-        n = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
-        total += n * _DTYPE_BYTES[dtype]
+    for m in _ARRAY.finditer(text):
+        total += _array_bytes(m.group(1), m.group(2), m.group(3), text)
+    if strict:
+        rest = _ARRAY.sub("", re.sub(r"/\*.*?\*/", "", text))  # /*index=5*/ in long tuples
+        if not text.strip() or rest.strip("(), \t\n"):
+            raise ValueError(
+                f"`shape_text` {text!r} is not an HLO shape; pass one such as "
+                f"'f32[1,16]{{1,0}}' or a tuple '(f32[4], bf16[2,3])'."
+            )
     return total
+
+
+def _array_bytes(dtype: str, dims: str, layout: str | None, text: str) -> int:
+    """Bytes of one array of an HLO shape, `dtype[dims]{layout}`; `text` for messages."""
+    if dtype in _NO_DATA:
+        return 0
+    if dtype not in _ELEMENT_BITS:
+        raise ValueError(
+            f"`shape_text` {text!r}: {dtype!r} is not an XLA array type; known: "
+            f"{', '.join(_ELEMENT_BITS)} (and {', '.join(_NO_DATA)}, no data). Pass the "
+            f"type as XLA prints it (a new XLA type belongs in `introspect._ELEMENT_BITS`)."
+        )
+    sizes = [_DIM.fullmatch(d.strip()) for d in dims.split(",")] if dims.strip() else []
+    if any(d is None for d in sizes):
+        raise ValueError(
+            f"`shape_text` {text!r}: {dtype}[{dims}] has a size that is not a number (or "
+            f"<=N for a bounded dynamic one), so its bytes are unknown; pass the shape XLA "
+            f"prints, e.g. 'f32[1,16]{{1,0}}'."
+        )
+    count = math.prod(int(d.group(1)) for d in sizes if d is not None)
+    packed = _ELEMENT_SIZE.search(layout or "")
+    if packed:  # {0:E(4)}: elements of that many bits, packed
+        bits = int(packed.group(1))
+    elif layout:  # a layout without an element size: whole bytes per element
+        bits = -(-_ELEMENT_BITS[dtype] // 8) * 8
+    else:  # no layout (a signature): XLA's default one packs sub-byte types
+        bits = _ELEMENT_BITS[dtype]
+    return -(-count * bits // 8)
 
 
 def _parse_groups(attrs: str) -> tuple[tuple[int, ...], ...]:
@@ -185,12 +241,12 @@ def parse_hlo(text: str) -> CollectiveStats:
             if not m:
                 continue
             shape_text, kind, is_start, rest = m.groups()
-            nbytes = shape_bytes(shape_text)
+            nbytes = _shape_bytes(shape_text, strict=False)
             if is_start and kind in ("collective-permute", "all-gather"):
                 # Async starts return (operand, output, contexts...): count one buffer.
                 arrays = _ARRAY.findall(shape_text)
-                dtype, dims = arrays[0] if kind == "collective-permute" else arrays[1]
-                nbytes = shape_bytes(f"{dtype}[{dims}]")
+                dtype, dims, layout = arrays[0] if kind == "collective-permute" else arrays[1]
+                nbytes = _array_bytes(dtype, dims, layout, shape_text)
             groups = _parse_groups(rest)
             if kind == "reduce-scatter":  # the printed shape is the output: 1/group of the input
                 nbytes *= len(groups[0]) if groups else 1
@@ -201,7 +257,23 @@ def parse_hlo(text: str) -> CollectiveStats:
 def _compile(fn: Callable, *args: Any):
     validate.check_callable(fn, "fn", "the function to compile, e.g. "
                                      "`lambda q, k, v: tree_decode(q, k, v, mesh=mesh)`")
+    _check_args(args)
     return jax.jit(fn).lower(*args).compile()
+
+
+def _check_args(args: tuple) -> None:
+    """Each leaf of `args` something `jax.jit` can trace: an array, a
+    `jax.ShapeDtypeStruct` or a Python number (a str, say, would fail inside JAX)."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(args)
+    for path, leaf in leaves:
+        if (hasattr(leaf, "shape") and hasattr(leaf, "dtype")) or hasattr(leaf, "__jax_array__") \
+                or isinstance(leaf, bool | int | float | complex):
+            continue
+        raise TypeError(
+            f"`args{jax.tree_util.keystr(path)}` must be an array or a jax.ShapeDtypeStruct "
+            f"(a pytree of them), got {validate.describe(leaf)}; pass non-array settings "
+            f"inside `fn` instead, e.g. `lambda q, k, v: tree_decode(q, k, v, mesh=mesh)`."
+        )
 
 
 def collective_stats(fn: Callable, *args: Any) -> CollectiveStats:

@@ -102,6 +102,10 @@ def log_likelihood(
     return jnp.sum(z * zeta) - f
 
 
+_MAX_SEED = 2**63 - 1
+"""Largest seed `jax.random.key` takes (a 64-bit signed integer)."""
+
+
 def stationary_point(
     q: Array,
     k: Array,
@@ -137,6 +141,9 @@ def stationary_point(
                                   hint="a residual bound such as 1e-10")
     validate.check_int(max_newton, "max_newton", example="`max_newton=20`")
     validate.check_int(seed, "seed", minimum=0, example="`seed=0`")
+    if seed > _MAX_SEED:  # jax.random.key takes a C long
+        raise ValueError(f"`seed` = {seed} is more than the largest PRNG seed, 2**63 - 1; "
+                         f"pass a smaller one, e.g. `seed % 2**63`.")
     acc = accum_dtype(q.dtype)
     tol = (1e-12 if acc == jnp.float64 else 1e-5) if tol is None else tol
     shape = (dims.batch, dims.q_len, dims.q_heads, dims.v_dim)

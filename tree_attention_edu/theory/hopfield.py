@@ -24,7 +24,7 @@ returns the same answer as one device.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,7 @@ from jax.sharding import Mesh
 from ..core import validate
 from ..core.decode import tree_decode
 from ..core.devices import pad_cache
+from ..core.numerics import accum_dtype
 from ..core.reference import attention
 
 
@@ -75,9 +76,21 @@ def _rows(patterns: Array, indices: Array) -> Array:
                                                 wrap_negative_indices=False)
 
 
-def _check_beta(beta: float, *, traced: bool = False, name: str = "beta") -> float:
-    return validate.check_real(beta, name, low=0.0, low_open=True, traced=traced,
-                              hint="beta is the inverse temperature, e.g. 8.0")
+def _check_beta(beta: float, *, name: str = "beta", dtype: Any = None) -> float:
+    """A concrete `beta > 0` (a traced one is a TypeError: the check must not depend on
+    `jit`); with `dtype`, at most the largest finite value of the dtype the scores are
+    formed in, where the score `beta` of a ±1 pattern against itself still fits."""
+    value = validate.check_real(beta, name, low=0.0, low_open=True,
+                                hint="beta is the inverse temperature, e.g. 8.0")
+    if dtype is not None and value > float(jnp.finfo(dtype).max):
+        raise ValueError(
+            f"`{name}` = {value:g} overflows {jnp.dtype(dtype).name} (largest "
+            f"{float(jnp.finfo(dtype).max):.3g}), the dtype the scores beta·x·ξ/D are formed "
+            f"in: a score becomes inf before the softmax subtracts its max, and the result "
+            f"NaN. Use a smaller beta (the softmax is one-hot long before), or float64 "
+            f"queries."
+        )
+    return value
 
 
 def make_memory(key: Array, num_patterns: int, dim: int, value_dim: int | None = None
@@ -118,11 +131,18 @@ def retrieve(queries: Array, memory: Memory, beta: float, *, mesh: Mesh | None =
     `beta > 0` is the inverse temperature, a concrete number. With `mesh`, the patterns are
     sharded along `M` over the mesh and combined by `tree_decode` (a pattern count that the
     devices do not divide is padded and masked, `pad_cache`).
+
+    The scores `beta · x_a·ξ / D` are formed in the queries' accumulation dtype (float32
+    unless they are float64) before the softmax subtracts their max, so they must stay
+    inside its range: a score that overflows is inf, and inf - inf makes the readout NaN.
+    For ±1 patterns and queries `|x_a·ξ| <= D`, so every score is at most `beta`, and
+    `beta` up to the dtype's largest value (3.4e38 in float32) is safe; a larger one is
+    refused. Queries with larger entries scale the bound down by their largest `|ξ_i|`.
     """
     _, d, _ = _check_memory(memory)
     nq, dq = validate.check_array(queries, "queries", rank=2, layout="[Q, D]", kind="float")
     validate.check_shape((nq, dq), (nq, d), "queries", "[Q, D]", "D is the memory's key dim")
-    scale = _check_beta(beta) / d
+    scale = _check_beta(beta, dtype=accum_dtype(queries.dtype)) / d
     if mesh is not None:
         validate.check_instance(mesh, Mesh, "mesh", "build one with make_mesh(...), or pass None")
     q = queries[None, :, None, :]  # [1, Q, 1, D]: one sequence, Q queries, one head
@@ -155,17 +175,24 @@ def _check_state(xi: Array, keys: Array) -> None:
 
 def hopfield_energy(xi: Array, keys: Array, beta: float) -> Array:
     """Modern Hopfield energy `-(1/s) logsumexp(s X ξ) + ½ ξ·ξ`, `s = beta / D`, of one
-    state `xi [D]`; `beta > 0`."""
+    state `xi [D]`.
+
+    `beta > 0` is a concrete number, also under `jax.jit` (mark it static, or close over
+    it): a traced `beta` is a TypeError, so that a bad value is refused the same way
+    eagerly and under `jit`. As in `retrieve`, `s X ξ` must stay inside the dtype of `xi`
+    and `keys` (at most `beta` for ±1 states and patterns): a larger `beta` is refused.
+    """
     _check_state(xi, keys)
-    beta = _check_beta(beta, traced=True)
+    beta = _check_beta(beta, dtype=jnp.result_type(xi, keys))
     s = beta / keys.shape[1]
     return -jax.nn.logsumexp(s * keys @ xi) / s + 0.5 * xi @ xi
 
 
 def hopfield_step(xi: Array, keys: Array, beta: float) -> Array:
-    """One gradient step of size 1 on `hopfield_energy`: `ξ - ∇E(ξ) = Xᵀ softmax(s X ξ)`."""
+    """One gradient step of size 1 on `hopfield_energy`: `ξ - ∇E(ξ) = Xᵀ softmax(s X ξ)`;
+    `beta` as there (a concrete number)."""
     _check_state(xi, keys)
-    _check_beta(beta, traced=True)
+    _check_beta(beta, dtype=jnp.result_type(xi, keys))
     return xi - jax.grad(hopfield_energy)(xi, keys, beta)
 
 
@@ -182,7 +209,7 @@ def accuracy_grid(key: Array, sizes, betas, *, dim: int = 64, flip: float = 0.2,
         validate.check_int(m, f"sizes[{i}]", example="`sizes=(16, 256)`")
     betas = validate.check_sequence(betas, "betas", "inverse temperatures", "(1.0, 8.0)")
     for i, beta in enumerate(betas):
-        _check_beta(beta, name=f"betas[{i}]")
+        _check_beta(beta, name=f"betas[{i}]", dtype=jnp.float32)  # retrieve's scores
     validate.check_int(dim, "dim")
     validate.check_real(flip, "flip", low=0.0, high=0.5)
     validate.check_int(queries, "queries")

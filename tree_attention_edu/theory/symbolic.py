@@ -11,8 +11,11 @@ Notation: scores `s_a = scale·q·k_a`, values `v_{a,j}`, source `ζ_j`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import sympy as sp
+
+from ..core import validate
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,44 @@ class Identity:
         return self.difference() == 0
 
 
+def _count(value: Any, name: str, what: str) -> int:
+    """A positive int: how many keys (`n`) or value dimensions (`d`) an identity is built on."""
+    return validate.check_int(value, name, example=f"`{name}=2` ({what})")
+
+
+def _scores(s: Any, name: str = "s") -> list:
+    """A non-empty sequence of scores (sympy expressions): sums over no keys are undefined."""
+    if isinstance(s, str) or not hasattr(s, "__iter__"):
+        raise TypeError(f"`{name}` must be a sequence of sympy scores, e.g. "
+                        f"`symbols(3, 2)[0]`, got {validate.describe(s)}.")
+    items = list(s)
+    if not items:
+        raise ValueError(f"`{name}` is empty; the softmax and the lse need at least one "
+                         f"term (the lse of none is -inf, which sympy's log(0) gives as "
+                         f"`zoo`), e.g. `symbols(3, 2)[0]`.")
+    return items
+
+
+def _values(s: list, v: Any, d: int | None = None) -> int:
+    """`v[a][j]`: one row per score, rows of equal length (`d` if given); returns it."""
+    if not isinstance(v, list | tuple) or any(not isinstance(row, list | tuple) for row in v):
+        raise TypeError(f"`v` must be a list of rows of sympy values, `v[a][j]`, e.g. "
+                        f"`symbols(3, 2)[1]`, got {validate.describe(v)}.")
+    rows = [list(row) for row in v]
+    width = len(rows[0]) if rows else 0
+    if len(rows) != len(s) or any(len(row) != width for row in rows) or (
+            d is not None and width != d):
+        want = f"{len(s)} rows of {d if d is not None else 'equal length'}"
+        raise ValueError(f"`v` must hold {want} (one row per score in `s`, one entry per "
+                         f"value dimension), got rows of lengths {[len(r) for r in rows]}.")
+    return width
+
+
 def symbols(n: int, d: int):
-    """Scores `s_0..s_{n-1}`, values `v[a][j]` (n × d) and sources `ζ_0..ζ_{d-1}`, all real."""
+    """Scores `s_0..s_{n-1}`, values `v[a][j]` (n × d) and sources `ζ_0..ζ_{d-1}`, all real;
+    `n, d >= 1`."""
+    _count(n, "n", "keys")
+    _count(d, "d", "value dimensions")
     s = sp.symbols(f"s0:{n}", real=True)
     v = [[sp.Symbol(f"v{a}_{j}", real=True) for j in range(d)] for a in range(n)]
     zeta = sp.symbols(f"zeta0:{d}", real=True)
@@ -40,13 +79,22 @@ def symbols(n: int, d: int):
 
 
 def energy_expr(s, v, zeta) -> sp.Expr:
-    """F(ζ) = log Σ_a exp(s_a + Σ_j ζ_j v_{a,j})."""
+    """F(ζ) = log Σ_a exp(s_a + Σ_j ζ_j v_{a,j}), over at least one score."""
+    s = _scores(s)
+    zeta = list(zeta) if isinstance(zeta, list | tuple) else _scores(zeta, "zeta")
+    _values(s, v, len(zeta))
     return sp.log(sum(sp.exp(s[a] + sum(z * v[a][j] for j, z in enumerate(zeta)))
                       for a in range(len(s))))
 
 
 def softmax_mean(s, v, j: int) -> sp.Expr:
-    """E[v_j] under the weights softmax(s)."""
+    """E[v_j] under the weights softmax(s); `j` indexes the value dimensions, `[0, d)`."""
+    s = _scores(s)
+    d = _values(s, v)
+    validate.check_int(j, "j", minimum=0, example="`j=0`")
+    if j >= d:
+        raise ValueError(f"`j` = {j} is out of range: `v` has {d} value dimension"
+                         f"{'s' if d != 1 else ''}, so j must be in [0, {d}).")
     den = sum(sp.exp(x) for x in s)
     return sum(sp.exp(s[a]) * v[a][j] for a in range(len(s))) / den
 
@@ -114,6 +162,7 @@ def value_shift(n: int = 3, d: int = 2) -> list[Identity]:
 
 def shift_invariance(n: int = 3) -> list[Identity]:
     """log Σ exp(s_a) = c + log Σ exp(s_a − c) for any c: the safe-max trick (c = max s)."""
+    _count(n, "n", "keys")
     s = sp.symbols(f"s0:{n}", real=True)
     c = sp.Symbol("c", real=True)
     lhs = sp.log(sum(sp.exp(x) for x in s))
@@ -123,11 +172,27 @@ def shift_invariance(n: int = 3) -> list[Identity]:
 
 
 def lse(xs) -> sp.Expr:
-    return sp.log(sum(sp.exp(x) for x in xs))
+    """log Σ exp(x) over a non-empty sequence of sympy expressions.
+
+    The lse of no terms is -inf (the empty state's), but sympy's `log(0)` is `zoo`
+    (complex infinity), which no identity can use: an empty `xs` is refused."""
+    return sp.log(sum(sp.exp(x) for x in _scores(xs, "xs")))
+
+
+def _chunk_sizes(sizes: Any, name: str = "sizes", count: int | None = None) -> list[int]:
+    """A non-empty sequence of positive ints (of length `count`, if given): chunk sizes."""
+    eg = "(2, 2)" if count == 2 else "(2, 3)"
+    items = validate.check_sizes_list(sizes, name, eg)
+    if count is not None and len(items) != count:
+        raise ValueError(f"`{name}` must give {count} chunk sizes, e.g. {eg}, got "
+                         f"{len(items)}.")
+    return items
 
 
 def lse_of_union(sizes: tuple[int, ...] = (2, 3)) -> list[Identity]:
-    """logsumexp over a union of chunks = logsumexp of the chunks' logsumexps."""
+    """logsumexp over a union of chunks = logsumexp of the chunks' logsumexps; each chunk
+    holds at least one score."""
+    sizes = tuple(_chunk_sizes(sizes))
     n = sum(sizes)
     s = sp.symbols(f"s0:{n}", real=True)
     chunks, start = [], 0
@@ -167,7 +232,9 @@ def combine_commutative() -> list[Identity]:
 
 
 def combine_matches_chunks(sizes: tuple[int, int] = (2, 2)) -> list[Identity]:
-    """Combining the two chunks' (out, lse) gives full softmax attention over their union."""
+    """Combining the two chunks' (out, lse) gives full softmax attention over their union;
+    `sizes` is two positive ints."""
+    sizes = tuple(_chunk_sizes(sizes, count=2))  # type: ignore[assignment]
     n = sum(sizes)
     s, v, _ = symbols(n, 1)
     vals = [row[0] for row in v]
