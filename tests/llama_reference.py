@@ -148,12 +148,21 @@ def softmax(x, axis=-1):
     return e / e.sum(axis=axis, keepdims=True)
 
 
+ATTENTION_LOG: list | None = None
+"""Not in transformers: when a list, `eager_attention_forward` appends each layer's
+`(scores, values)`: the scaled scores `[batch, heads, seq, seq]` with the causal mask added
+(before the softmax) and the values repeated per query head `[batch, heads, seq, head_dim]`,
+so that a test can compute attention over any subset of the keys."""
+
+
 def eager_attention_forward(num_key_value_groups, query, key, value, attention_mask, scaling):
     key_states = repeat_kv(key, num_key_value_groups)
     value_states = repeat_kv(value, num_key_value_groups)
     attn_weights = np.matmul(query, key_states.transpose(0, 1, 3, 2)) * scaling
     if attention_mask is not None:
         attn_weights = attn_weights + attention_mask
+    if ATTENTION_LOG is not None:
+        ATTENTION_LOG.append((attn_weights.copy(), value_states))
     attn_weights = softmax(attn_weights, axis=-1)
     attn_output = np.matmul(attn_weights, value_states)
     attn_output = attn_output.transpose(0, 2, 1, 3)

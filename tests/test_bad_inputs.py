@@ -677,6 +677,20 @@ def model_family() -> list[Case]:
              "capacity"),
         case(p, "type", "capacity", pre(capacity="8"), TypeError, "capacity"),
         case(p, "type", "progress", pre(progress=1), TypeError, "progress"),
+        case(Gen.step, "type", "cache", lambda: generator().step("cache", np.zeros(1, np.int32)),
+             TypeError, "cache"),
+        case(Gen.step, "range", "temperature", lambda: generator().step(
+            CACHE, np.zeros(1, np.int32), temperature=-1.0), ValueError, "temperature"),
+        case(Gen.step, "type", "key", lambda: generator().step(CACHE, np.zeros(1, np.int32),
+                                                               key=0), TypeError, "key"),
+        case(Gen.teacher_force, "type", "cache", lambda: generator().teacher_force(
+            (1, 2), np.zeros((1, 1), np.int32)), TypeError, "cache"),
+        case(Gen.teacher_force, "rank", "tokens", lambda: generator().teacher_force(
+            CACHE, np.zeros(1, np.int32)), ValueError, "tokens"),
+        case(Gen.teacher_force, "dtype", "tokens", lambda: generator().teacher_force(
+            CACHE, np.zeros((1, 1), F32)), TypeError, "tokens"),
+        case(Gen.teacher_force, "shape", "tokens-batch", lambda: generator().teacher_force(
+            CACHE, np.zeros((2, 1), np.int32)), ValueError, "tokens"),
         case(Gen, "type", "params", new(params=[1]), TypeError, "params"),
         case(Gen, "shape", "params-of-another-config",
              new(cfg=model.Config(vocab=32, dim=8, layers=1, q_heads=2, kv_heads=1, head_dim=4,
@@ -1155,7 +1169,7 @@ NOT_VALIDATED = {
     "introspect": {"Collective", "CollectiveStats", "MemoryStats"},  # results, not inputs
     "costmodel": {"Prediction"},  # a result
     "model": {"swiglu",  # one block of forward, on the model's own activations
-              "KVCache", "Generation",  # containers; forward / generate check them
+              "KVCache", "Generation", "ShardStats",  # containers; their producers check
               "check_config", "check_params", "check_prompts"},  # the checks themselves
     "hopfield": {"Memory"},  # a container; every function taking one checks it
     "checkpoint": {"TensorInfo", "CheckpointInfo",  # results, not inputs
@@ -1205,6 +1219,7 @@ FEWER_KINDS = {
     "hopfield.retrieved": "indices are clamped by JAX's indexing, eagerly and under jit",
     "model.forward": "token ids are clamped by JAX's indexing; Generator checks prompts",
     "model.write": "positions outside the cache are dropped",
+    "model.Generator.teacher_force": "token ids are not inspected, as in forward",
 }
 
 

@@ -17,6 +17,7 @@ LOGIT_TOL = dict(rtol=0, atol=1e-4)  # float32 logits of size ~3, summed over 2 
 
 @pytest.fixture(scope="module")
 def generations(mesh8, mesh2x4):
+    model._programs.cache_clear()  # compile afresh: each generator's `traces` counts its own
     params = model.init_params(CFG, jax.random.key(0))
     rng = np.random.default_rng(0)
     prompts = [list(rng.integers(0, CFG.vocab, n)) for n in PROMPT_LENS]
@@ -41,6 +42,17 @@ def test_identical_tokens_across_methods(generations, name):
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_allclose(got.logits, want.logits, **LOGIT_TOL)  # at every step
     assert traces == 1  # the decode step compiled once for all 31 steps
+
+
+def test_generators_of_one_model_share_their_programs(mesh8):
+    """A second Generator of the same model, mesh and methods compiles nothing."""
+    params = model.init_params(CFG, jax.random.key(0))
+    first = model.Generator(params, CFG, mesh8, "tree", prefill_chunk=16)
+    again = model.Generator(params, CFG, mesh8, "tree", prefill_chunk=16)
+    a = first.generate([[1, 2, 3]], 3, key=jax.random.key(0))
+    b = again.generate([[1, 2, 3]], 3, key=jax.random.key(0))
+    assert first._programs is again._programs and again.traces == 0
+    np.testing.assert_array_equal(a.tokens, b.tokens)
 
 
 def test_tokens_are_not_trivial(generations):

@@ -63,6 +63,8 @@ def test_cache_partition_uses_neither_red_nor_blue(ax):
     colors = [c for patch in ax.patches for c in (patch.get_facecolor(), patch.get_edgecolor())
               if c[3] > 0]  # visible fills and outlines
     assert colors and not any(_is_red_or_blue(c) for c in colors)
+    patterns = [plots.color(m) for m in ("allgather", "reduce_scatter", "all_to_all", "one_pass")]
+    assert not any(same_color(c, m) for c in colors for m in patterns)
 
 
 def test_scaling_colours_series_by_method(ax):

@@ -215,8 +215,8 @@ def two_level_schedule(inner: Sequence[Sequence[int]], outer: Sequence[Sequence[
 def cache_partition(lengths: Sequence[int], capacity: int, p: int, ax=None):
     """The KV-cache partitioning rule: one row per sequence, `capacity` slots cut into `p`
     contiguous device shards. Filled slots are grey, the slot the next token is appended to
-    is outlined in green, and its owning device is labelled (no red or blue: this figure is
-    neither ring nor tree)."""
+    is outlined with a dark dashed line, and its owning device is labelled (no red or blue:
+    this figure is neither ring nor tree; no pattern colour either: they mean merges)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 0.6 * len(lengths) + 1.2))
     shard = capacity // p
@@ -225,8 +225,8 @@ def cache_partition(lengths: Sequence[int], capacity: int, p: int, ax=None):
         ax.add_patch(plt.Rectangle((0, y + 0.1), min(n, capacity), 0.8, color=NEUTRAL_COLOR,
                                    alpha=0.6))
         if n < capacity:
-            ax.add_patch(plt.Rectangle((n, y + 0.1), 1, 0.8, fill=False, ec=OTHER_COLORS[1],
-                                       lw=2))
+            ax.add_patch(plt.Rectangle((n, y + 0.1), 1, 0.8, fill=False, ec=OTHER_COLORS[0],
+                                       lw=2, ls="--"))
             ax.annotate(f"next: pos {n} -> device {n // shard}", (n + 1.5, y + 0.5),
                         va="center", fontsize=8)
     for d in range(p + 1):

@@ -1,8 +1,8 @@
-"""Command line: `tree-attention-edu demo | bench | generate | fetch-model | launch | cluster`.
+"""Command line: `tree-attention-edu demo | bench | generate | speed | fetch-model | launch | cluster`.
 
 Device setup must happen before JAX computes anything, so every subcommand parses its
 arguments, calls `simulate_devices`, and only then computes. One module per subcommand
-(`demo`, `bench`, `generate`, `fetch_model`, `launch`, `cluster`), each with
+(`demo`, `bench`, `generate`, `speed`, `fetch_model`, `launch`, `cluster`), each with
 `add_arguments`, `validate` and `run`.
 
 Every argument is checked before any work starts: a bad flag, an unwritable output path or
@@ -19,9 +19,9 @@ import sys
 
 from .. import __version__
 from .. import commandline as cl
-from . import bench, cluster, demo, fetch_model, generate, launch
+from . import bench, cluster, demo, fetch_model, generate, launch, speed
 
-COMMANDS = (demo, bench, generate, fetch_model, launch, cluster)
+COMMANDS = (demo, bench, generate, speed, fetch_model, launch, cluster)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,89 @@
+"""Speed of generation against the memory roofline (`llama.speed`, `tree-attention-edu
+speed`): the bytes a decode step reads, by closed forms written here; no decode step copies
+the cache (read from the compiled program); the benchmark's record and the command line."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tree_attention_edu import cli
+from tree_attention_edu.llama import model, speed
+
+CFG = model.Config(vocab=96, dim=64, layers=2, q_heads=4, kv_heads=2, head_dim=16, hidden=160)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_step_bytes_by_closed_form(tied):
+    """Every layer weight, the final norm and one [dim, vocab] projection, float32; the
+    cache's 2·L·B·Hkv·S·D floats; p replicas of the weights on p simulated devices."""
+    import dataclasses
+
+    cfg = dataclasses.replace(CFG, tie_embeddings=tied)
+    params = model.init_params(cfg, jax.random.key(0))
+    d, hq, hkv, hd, h = cfg.dim, cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.hidden
+    layer = d * hq * hd * 2 + d * hkv * hd * 2 + 3 * d * h + 2 * d
+    weights = 4 * (cfg.layers * layer + d + cfg.vocab * d)
+    cache = 4 * 2 * cfg.layers * 3 * hkv * 100 * hd
+    got = speed.step_bytes(params, cfg, 100, batch=3, devices=8)
+    assert (got.weights, got.cache) == (weights, cache)
+    assert got.machine == 8 * weights + cache and got.per_device == weights + cache // 8
+
+
+@pytest.mark.parametrize("method", ["single", "tree"])
+def test_a_decode_step_copies_no_cache(method, mesh8):
+    """The compiled step updates the donated cache in place (the outputs alias all of it)
+    and its scratch memory is far below one layer's keys: nothing cache-sized is written.
+    (Plain attention on the head-major cache wrote a transposed, masked copy of each
+    layer's K and V: two layers' worth of scratch.)"""
+    gen = model.Generator(model.init_params(CFG, jax.random.key(0)), CFG, mesh8, method)
+    cache = model.empty_cache(CFG, 1, 16384, gen.mesh)
+    tok = jax.device_put(jnp.zeros((1,), jnp.int32), gen._rep)
+    compiled = gen._programs.step.lower(gen.params, cache, tok, jax.random.key(0), 0.0).compile()
+    mem = compiled.memory_analysis()
+    per_device = speed.cache_bytes(CFG, 16384) // gen.mesh.size
+    layer_k = per_device // (2 * CFG.layers)
+    assert mem.alias_size_in_bytes >= per_device
+    assert mem.temp_size_in_bytes < layer_k / 2, (mem.temp_size_in_bytes, layer_k)
+
+
+def test_decode_speed_record(mesh8):
+    params = model.init_params(CFG, jax.random.key(0))
+    rec = speed.decode_speed(params, CFG, mesh8, "tree", 40, steps=2)
+    assert rec.capacity % 8 == 0 and rec.capacity >= 40 + 2 + 1
+    assert len(rec.step_s) == 2 and rec.median_s == float(np.median(rec.step_s))
+    nb = speed.step_bytes(params, CFG, rec.capacity, 1, 8)
+    assert (rec.machine_bytes, rec.per_device_bytes) == (nb.machine, nb.per_device)
+    assert rec.roofline_s == pytest.approx(nb.machine / (rec.read_gbs * 1e9), rel=1e-12)
+    assert rec.tokens_per_s == pytest.approx(1 / rec.median_s)
+    assert rec.fraction == pytest.approx(rec.roofline_s / rec.median_s)
+    with pytest.raises(ValueError, match="context"):
+        speed.synthetic_cache(CFG, 1, 40, 40, mesh8, jax.random.key(0))
+
+
+def test_speed_command(tmp_path, capsys):
+    out = tmp_path / "speed.json"
+    assert cli.main(["speed", "--contexts", "24", "--methods", "single,tree", "--steps", "2",
+                     "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "roofline ms" in text and "tokens/s" in text
+    report = json.loads(out.read_text())
+    assert [r["method"] for r in report["records"]] == ["single", "tree"]
+    assert all(r["context"] == 24 and r["devices"] in (1, 8) for r in report["records"])
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["speed", "--contexts", "0"], "--contexts"),
+    (["speed", "--methods", "tree,foo"], "'foo'"),
+    (["speed", "--steps", "0"], "--steps"),
+    (["speed", "--checkpoint", "x.gguf", "--preset", "tiny"], "--preset"),
+    (["speed", "--checkpoint", "/nonexistent/model.gguf"], "--checkpoint"),
+])
+def test_speed_rejects_bad_flags(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert needle in err[-1]
