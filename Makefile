@@ -53,7 +53,7 @@ $(MODEL): $(STAMP)
 
 # Unit, property and multi-process tests; two workers for two cores.
 unit: $(STAMP) $(MODEL)
-	$(PY) -m pytest -n 2 --dist loadfile tests
+	$(PY) -m pytest -n 2 --dist loadfile --durations=30 tests
 
 # Committed notebook outputs must reproduce: strict nbval compares every output.
 nbval: $(STAMP)

@@ -471,11 +471,13 @@ plt.show()
 #
 # <details><summary>Answer</summary>
 #
-# float64's largest value is about $1.8 \cdot 10^{308}$, so its window reaches
-# $\ln(1.8 \cdot 10^{308}) - \ln 8 \approx 707$: safe, with room to spare. float16 has five
-# exponent bits: its largest value is 65504, so the top of its window is
-# $\ln 65504 - \ln 8 \approx 9$, far below the lse this model reaches; a one-pass merge in
-# float16 would fall back on most rows (the cell checks both).
+# The top of the window is $\min(\ln \max, -\ln \mathrm{tiny}) - \ln 8$ (notebook 8: the
+# sum must not overflow, and its reciprocal must stay a normal number). float64's smallest
+# normal number is about $2.2 \cdot 10^{-308}$, so its window reaches
+# $\ln(4.5 \cdot 10^{307}) - \ln 8 \approx 706$: safe, with room to spare. float16 has five
+# exponent bits: its smallest normal number is $2^{-14}$, so the top of its window is
+# $14 \ln 2 - \ln 8 = 11 \ln 2 \approx 7.6$, far below the lse this model reaches; a one-pass
+# merge in float16 would fall back on most rows (the cell checks both).
 #
 # </details>
 

@@ -82,8 +82,8 @@ def main() -> None:
                 for m in METHODS}
         for gen in gens.values():  # compile prefill and step for this capacity
             gen.generate([prompt[:CHUNK]], 2, key=key, capacity=capacity, progress=False)
-        runs = {m: {"context": context, "method": m, "total_s": [], "prefill_s": [],
-                    "decode_s": []} for m in METHODS}
+        runs = {m: {"context": context, "method": m, "command": report["command"],
+                    "total_s": [], "prefill_s": [], "decode_s": []} for m in METHODS}
         tokens = {}
         for r in range(args.repeats):
             order = METHODS[r % 3:] + METHODS[:r % 3]

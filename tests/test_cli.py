@@ -255,7 +255,8 @@ def test_output_paths_are_checked_without_leaving_files(in_tmp, monkeypatch):
 def test_every_option_has_help_and_help_shows_defaults(capsys):
     parser = cli.build_parser()
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(subs.choices) == {"demo", "bench", "generate", "fetch-model", "launch", "cluster"}
+    assert set(subs.choices) == {"demo", "bench", "generate", "speed", "fetch-model", "launch",
+                                 "cluster"}
     for name, sub in [("", parser), *subs.choices.items()]:
         for action in sub._actions:
             assert action.help, (name, action.option_strings or action.dest)

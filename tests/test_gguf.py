@@ -313,6 +313,10 @@ MALFORMED = {
                           r"blk.0.attn_q.bias: not a weight"),
     "rope-scaling": (dict(metadata=_replace_key("llama.rope.scaling.type", "string", "yarn")),
                      r"llama.rope.scaling.type: rescaled rotary"),
+    # a base <= 1 overflowed the rotary frequencies: every logit NaN, without a word
+    "rope-base-at-most-1": (dict(metadata=_replace_key("llama.rope.freq_base", "float64",
+                                                       1e-300)),
+                            r"`rope_theta` must be > 1"),
 }
 
 
@@ -325,6 +329,19 @@ def test_malformed_metadata_fails_clearly(name, tmp_path):
     for fn in (gc.inspect_gguf, gc.load_gguf):
         with pytest.raises(ValueError, match=r"`bad.gguf` .*" + message):
             fn(path)
+
+
+def test_nan_weights_fail_clearly(tmp_path):
+    """A NaN stored in a weight (F32 here, so that it survives) made every logit NaN and the
+    CLI printed token 0 as an answer; the loader names the tensor."""
+    path = tmp_path / "bad.gguf"
+    config = ref.tiny_config(**CONFIG)
+    weights = ref.random_weights(config, 0)
+    name = "model.layers.1.self_attn.q_proj.weight"
+    weights[name][3, 5] = np.nan
+    gf.write_gguf(path, config, weights, types={name: Q.F32})
+    with pytest.raises(ValueError, match=r"`bad.gguf` .*blk.1.attn_q.weight: holds NaN or inf"):
+        gc.load_gguf(path)
 
 
 @pytest.fixture(scope="module")
@@ -448,6 +465,26 @@ def test_generate_refuses_a_corrupt_gguf_in_one_line(valid, tmp_path, capsys):
     assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("tree-attention-edu generate: error: --checkpoint ")
     assert "token_embd.weight: its" in lines[0] and "Traceback" not in lines[0]
+
+
+def test_generate_stops_on_logits_that_overflow(tmp_path, capsys):
+    """Finite weights whose logits overflow float32 (a final norm gain of 3e38): exit 1 with
+    one line, not token 0 printed as an answer and bare NaN in the JSON."""
+    from tree_attention_edu import cli
+
+    path = tmp_path / "loud.gguf"
+    config = ref.tiny_config(**CONFIG)
+    weights = ref.random_weights(config, 0)
+    weights["model.norm.weight"][:] = 3e38
+    gf.write_gguf(path, config, weights)
+    code = cli.main(["generate", "--checkpoint", str(path), "--prompt-ids", "1,2",
+                     "--new-tokens", "2", "--prefill-chunk", "8", "--json",
+                     str(tmp_path / "o.json")])
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip() and "|" not in x]  # not the bars
+    assert code == 1 and len(lines) == 1, lines
+    assert "are not finite (NaN or inf)" in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "o.json").exists()
 
 
 def test_fetch_model(tmp_path, monkeypatch, capsys):

@@ -117,13 +117,16 @@ def test_lse_profile_is_the_same_on_eight_devices_and_on_one(mesh8):
 
 
 def test_one_pass_verdict_against_the_float32_window():
-    """float32, 8 devices: the fast path holds while lse + ln|out| <= ln(max) - ln 8 =
-    86.64 and lse + ln|out| >= ln(tiny) = -87.34, by the closed form."""
+    """float32, 8 devices: the fast path holds while lse + ln|out| <= min(ln max, -ln tiny)
+    - ln 8 = 87.34 - 2.08 = 85.26 (the reciprocal of the denominator must stay normal) and
+    lse + ln|out| >= ln(tiny) = -87.34, by the closed form."""
     f32 = np.finfo(np.float32)
-    top, bottom = math.log(float(f32.max)) - math.log(8), math.log(float(f32.tiny))
-    ok = shards.one_pass_verdict({"high": np.array([[86.0]]), "low": np.array([[-5.0]])}, 8)
-    assert ok["safe"] and math.isclose(ok["top_margin"], top - 86.0, rel_tol=1e-12)
-    assert not shards.one_pass_verdict({"high": np.array([[87.0]]),
+    bottom = math.log(float(f32.tiny))
+    top = min(math.log(float(f32.max)), -bottom) - math.log(8)
+    assert 85.25 < top < 85.27
+    ok = shards.one_pass_verdict({"high": np.array([[85.0]]), "low": np.array([[-5.0]])}, 8)
+    assert ok["safe"] and math.isclose(ok["top_margin"], top - 85.0, rel_tol=1e-12)
+    assert not shards.one_pass_verdict({"high": np.array([[85.5]]),
                                         "low": np.array([[0.0]])}, 8)["safe"]
     assert not shards.one_pass_verdict({"high": np.array([[0.0]]),
                                         "low": np.array([[-87.5]])}, 8)["safe"]

@@ -1,4 +1,5 @@
-"""Command line: `tree-attention-edu demo | bench | generate | speed | fetch-model | launch | cluster`.
+"""Command line: `tree-attention-edu demo | bench | generate | speed | fetch-model | launch |
+cluster`.
 
 Device setup must happen before JAX computes anything, so every subcommand parses its
 arguments, calls `simulate_devices`, and only then computes. One module per subcommand

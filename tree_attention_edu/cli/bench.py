@@ -133,9 +133,11 @@ def _calibration(args) -> list[dict]:
     print(f"\nCalibration: alpha-beta model with parameters measured here, against measured "
           f"tree and ring latency on {args.devices} devices")
     with tqdm(desc="calibration", unit="step", file=sys.stderr, disable=None) as bar:
+        # The problem's own seq_len is replaced by each of the calibration's lengths.
         cal, rows = calibrate.calibrate(
-            common.mesh(args), args.calibration_seq_lens, problem=common.problem(args, 0),
-            repeats=args.repeats, progress=_progress(bar))
+            common.mesh(args), args.calibration_seq_lens,
+            problem=common.problem(args, args.calibration_seq_lens[0]), repeats=args.repeats,
+            progress=_progress(bar))
     print(calibrate.calibration_table(cal, rows))
     return rows
 
@@ -154,7 +156,8 @@ def _patterns(args) -> list[dict]:
             bar.set_postfix_str(name)
             bar.update(1)
 
-        cal = calibrate.pattern_calibration(mesh, args.seq_lens, problem=common.problem(args, 0),
+        cal = calibrate.pattern_calibration(mesh, args.seq_lens,
+                                            problem=common.problem(args, args.seq_lens[0]),
                                             repeats=args.repeats, progress=progress)
         records = []
         for seq_len in args.seq_lens:

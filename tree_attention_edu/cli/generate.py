@@ -264,13 +264,20 @@ def run(args: Any) -> int:
                               prefill_chunk=args.prefill_chunk, prefill_method=prefill)
         out = gen.generate(prompts, args.new_tokens, key=jax.random.key(args.seed + 1),
                            temperature=args.temperature, progress=True, stop_at=eos)
+        bad = np.argwhere(~np.isfinite(out.logits))
+        if bad.size:  # NaN weights, or finite ones whose activations overflow float32
+            b, step = (int(i) for i in bad[0][:2])
+            raise cl.CommandFailed(f"{method}: the logits of prompt {b + 1} at new token "
+                                   f"{step + 1} are not finite (NaN or inf): the weights "
+                                   "overflow float32 or are damaged; no token is reported")
         steady = out.step_s[1:] or out.step_s  # the first decode step compiles
-        per_tok = statistics.median(steady) if steady else float("nan")
+        per_tok = statistics.median(steady) if steady else None  # None: one new token only
         results[method], timing[method] = out, (per_tok, out.prefill_s)
-        print(f"{method:>7}: median per-token latency {per_tok * 1e3:.1f} ms, "
-              f"{len(prompts) / per_tok:.1f} tokens/s (batch {len(prompts)}), "
-              f"compiled the step {gen.traces}x; prefill ({gen.prefill_method}) "
-              f"{out.prefill_s:.1f} s")
+        speed = ("no decode step timed" if per_tok is None else
+                 f"median per-token latency {per_tok * 1e3:.1f} ms, "
+                 f"{len(prompts) / per_tok:.1f} tokens/s (batch {len(prompts)})")
+        print(f"{method:>7}: {speed}, compiled the step {gen.traces}x; prefill "
+              f"({gen.prefill_method}) {out.prefill_s:.1f} s")
     first = results[args.method[0]]
 
     def rows(out) -> list[list[int]]:  # each prompt's tokens, up to its end-of-sequence token
@@ -307,7 +314,7 @@ def run(args: Any) -> int:
             differ.append(method)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report))
+        Path(args.json).write_text(json.dumps(report, allow_nan=False))
         print(f"wrote {args.json}")
     if differ:
         raise cl.CommandFailed(f"tokens of {', '.join(differ)} differ from single-device "

@@ -298,3 +298,19 @@ def check_path(path: Any, name: str = "path", what: str = "a path") -> Path:
         raise TypeError(f"`{name}` must be {what} (str or pathlib.Path), got "
                         f"{describe(path)}.")
     return Path(path)
+
+
+def make_folder(path: Any, name: str = "path") -> Path:
+    """Create the folder `path` (and its parents) if needed and return it; a path that is a
+    file, cannot be created or cannot be written to is a ValueError naming `name`."""
+    folder = check_path(path, name, "a folder")
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"`{name}` {str(folder)!r} is a file, not a folder; pick another path.")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"`{name}` {str(folder)!r} cannot be used as a folder: "
+                         f"{err.strerror or err}; pick another path.") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"`{name}` {str(folder)!r} is not writable; pick another path.")
+    return folder

@@ -373,6 +373,10 @@ def load_checkpoint(path: Any, *, dtype: Any = np.float32, mesh: Mesh | None = N
                 host = aligned_empty(src.shape, want)
                 np.copyto(host, src, casting="unsafe")
                 del stored, src
+                if not np.isfinite(host).all():  # a NaN weight makes every logit NaN
+                    raise ValueError(f"{file}: tensor {name!r} holds NaN or inf weights (or "
+                                     f"values past {np.dtype(want).name}'s range); the "
+                                     "checkpoint is damaged.")
                 placed = jax.device_put(host, where)
                 del host  # on CPU `placed` may use it in place; otherwise it is freed here
                 _leaf(params, dest[:-1])[dest[-1]] = placed
@@ -423,7 +427,7 @@ def save_checkpoint(path: Any, params: Params, cfg: Config, *, dtype: Any = None
     check_params(params, cfg)
     dtype = check_weight_dtype(dtype)
     max_shard_bytes = _check_shard_bytes(max_shard_bytes)
-    path.mkdir(parents=True, exist_ok=True)
+    validate.make_folder(path, "path")
     (path / CONFIG).write_text(json.dumps(config_to_hf(cfg), indent=2) + "\n")
 
     def stored(dest, transpose) -> np.ndarray:

@@ -81,15 +81,7 @@ def cached_model(cache: Any = None, spec: ModelFile = SMOLLM2) -> Path:
 def make_cache(cache: Any = None) -> Path:
     """Create the cache folder (and its parents) if needed; a path that cannot be a folder
     is a ValueError naming `cache` and the reason."""
-    folder = cached_model(cache).parent
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"`cache` {str(folder)!r} is a file, not a folder; pick another path.")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"`cache` {str(folder)!r} cannot be used as a folder: "
-                         f"{err.strerror or err}; pick another path.") from None
-    return folder
+    return validate.make_folder(cached_model(cache).parent, "cache")
 
 
 def fetch_model(cache: Any = None, spec: ModelFile = SMOLLM2, *, quiet: bool = False) -> Path:

@@ -461,6 +461,8 @@ def load_gguf(path: Any, *, dtype: Any = np.float32, mesh: Mesh | None = None
                 rows = unpermute_rows(shape[0], heads)
             host = aligned_empty(shape[::-1] if transpose else shape, dtype)
             _dequantize_into(host, data, entry, transpose, rows)
+            if not np.isfinite(host).all():  # a NaN weight makes every logit NaN
+                raise _bad(info.path, name, "holds NaN or inf weights")
             placed = jax.device_put(host, where)
             del host  # on CPU `placed` may use it in place; otherwise it is freed here
             leaf = params

@@ -65,7 +65,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..core import devices, inputs, validate
@@ -192,11 +192,15 @@ class Config:
             validate.check_int(getattr(self, name), name)
         inputs.check_head_groups(self.q_heads, self.kv_heads)
         _check_even_head_dim(self.head_dim)
-        validate.check_real(self.rope_theta, "rope_theta", low=0.0, low_open=True,
+        # A base <= 1 gives frequencies >= 1 that grow without bound over the head (1e-300
+        # overflows them to inf, and the logits to NaN); real models use 1e4 to 1e6.
+        validate.check_real(self.rope_theta, "rope_theta", low=1.0, low_open=True,
                            hint="the RoPE base, e.g. 500000.0")
         validate.check_real(self.norm_eps, "norm_eps", low=0.0, hint="e.g. 1e-5")
-        validate.check_real(self.init_scale, "init_scale", low=0.0, low_open=True,
-                           hint="e.g. 1.0")
+        # Weights of scale s give logits of order s**(2 * layers + 1): past ~100 float32
+        # overflows after a few layers.
+        validate.check_real(self.init_scale, "init_scale", low=0.0, high=100.0, low_open=True,
+                           hint="the weights' scale relative to 1/sqrt(fan_in), e.g. 1.0")
         validate.check_bool(self.tie_embeddings, "tie_embeddings")
         if self.rope_scaling is not None:
             validate.check_instance(self.rope_scaling, RopeScaling, "rope_scaling",
@@ -244,8 +248,16 @@ def check_config(cfg: Config) -> None:
     validate.check_instance(cfg, Config, "cfg", "e.g. Config() or PRESETS['tiny']")
 
 
-def _check_mesh(mesh: Mesh) -> None:
+def _check_mesh(mesh: Mesh) -> Mesh:
+    """`mesh` with its axes made Auto. The model places its own arrays with sharding
+    constraints, which an Explicit mesh (`jax.make_mesh`'s default) refuses; the devices and
+    the partitioning are the same either way."""
     validate.check_instance(mesh, Mesh, "mesh", "build one with make_mesh(...)")
+    devices.resolve_mesh(mesh)  # refuses Manual or mixed axis types by name
+    if devices.is_explicit(mesh):
+        mesh = Mesh(mesh.devices, mesh.axis_names,
+                    axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+    return mesh
 
 
 def rms_norm(x: Array, gain: Array, eps: float) -> Array:
@@ -316,7 +328,7 @@ class KVCache(NamedTuple):
 
 def cache_sharding(mesh: Mesh) -> NamedSharding:
     """The partitioning rule: axis 2 (`S`) split over every mesh axis, first axis outermost."""
-    _check_mesh(mesh)
+    mesh = _check_mesh(mesh)
     return NamedSharding(mesh, kv_spec(tuple(mesh.axis_names), "bhtd"))
 
 
@@ -325,7 +337,7 @@ def empty_cache(cfg: Config, batch: int, capacity: int, mesh: Mesh) -> KVCache:
     check_config(cfg)
     validate.check_int(batch, "batch")
     validate.check_int(capacity, "capacity")
-    _check_mesh(mesh)
+    mesh = _check_mesh(mesh)
     p = mesh.size
     capacity = -(-capacity // p) * p
     shape = (batch, cfg.kv_heads, capacity, cfg.head_dim)
@@ -384,7 +396,7 @@ def _check_write(cache_k, cache_v, k, v, start, mesh) -> None:
                                             kind="float"), ks, "v", "[B, Hkv, T, D]", "like k")
     validate.check_shape(validate.check_array(start, "start", kind="int"), ck[:1], "start", "[B]",
                         "one start position per sequence")
-    _check_mesh(mesh)
+    mesh = _check_mesh(mesh)
 
 
 # --- the model ------------------------------------------------------------------------------
@@ -461,7 +473,7 @@ def _shard_stats(q: Array, k: Array, v: Array, lengths: Array, mesh: Mesh) -> Sh
     `i·S/p + j`; nothing is merged."""
     validate.check_array(q, "q", rank=4, layout="[B, T, Hq, D]", kind="float")
     validate.check_array(k, "k", rank=4, layout="[B, Hkv, S, D]", kind="float")
-    _check_mesh(mesh)
+    mesh = _check_mesh(mesh)
     axes = tuple(mesh.axis_names)
     spec = kv_spec(axes, "bhtd")
 
@@ -494,7 +506,7 @@ def _trunk(params: Params, cfg: Config, tokens: Array, cache: KVCache, attend: C
                         "the cache's batch")
     validate.check_callable(attend, "attend", "attention of q, k, v and lengths, as the "
                                              "Generator builds it")
-    _check_mesh(mesh)
+    mesh = _check_mesh(mesh)
     B, T = tokens.shape
     start = cache.lengths
     positions = start[:, None] + jnp.arange(T)[None, :]
@@ -552,7 +564,14 @@ def sample(logits: Array, key: Array, temperature: float) -> Array:
     validate.check_prng_key(key)
     if temperature == 0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
+    # The Gumbel-max trick: argmax(l/T + g) with g ~ Gumbel is a sample of softmax(l/T), and
+    # so is argmax(l + T·g) for T > 0. Below T = 1 the second form is used: l/T overflows
+    # for tiny T (1e-45 made every logit inf, and every sample token 0), while T·g only
+    # shrinks, and the sample tends to the greedy token as T -> 0.
+    if temperature >= 1:
+        return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
+    g = jax.random.gumbel(key, logits.shape, logits.dtype)
+    return jnp.argmax(logits + temperature * g, axis=-1).astype(jnp.int32)
 
 
 def _check_temperature(temperature: float) -> float:
@@ -570,6 +589,11 @@ def check_params(params: Params, cfg: Config) -> None:
         _params_mismatch(jax.tree_util.keystr(path),
                              None if got is None else tuple(getattr(got, "shape", ())),
                              tuple(leaf.shape))
+        dtype = getattr(got, "dtype", None)
+        if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+            raise TypeError(f"`params` {jax.tree_util.keystr(path)} has dtype {dtype}; the "
+                            "weights must be floating (float32, bfloat16, ...): cast them, "
+                            "e.g. `jax.tree.map(lambda x: x.astype(jnp.float32), params)`.")
 
 
 class Generation(NamedTuple):
@@ -643,7 +667,7 @@ class Generator:
                  prefill_chunk: int = 512, prefill_method: str | None = None):
         check_config(cfg)
         check_params(params, cfg)
-        _check_mesh(mesh)
+        mesh = _check_mesh(mesh)
         validate.check_choice(method, METHODS, "method")
         prefill_method = method if prefill_method is None else prefill_method
         validate.check_choice(prefill_method, METHODS, "prefill_method")

@@ -90,7 +90,7 @@ def one_pass_verdict(profile: dict, p: int, dtype: Any = np.float32,
                      shift: float = 0.0) -> dict[str, float | bool]:
     """Is `merges.one_pass_combine` with this fixed `shift` exact on every row the profile
     saw, for `p` devices? Its fast path needs, per row, `lse_i - shift + ln max(|out_i|, 1)
-    <= ln(max) - ln p` and `lse_i - shift + ln min(|out_i|, 1) >= ln(tiny)`
+    <= min(ln(max), -ln(tiny)) - ln p` and `lse_i - shift + ln min(|out_i|, 1) >= ln(tiny)`
     (`merges.one_pass_window`); past either it falls back to the exact two-collective merge.
 
     Returns the window `(low, high)` for outputs of size one, the profile's extremes, the
