@@ -433,7 +433,7 @@ print(f"{'decode steps':>16}: [{live[np.isfinite(live)].min():7.2f}, {live.max()
 # %%
 verdict = shards.one_pass_verdict(profile, p, np.float32)
 print(f"float32 window on {p} devices: [{verdict['window_low']:.2f}, "
-      f"{verdict['window_high']:.2f}]  (ln tiny, ln max - ln {p})")
+      f"{verdict['window_high']:.2f}]  (ln tiny; min(ln max, -ln tiny) - ln {p})")
 print(f"shift 0: headroom {verdict['top_margin']:.1f} at the top, {verdict['bottom_margin']:.1f} "
       f"at the bottom; safe: {verdict['safe']}")
 print(f"the profile spans {verdict['span']:.1f} of the window's {verdict['window_span']:.1f}; "

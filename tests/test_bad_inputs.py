@@ -702,6 +702,16 @@ def model_family() -> list[Case]:
         case(Gen, "range", "prefill_method", new(prefill_method="flash"), ValueError,
              "prefill_method"),
         case(Gen, "range", "prefill_chunk", new(prefill_chunk=0), ValueError, "prefill_chunk"),
+        case(Gen, "range", "prefill_method-single-for-a-sharded-cache",
+             new(method="tree", prefill_method="single"), ValueError, "prefill_method"),
+        case(Gen.step, "type", "tokens", lambda: generator().step(CACHE, [1]), TypeError,
+             "tokens"),
+        case(Gen.step, "rank", "tokens", lambda: generator().step(
+            CACHE, np.zeros((1, 1), np.int32)), ValueError, "tokens"),
+        case(Gen.step, "dtype", "tokens", lambda: generator().step(CACHE, np.zeros(1, F32)),
+             TypeError, "tokens"),
+        case(Gen.step, "shape", "tokens-batch", lambda: generator().step(
+            CACHE, np.zeros(2, np.int32)), ValueError, "tokens"),
         case(Gen, "type", "prefill_chunk", new(prefill_chunk=2.5), TypeError, "prefill_chunk"),
         # the model's parts
         case(C, "range", "vocab", lambda: C(vocab=0), ValueError, "vocab"),

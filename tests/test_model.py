@@ -26,7 +26,7 @@ def generations(mesh8, mesh2x4):
             ("single", mesh8, "single", None), ("tree_1d", mesh8, "tree", None),
             ("tree_2level", mesh2x4, "tree", None), ("ring", mesh8, "ring", None),
             ("ring_after_tree_prefill", mesh8, "ring", "tree"),
-            ("tree_after_single_prefill", mesh2x4, "tree", "single")):
+            ("tree_after_ring_prefill", mesh2x4, "tree", "ring")):
         gen = model.Generator(params, CFG, mesh, method, prefill_chunk=16,
                               prefill_method=prefill)
         out[name] = (gen.generate(prompts, NEW, key=jax.random.key(1)), gen.traces)
@@ -34,7 +34,7 @@ def generations(mesh8, mesh2x4):
 
 
 @pytest.mark.parametrize("name", ["tree_1d", "tree_2level", "ring", "ring_after_tree_prefill",
-                                  "tree_after_single_prefill"])
+                                  "tree_after_ring_prefill"])
 def test_identical_tokens_across_methods(generations, name):
     want, _ = generations["single"]
     got, traces = generations[name]
@@ -160,7 +160,7 @@ def test_prefill_method_chooses_the_prefill_attention(mesh8):
 
     def hlo(gen):
         pre = gen._programs.prefill.lower(gen.params, cache, jnp.zeros((1, 8), jnp.int32), last)
-        step = gen._programs.step.lower(gen.params, cache, tok, jax.random.key(0), 0.0)
+        step = gen._programs.step.lower(gen.params, cache, tok, jax.random.key(0), 0.0, True)
         return pre.as_text(), step.as_text()
 
     pre, step = hlo(model.Generator(params, CFG, mesh8, "ring", prefill_method="tree"))
@@ -287,6 +287,40 @@ def test_generator_on_an_explicit_mesh_matches_an_auto_one(mesh8):
     outs = [model.Generator(params, CFG, m, "tree", prefill_chunk=8).generate(
         [[1, 2, 3]], 3, key=jax.random.key(0)).tokens for m in (explicit, mesh8)]
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_a_step_past_the_capacity_gives_nan_not_a_silent_answer(mesh8):
+    """No device owns a slot past the capacity, so the token's k/v cannot be written: its
+    logits are NaN (the next sequence's are not), instead of finite logits of a cache that
+    lacks the token."""
+    params = model.init_params(CFG, jax.random.key(0))
+    gen = model.Generator(params, CFG, mesh8, "tree", prefill_chunk=8)
+    _, cache = gen.prefill([[1] * 8, [2] * 3], 8)
+    _, logits, _ = gen.step(cache, np.array([1, 2], np.int32))
+    logits = np.asarray(logits)
+    assert np.isnan(logits[0]).all() and np.isfinite(logits[1]).all()
+
+
+def test_temperatures_share_one_compiled_step(mesh8):
+    """The temperature is traced: a new value compiles nothing (only greedy is static)."""
+    params = model.init_params(CFG, jax.random.key(0))
+    model._programs.cache_clear()
+    gen = model.Generator(params, CFG, mesh8, "single", prefill_chunk=8)
+    for t in (0.5, 0.6, 0.6000001, 2.0):
+        gen.generate([[1, 2, 3]], 3, key=jax.random.key(0), temperature=t)
+    assert gen.traces == 1
+
+
+def test_generator_under_an_explicit_context_mesh(mesh8):
+    """A caller's `jax.set_mesh(Explicit mesh)` does not leak into the Generator's programs."""
+    params = model.init_params(CFG, jax.random.key(0))
+    explicit = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+    want = model.Generator(params, CFG, mesh8, "tree", prefill_chunk=8).generate(
+        [[1, 2, 3]], 3, key=jax.random.key(0)).tokens
+    with jax.set_mesh(explicit):
+        got = model.Generator(params, CFG, explicit, "tree", prefill_chunk=8).generate(
+            [[1, 2, 3]], 3, key=jax.random.key(0)).tokens
+    np.testing.assert_array_equal(got, want)
 
 
 def test_generator_checks_params_against_cfg(mesh8):

@@ -30,6 +30,9 @@ def test_step_bytes_by_closed_form(tied):
     got = speed.step_bytes(params, cfg, 100, batch=3, devices=8)
     assert (got.weights, got.cache) == (weights, cache)
     assert got.machine == 8 * weights + cache and got.per_device == weights + cache // 8
+    # the ring: every device folds every block of the query it holds (all of it)
+    ring = speed.step_bytes(params, cfg, 100, batch=3, devices=8, method="ring")
+    assert ring.machine == 8 * weights + 8 * cache and ring.per_device == weights + cache
 
 
 @pytest.mark.parametrize("method", ["single", "tree"])
@@ -41,7 +44,8 @@ def test_a_decode_step_copies_no_cache(method, mesh8):
     gen = model.Generator(model.init_params(CFG, jax.random.key(0)), CFG, mesh8, method)
     cache = model.empty_cache(CFG, 1, 16384, gen.mesh)
     tok = jax.device_put(jnp.zeros((1,), jnp.int32), gen._rep)
-    compiled = gen._programs.step.lower(gen.params, cache, tok, jax.random.key(0), 0.0).compile()
+    compiled = gen._programs.step.lower(gen.params, cache, tok, jax.random.key(0), 0.0,
+                                        True).compile()
     mem = compiled.memory_analysis()
     per_device = speed.cache_bytes(CFG, 16384) // gen.mesh.size
     layer_k = per_device // (2 * CFG.layers)

@@ -355,7 +355,7 @@ def write(cache_k: Array, cache_v: Array, k: Array, v: Array, start: Array, mesh
     slot updated in place; for a prefill chunk each device gathers its part of the chunk.
     Positions outside `[0, capacity)` are dropped (`start` is a value: it is not inspected).
     """
-    _check_write(cache_k, cache_v, k, v, start, mesh)
+    mesh = _check_write(cache_k, cache_v, k, v, start, mesh)
     spec = kv_spec(tuple(mesh.axis_names), "bhtd")
     T = k.shape[2]
 
@@ -384,7 +384,7 @@ def write(cache_k: Array, cache_v: Array, k: Array, v: Array, start: Array, mesh
                          out_specs=(spec, spec))(cache_k, cache_v, k, v, start)
 
 
-def _check_write(cache_k, cache_v, k, v, start, mesh) -> None:
+def _check_write(cache_k, cache_v, k, v, start, mesh) -> Mesh:
     layout = "[B, Hkv, S, D]"
     ck = validate.check_array(cache_k, "cache_k", rank=4, layout=layout, kind="float")
     validate.check_shape(validate.check_array(cache_v, "cache_v", rank=4, layout=layout,
@@ -396,7 +396,7 @@ def _check_write(cache_k, cache_v, k, v, start, mesh) -> None:
                                             kind="float"), ks, "v", "[B, Hkv, T, D]", "like k")
     validate.check_shape(validate.check_array(start, "start", kind="int"), ck[:1], "start", "[B]",
                         "one start position per sequence")
-    mesh = _check_mesh(mesh)
+    return _check_mesh(mesh)
 
 
 # --- the model ------------------------------------------------------------------------------
@@ -428,7 +428,8 @@ def forward(params: Params, cfg: Config, tokens: Array, cache: KVCache, attend: 
 
     Token ids index the embedding, `[0, vocab)`; their values are not inspected (that
     would differ under `jit`): an id outside gives NaN logits for its sequence, eagerly and
-    under `jit` alike. `Generator` checks prompts before they reach the device."""
+    under `jit` alike, and so does a sequence whose `lengths + T` passes the cache's
+    capacity. `Generator` checks prompts before they reach the device."""
     x, cache, _ = _trunk(params, cfg, tokens, cache, attend, mesh)
     return _unembed(params, cfg, x), cache
 
@@ -530,8 +531,12 @@ def _trunk(params: Params, cfg: Config, tokens: Array, cache: KVCache, attend: C
         x = x + swiglu(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer)
         new_layers.append((ck, cv))
     stacked = ShardStats(*(jnp.stack(f) for f in zip(*stats, strict=True))) if probe else None
-    return (rms_norm(x, params["final_norm"], cfg.norm_eps), KVCache(tuple(new_layers), start + T),
-            stacked)
+    # Past the capacity no device owns the slot: the token's k/v were not written, and its
+    # attention would silently read a cache without it. Its row is NaN instead (a select on
+    # values, the same eagerly and under jit), as for an id outside the vocabulary.
+    over = start + T > cache.layers[0][0].shape[2]
+    x = jnp.where(over[:, None, None], jnp.nan, rms_norm(x, params["final_norm"], cfg.norm_eps))
+    return x, KVCache(tuple(new_layers), start + T), stacked
 
 
 def _unembed(params: Params, cfg: Config, x: Array) -> Array:
@@ -562,16 +567,22 @@ def sample(logits: Array, key: Array, temperature: float) -> Array:
     validate.check_array(logits, "logits", rank=2, layout="[B, vocab]", kind="float")
     temperature = _check_temperature(temperature)
     validate.check_prng_key(key)
-    if temperature == 0:
+    return _draw(logits, key, jnp.float32(temperature), temperature == 0)
+
+
+def _draw(logits: Array, key: Array, temperature: Array, greedy: bool) -> Array:
+    """`sample` without the checks; `temperature` may be traced (> 0 unless `greedy`).
+
+    The Gumbel-max trick: argmax(l/T + g) with g ~ Gumbel is a sample of softmax(l/T), and
+    so is argmax(l + T·g) for T > 0. Below T = 1 the second form is selected: l/T overflows
+    for tiny T (1e-45 made every logit inf, and every sample token 0), while T·g only
+    shrinks, and the sample tends to the greedy token as T -> 0."""
+    if greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    # The Gumbel-max trick: argmax(l/T + g) with g ~ Gumbel is a sample of softmax(l/T), and
-    # so is argmax(l + T·g) for T > 0. Below T = 1 the second form is used: l/T overflows
-    # for tiny T (1e-45 made every logit inf, and every sample token 0), while T·g only
-    # shrinks, and the sample tends to the greedy token as T -> 0.
-    if temperature >= 1:
-        return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
     g = jax.random.gumbel(key, logits.shape, logits.dtype)
-    return jnp.argmax(logits + temperature * g, axis=-1).astype(jnp.int32)
+    t = temperature.astype(logits.dtype)
+    z = jnp.where(t >= 1, logits / t + g, logits + t * g)
+    return jnp.argmax(z, axis=-1).astype(jnp.int32)
 
 
 def _check_temperature(temperature: float) -> float:
@@ -618,12 +629,13 @@ class _Programs:
         attend, attend_prefill = _attend_fn(method, mesh), _attend_fn(prefill_method, mesh)
         self.caller: Any = None  # the Generator calling now: compilations are counted on it
 
-        def step(params, cache, tokens, key, temperature):
+        def step(params, cache, tokens, key, temperature, greedy):
+            # `temperature` is traced (a new value compiles nothing); only greedy is static.
             if self.caller is not None:  # runs only while tracing: counts compilations
                 self.caller.traces += 1
             logits, cache = forward(params, cfg, tokens[:, None], cache, attend, mesh)
             logits = logits[:, 0]
-            return sample(logits, key, temperature), logits, cache
+            return _draw(logits, key, temperature, greedy), logits, cache
 
         def prefill(params, cache, tokens, last_index):
             # last_index [B]: which position of this chunk holds each prompt's last token
@@ -636,7 +648,7 @@ class _Programs:
         def probe(params, cache, tokens):
             return _forward_with_shard_stats(params, cfg, tokens, cache, attend, mesh)
 
-        self.step = jax.jit(step, static_argnums=4, donate_argnums=1)
+        self.step = jax.jit(step, static_argnums=5, donate_argnums=1)
         self.prefill = jax.jit(prefill, donate_argnums=1)
         self.probe = jax.jit(probe, donate_argnums=1)
 
@@ -644,6 +656,17 @@ class _Programs:
 @functools.lru_cache(maxsize=16)
 def _programs(cfg: Config, mesh: Mesh, method: str, prefill_method: str) -> _Programs:
     return _Programs(cfg, mesh, method, prefill_method)
+
+
+def _under_own_mesh(method: Callable) -> Callable:
+    """Run a `Generator` method under the generator's own (Auto) mesh: a mesh the caller set
+    with `jax.set_mesh` (an Explicit one, say) would otherwise give the arrays made here its
+    axis types, which clash with the programs' shardings."""
+    @functools.wraps(method)
+    def wrapped(self, *args, **kw):
+        with jax.set_mesh(self.mesh):
+            return method(self, *args, **kw)
+    return wrapped
 
 
 class Generator:
@@ -671,6 +694,12 @@ class Generator:
         validate.check_choice(method, METHODS, "method")
         prefill_method = method if prefill_method is None else prefill_method
         validate.check_choice(prefill_method, METHODS, "prefill_method")
+        if prefill_method == "single" and method != "single":
+            # xla_state outside shard_map on a sequence-sharded cache: GSPMD would gather the
+            # whole cache onto every device, at every layer of every chunk.
+            raise ValueError(f"`prefill_method` 'single' needs `method` 'single' (the cache of "
+                             f"method {method!r} is sharded over the mesh); use 'tree' to "
+                             f"prefill it.")
         validate.check_int(prefill_chunk, "prefill_chunk", example="`prefill_chunk=512`")
         if method == "single":
             mesh = Mesh(np.array(mesh.devices).ravel()[:1], ("x",))
@@ -691,6 +720,7 @@ class Generator:
         finally:
             programs.caller = None
 
+    @_under_own_mesh
     def step(self, cache: KVCache, tokens: Array, key: Array | None = None,
              temperature: float = 0.0) -> tuple[Array, Array, KVCache]:
         """One decode step: `tokens [B]` at positions `cache.lengths`; returns the next
@@ -701,8 +731,15 @@ class Generator:
         temperature = _check_temperature(temperature)
         key = jax.random.key(0) if key is None else key
         validate.check_prng_key(key)
-        return self._run("step", cache, tokens, key, float(temperature))
+        ts = validate.check_array(tokens, "tokens", rank=1, layout="[B]", kind="int")
+        validate.check_shape(ts, tuple(cache.lengths.shape), "tokens", "[B]",
+                            "one token per sequence of the cache")
+        # Placed on this generator's mesh: arrays made under another (say an Explicit
+        # context mesh) carry its axis types.
+        tokens, key = jax.device_put((jnp.asarray(tokens, jnp.int32), key), self._rep)
+        return self._run("step", cache, tokens, key, jnp.float32(temperature), temperature == 0)
 
+    @_under_own_mesh
     def teacher_force(self, cache: KVCache, tokens: Array) -> tuple[Array, KVCache,
                                                                      ShardStats]:
         """Run `tokens [B, T]` (given, not sampled) at positions `cache.lengths` with this
@@ -711,12 +748,14 @@ class Generator:
         `[layers, p, B, T, Hq]`, `p` this generator's devices). `cache` is donated."""
         validate.check_instance(cache, KVCache, "cache", "build one with prefill(...)")
         validate.check_array(tokens, "tokens", rank=2, layout="[B, T]", kind="int")
-        return self._run("probe", cache, jnp.asarray(tokens, jnp.int32))
+        return self._run("probe", cache, jax.device_put(jnp.asarray(tokens, jnp.int32),
+                                                        self._rep))
 
     def _padded(self, longest: int) -> int:
         """`longest` rounded up to whole prefill chunks."""
         return -(-longest // self.chunk) * self.chunk
 
+    @_under_own_mesh
     def prefill(self, prompts: Sequence[Sequence[int]] | Sequence[np.ndarray], capacity: int,
                 progress: bool | None = False) -> tuple[Array, KVCache]:
         """Fill a fresh cache from right-padded prompts; return each prompt's last logits.
@@ -757,6 +796,7 @@ class Generator:
         lengths = jax.device_put(jnp.asarray(lengths, jnp.int32), self._rep)
         return last, cache._replace(lengths=lengths)
 
+    @_under_own_mesh
     def generate(self, prompts: Sequence[Sequence[int]], new_tokens: int, *, key: Array,
                  temperature: float = 0.0, capacity: int | None = None,
                  progress: bool | None = None, stop_at: int | None = None) -> Generation:
@@ -787,6 +827,7 @@ class Generator:
         validate.check_int(new_tokens, "new_tokens", example="`new_tokens=32`")
         validate.check_prng_key(key)
         temperature = _check_temperature(temperature)
+        key = jax.device_put(key, self._rep)  # made under another mesh, maybe (see `step`)
         validate.check_bool(progress, "progress", optional=True)
         if stop_at is not None:
             validate.check_int(stop_at, "stop_at", minimum=0, example="the EOS id, e.g. 2")
@@ -811,7 +852,7 @@ class Generator:
                 break
             t0 = time.perf_counter()
             tok, logits, cache = self._run("step", cache, tok, jax.random.fold_in(key, i),
-                                            float(temperature))
+                                            jnp.float32(temperature), temperature == 0)
             jax.block_until_ready(tok)
             times.append(time.perf_counter() - t0)
             toks.append(tok)

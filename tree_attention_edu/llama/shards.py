@@ -55,7 +55,9 @@ def lse_profile(gen: model.Generator, ids: Any, chunk: int = 512,
 
     `progress(first, last)` is called after each chunk when given."""
     validate.check_instance(gen, model.Generator, "gen", "a model.Generator")
-    ids = np.asarray(ids)
+    # Checked: an id outside the vocabulary embeds as NaN, and its rows would drop out of
+    # the profile without a word.
+    ids = np.asarray(model.check_prompts([ids], gen.cfg.vocab)[0])
     validate.check_int(chunk, "chunk")
     capacity = -(-len(ids) // chunk) * chunk
     cache = model.empty_cache(gen.cfg, 1, capacity, gen.mesh)

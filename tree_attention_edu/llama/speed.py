@@ -17,7 +17,8 @@ Bytes per step, for a model of `W` weight bytes and a cache of `C` bytes:
   and each device its `C/p` of the cache. On `p` real GPUs each reads `W + C/p` from its
   own memory, in parallel: the roofline there is `(W + C/p) / bandwidth of one GPU`.
 * `ring`: every device also folds all `p` blocks of the cache (the query is replicated), so
-  the cache is read `p` times, besides the blocks it passes around: `p·W + p·C` at least.
+  the cache is read `p` times, besides the blocks it passes around: `p·W + p·C` at least
+  (`StepBytes.cache_reads`).
 
 `W` counts every layer weight, the final RMSNorm and the output projection (the embedding
 itself when the embeddings are tied; a step looks up only one row of it otherwise), and `C`
@@ -48,22 +49,27 @@ ITEMSIZE = 4
 @dataclass(frozen=True)
 class StepBytes:
     """What one decode step reads: `weights` (bytes, one copy) and `cache` (bytes, all
-    devices together), and how many `devices` hold a replica of the weights."""
+    devices together), how many `devices` hold a replica of the weights, and how many times
+    the devices together read the cache (`cache_reads`: 1 for single and tree; `p` for the
+    ring, whose every device folds every block)."""
 
     weights: int
     cache: int
     devices: int = 1
+    cache_reads: int = 1
 
     @property
     def per_device(self) -> int:
-        """One device's bytes: the weights and its `1/p` of the cache (a real GPU's load)."""
-        return self.weights + self.cache // self.devices
+        """One device's bytes: the weights and its share of the cache reads (a real GPU's
+        load: `C/p` for tree, all of `C` for the ring)."""
+        return self.weights + self.cache_reads * self.cache // self.devices
 
     @property
     def machine(self) -> int:
         """The bytes this machine's memory carries when the devices are simulated on it:
-        each reads the replicated weights, and together they read the cache once."""
-        return self.devices * self.weights + self.cache
+        each reads the replicated weights, and together they read the cache
+        `cache_reads` times."""
+        return self.devices * self.weights + self.cache_reads * self.cache
 
 
 def weight_bytes(params: model.Params, cfg: model.Config) -> int:
@@ -84,10 +90,13 @@ def cache_bytes(cfg: model.Config, capacity: int, batch: int = 1) -> int:
 
 
 def step_bytes(params: model.Params, cfg: model.Config, capacity: int, batch: int = 1,
-               devices: int = 1) -> StepBytes:
-    """The bytes of one decode step (see the module docstring), for `devices` replicas."""
+               devices: int = 1, method: str = "tree") -> StepBytes:
+    """The bytes of one decode step of `method` (see the module docstring), for `devices`
+    replicas."""
     validate.check_int(devices, "devices")
-    return StepBytes(weight_bytes(params, cfg), cache_bytes(cfg, capacity, batch), devices)
+    validate.check_choice(method, model.METHODS, "method")
+    return StepBytes(weight_bytes(params, cfg), cache_bytes(cfg, capacity, batch), devices,
+                     devices if method == "ring" else 1)
 
 
 @dataclass
@@ -179,7 +188,7 @@ def decode_speed(params: model.Params, cfg: model.Config, mesh: Mesh, method: st
         tok, _, cache = gen.step(cache, tok)
         jax.block_until_ready(tok)
         times.append(time.perf_counter() - t0)
-    nb = step_bytes(gen.params, cfg, capacity, batch, p)
+    nb = step_bytes(gen.params, cfg, capacity, batch, p, method)
     read = statistics.median(gbs)
     return Speed(method=method, devices=p, context=context, capacity=capacity, batch=batch,
                  weight_bytes=nb.weights, cache_bytes=nb.cache, machine_bytes=nb.machine,
