@@ -111,9 +111,9 @@ def run(args: Any) -> int:
     print(speed.table(records))
     print("read MB: the bytes one step moves through this machine's memory: weights and "
           "cache once on one device; on p simulated devices the replicated weights p times "
-          "(each device computes the replicated products) and the cache once. On p real "
-          "devices each reads the weights and 1/p of the cache in parallel: 'gpu_roofline_s' "
-          "in the JSON.")
+          "(each device computes the replicated products) and the cache once (p times for "
+          "the ring, whose every device folds every block). On p real devices each reads the "
+          "weights and its share of the cache in parallel: 'gpu_roofline_s' in the JSON.")
     if args.json:
         report = {"device": benchmark.device_info(measure=False), "model": name,
                   "config": dataclasses.asdict(cfg),
