@@ -218,6 +218,37 @@ display(Markdown(f"The fitted inter-node β is within {worst:.0%} of the rate se
                  f"runs and at both rates."))
 
 # %% [markdown]
+# **Exercise 1 (code).** Fit β yourself. `points` is a list of `(bytes, seconds)` pairs, one
+# per timed ring step (as in `rep["rates"][0]["links"]["inter"]["points"]`). Return β in
+# bytes per second: the inverse slope of the least-squares line $t = a + 	ext{bytes}/eta$
+# through the messages larger than 16 KiB (the small ones measure α, not β). The test cell
+# compares your β with the recorded fit and with the rate set on the link.
+
+# %%
+def fit_beta(points: list) -> float:
+    """Bytes per second: 1 / slope of a least-squares line through the points > 16 KiB."""
+    # TODO: keep the points with more than 16 * 1024 bytes, fit seconds against bytes with
+    # np.polyfit(..., 1), and return the inverse of the slope.
+    return float(np.mean([n / t for n, t in points]))  # wrong on purpose: replace it
+
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def fit_beta(points: list) -> float:  # noqa: F811 (replaces the stub)
+    """Bytes per second: 1 / slope of a least-squares line through the points > 16 KiB."""
+    big = np.array([(n, t) for n, t in points if n > 16 * 1024], float)
+    slope, _ = np.polyfit(big[:, 0], big[:, 1], 1)
+    return float(1 / slope)
+
+
+# %%
+for r in runs.values():
+    for x in r["rates"]:
+        mine = fit_beta(x["links"]["inter"]["points"])
+        np.testing.assert_allclose(mine, x["links"]["inter"]["beta_Bps"], rtol=1e-6)
+        assert 0.8 <= mine / x["set_Bps"] <= 1.2
+print("your beta == the recorded fit, within ±20% of the rate set, for both runs and rates")
+
+# %% [markdown]
 # ## 9.4 Every method on the same cache
 #
 # Every method decodes the same cache (checked against a float64 numpy reference inside
@@ -334,11 +365,27 @@ for name, r in runs.items():
           f"{t['verdict']}")
     print(f"    bytes leaving a node per call: flat {t['flat_link_bytes']:,.0f}, "
           f"2-level {t['two_level_link_bytes']:,.0f}")
+    assert t["two_level_link_bytes"] > t["flat_link_bytes"]  # the text below explains why
     slow = min(r["rates"], key=lambda x: x["set_Bps"])["methods"]  # the slow link's rounds
     assert t["verdict"] == run.verdict(slow["tree"]["round_s"],
                                        slow["tree_2level"]["round_s"])["verdict"]
 
 # %% [markdown]
+# **Quiz (predict, then read).** Before reading the verdict above: the 2-level schedule
+# crosses the slow link once, with states already reduced inside each node, while the flat
+# ring crosses it at several of its steps. Which puts more bytes on the link per call, and
+# which would you expect to be faster on this cluster, where the link is slow in bandwidth
+# only?
+#
+# <details><summary>Answer</summary>
+#
+# The 2-level schedule puts *more* bytes on the link here (both counts are printed above),
+# and neither is measurably faster: the verdict above says so. The next paragraphs explain
+# why: the states are a few kB, so bytes hardly cost anything, and the steps' latency is
+# the same inside and across nodes on this machine.
+#
+# </details>
+#
 # Why the answer is what it is, on this cluster:
 #
 # * **Bytes do not decide it.** The states are a few kB (the time they take on the slow
@@ -399,6 +446,40 @@ plt.show()
 # Ring (red) is the only method whose bars differ by about 2; tree methods (blue) and the
 # other patterns (grey) sit at the same height within the noise.*
 #
+# **Exercise 2 (code).** Predict the ring's time on the slow link from its time on the fast
+# one. Only the bytes on the link depend on the rate: write `ring_at_rate(t_fast,
+# link_bytes, beta_fast, beta_slow)`, where `link_bytes` is what leaves the busiest node per
+# call (`methods["ring"]["link_bytes"]`) and the β are the fitted inter-node rates. The test
+# cell compares your prediction with the measured time on the slow link.
+
+# %%
+def ring_at_rate(t_fast: float, link_bytes: float, beta_fast: float, beta_slow: float) -> float:
+    """Seconds per decode on the slow link: the fast time with the link's share re-priced."""
+    # TODO: the link's share of t_fast is link_bytes / beta_fast; on the slow link it takes
+    # link_bytes / beta_slow instead.
+    return t_fast * beta_fast / beta_slow  # wrong on purpose (all of it scaled): replace it
+
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def ring_at_rate(t_fast: float, link_bytes: float, beta_fast: float,  # noqa: F811
+                 beta_slow: float) -> float:
+    """Seconds per decode on the slow link: the fast time with the link's share re-priced."""
+    return t_fast + link_bytes * (1 / beta_slow - 1 / beta_fast)
+
+
+# %%
+for name, r in runs.items():
+    fast, slow = sorted(r["rates"], key=lambda x: -x["set_Bps"])
+    ring = fast["methods"]["ring"]
+    pred = ring_at_rate(ring["median_s"], ring["link_bytes"], fast["links"]["inter"]["beta_Bps"],
+                        slow["links"]["inter"]["beta_Bps"])
+    meas = slow["methods"]["ring"]["median_s"]
+    print(f"{name}: ring {ring['median_s'] * 1e3:.0f} ms on the fast link; predicted "
+          f"{pred * 1e3:.0f} ms on the slow one, measured {meas * 1e3:.0f} ms "
+          f"({pred / meas - 1:+.1%})")
+    assert abs(pred / meas - 1) < 0.1
+
+# %% [markdown]
 # ## 9.7 Where tree overtakes ring
 #
 # At a short enough cache the ring's blocks are tiny and its few steps may beat the tree's
@@ -488,7 +569,7 @@ else:
 #
 # ## 9.10 Exercises
 #
-# **Exercise 1.** At what link rate would the flat tree's inter-node bytes cost as much as
+# **Exercise 3.** At what link rate would the flat tree's inter-node bytes cost as much as
 # one scheduler slice of 2 ms, for the states of §9.4? How much slower than the slowest
 # link here is that?
 
@@ -502,7 +583,7 @@ print(f"{crossing:,.0f} B in 2 ms is {rate / 1e6:.2f} MB/s = {rate * 8 / 1e6:.1f
 
 # %% [markdown]
 #
-# **Exercise 2.** The ring at the slower rate took about twice as long as at the faster
+# **Exercise 4.** The ring at the slower rate took about twice as long as at the faster
 # one, but not exactly twice. Which parts of its time do not depend on the rate?
 #
 # <details><summary>Answer</summary>
