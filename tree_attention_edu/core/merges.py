@@ -214,7 +214,8 @@ def one_pass_window(dtype: DTypeLike, p: int, out_max: float = 1.0,
     Args:
       dtype: a floating dtype (float16, bfloat16, float32 or float64).
       p: the number of devices, >= 1.
-      out_max, out_min: positive finite bounds on the outputs' nonzero magnitudes.
+      out_max: a positive finite bound above the outputs' nonzero magnitudes.
+      out_min: a positive finite bound below them.
     """
     validate.check_float_dtype(dtype)
     validate.check_positive(p, "p")
