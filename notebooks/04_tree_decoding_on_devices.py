@@ -184,7 +184,7 @@ except ValueError as err:
 #
 # > **Algorithm 3** Tree Decoding (using Flash Attention 2 on each device)
 # >
-# > 1: Divide $\mathbf{k}, \mathbf{v} \in \mathbb{R}^{N \times d_h}$ among p GPUs, each with a
+# > 1: Divide $\mathbf{k}, \mathbf{v} \in ℝ^{N \times d_h}$ among p GPUs, each with a
 # > chunk $\{\mathbf{k}_{\hat a}, \mathbf{v}_{\hat a}, \hat a \in \{1, \cdots, N/p\}\}$ of size
 # > t = N/p and scatter $\mathbf{q}$ to each GPU.
 # > 2: Use Flash Attention 2 to compute
