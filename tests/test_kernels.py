@@ -116,6 +116,53 @@ def test_xla_state_hard_inputs(layout):
     assert b16.out.dtype == jnp.float32
 
 
+@settings(max_examples=8)
+@given(
+    layout=st.sampled_from(kernels.LAYOUTS),
+    tk=st.integers(1, 30),
+    tq=st.integers(1, 3),
+    group=st.sampled_from([1, 2, 4]),
+    causal=st.booleans(),
+    garbage=st.floats(-1e30, 1e30),
+    seed=st.integers(0, 2**16),
+)
+def test_finite_padding_matches_the_reference(layout, tk, tq, group, causal, garbage, seed):
+    """`padding="finite"`: only the scores are selected, in one pass where `G·Tq <= D` and
+    block by block otherwise; finite padding of any size weighs exactly nothing."""
+    q, k, v = rand_qkv(seed, B=2, Tq=tq, Hq=2 * group, Hkv=2, Tk=tk)
+    lengths = np.array([tk, tk // 2])
+    pad = (np.arange(tk)[None, :] >= lengths[:, None])[:, :, None, None]
+    kk, vv = (jnp.where(pad, garbage, x) for x in (k, v))
+    got = kernels.xla_state(q, _as_layout(kk, layout), _as_layout(vv, layout), causal=causal,
+                            kv_lengths=lengths, layout=layout, block=4, padding="finite")
+    out, lse, _ = np_attention_state(q, k, v, causal=causal, kv_lengths=lengths)
+    np.testing.assert_allclose(got.out, out, rtol=1e-12, atol=1e-12)
+    finite = np.isfinite(lse)
+    np.testing.assert_array_equal(np.isneginf(got.lse), ~finite)
+    np.testing.assert_allclose(np.asarray(got.lse)[finite], lse[finite], rtol=1e-12)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_broken_finite_padding_promise_is_nan_never_silent(bad):
+    """Non-finite padding under `padding="finite"`: a key's garbage is selected away with its
+    score; a value's makes `0·v` NaN, so that sequence's output is NaN, and only its."""
+    q, k, v = rand_qkv(3, B=2, Tq=1, Hq=4, Hkv=2, Tk=12, dtype=jnp.float32)
+    kk, vv = (kernels.to_layout(x, "bthd", "bhtd") for x in (k, v))
+    lengths = np.array([12, 7])
+    kv = dict(kv_lengths=lengths, layout="bhtd", padding="finite")
+    bad_k = kernels.xla_state(q, kk.at[1, :, 7:].set(bad), vv, **kv)
+    exact = kernels.xla_state(q, kk, vv, kv_lengths=lengths, layout="bhtd")
+    np.testing.assert_allclose(bad_k.out, exact.out, rtol=1e-6, atol=1e-6)
+    bad_v = kernels.xla_state(q, kk, vv.at[1, :, 7:].set(bad), **kv).out
+    assert np.isnan(np.asarray(bad_v[1])).all() and np.isfinite(np.asarray(bad_v[0])).all()
+    # ...where the default ("any") selects it away and stays exact.
+    anyway = kernels.xla_state(q, kk, vv.at[1, :, 7:].set(bad), kv_lengths=lengths,
+                               layout="bhtd").out
+    np.testing.assert_allclose(anyway, exact.out, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="`padding`"):
+        kernels.xla_state(q, kk, vv, kv_lengths=lengths, layout="bhtd", padding="zeros")
+
+
 def test_xla_state_copies_nothing_cache_sized():
     """Compiled temp memory of a decode step stays far below the size of the cache."""
     q, k, v = rand_qkv(8, B=1, Tq=1, Hq=8, Hkv=8, D=64, Dv=64, Tk=8192, dtype=jnp.float32)
@@ -125,6 +172,11 @@ def test_xla_state_copies_nothing_cache_sized():
         fn = jax.jit(lambda q, k, v, layout=layout: kernels.xla_state(q, k, v, layout=layout))
         temp = memory_stats(fn, q, kk, vv).temp_bytes
         assert temp <= 0.05 * kv_bytes, (layout, temp, kv_bytes)
+        for padding in kernels.PADDINGS:  # padded decode: blockwise, or one pass
+            fn = jax.jit(lambda q, k, v, layout=layout, padding=padding: kernels.xla_state(
+                q, k, v, kv_lengths=jnp.array([5000]), layout=layout, padding=padding))
+            temp = memory_stats(fn, q, kk, vv).temp_bytes
+            assert temp <= 0.05 * kv_bytes, (layout, padding, temp, kv_bytes)
     # ...whereas the plain einsum formulation copies the cache into head-major order.
     assert memory_stats(jax.jit(states.local_state), q, k, v).temp_bytes >= kv_bytes / 2
 

@@ -7,6 +7,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import tree_attention_edu as tae
 from tree_attention_edu.llama import model
 
 CFG = model.Config()
@@ -289,12 +290,13 @@ def test_generator_on_an_explicit_mesh_matches_an_auto_one(mesh8):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
-def test_a_step_past_the_capacity_gives_nan_not_a_silent_answer(mesh8):
+@pytest.mark.parametrize("method", ["tree", "single"])
+def test_a_step_past_the_capacity_gives_nan_not_a_silent_answer(mesh8, method):
     """No device owns a slot past the capacity, so the token's k/v cannot be written: its
     logits are NaN (the next sequence's are not), instead of finite logits of a cache that
     lacks the token."""
     params = model.init_params(CFG, jax.random.key(0))
-    gen = model.Generator(params, CFG, mesh8, "tree", prefill_chunk=8)
+    gen = model.Generator(params, CFG, mesh8, method, prefill_chunk=8)
     _, cache = gen.prefill([[1] * 8, [2] * 3], 8)
     _, logits, _ = gen.step(cache, np.array([1, 2], np.int32))
     logits = np.asarray(logits)
@@ -394,3 +396,67 @@ def test_rope_scaling_rejects_bad_values():
     with pytest.raises(TypeError, match=r"`rope_scaling` must be a RopeScaling"):
         model.Config(rope_scaling={"factor": 8.0})
 
+
+
+def test_read_then_append_is_the_write_then_attend_step(mesh8):
+    """One device's decode step reads the cache in one program and appends in a second
+    (`_attend_then_append`, `append`); it must be the step that writes first and attends
+    over the written cache (`forward`, with the generator's packed weights): the same
+    logits and cache to rounding, at every step, for sequences of different lengths and an
+    empty one."""
+    params = model.init_params(CFG, jax.random.key(0))
+    gen = model.Generator(params, CFG, mesh8, "single", prefill_chunk=8)
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [3], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]]
+    _, cache = gen.prefill(prompts, 24)
+    tok = jnp.array([1, 2, 3], jnp.int32)
+    attend = model._attend_fn("single", gen.mesh)
+    forward = jax.jit(model.forward, static_argnums=(1, 4, 5))
+    for _ in range(4):
+        want_logits, want = forward(gen.params, CFG, tok[:, None], cache, attend, gen.mesh)
+        got_tok, got_logits, cache = gen.step(cache, tok)
+        np.testing.assert_allclose(got_logits, want_logits[:, 0], rtol=2e-5, atol=2e-5)
+        # To rounding: the programs differ (one pass and a merge, against one pass over
+        # the written cache; jit against op by op), and later layers inherit it.
+        for got_kv, want_kv in zip(cache.layers, want.layers, strict=True):
+            np.testing.assert_allclose(got_kv, want_kv, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(cache.lengths, want.lengths)
+        tok = got_tok
+    # An empty cache: the step's own key is all there is.
+    empty = model.empty_cache(CFG, 1, 8, gen.mesh)
+    want_logits, _ = forward(gen.params, CFG, tok[:1, None], empty, attend, gen.mesh)
+    _, got_logits, _ = gen.step(model.empty_cache(CFG, 1, 8, gen.mesh), tok[:1])
+    np.testing.assert_allclose(got_logits, want_logits[:, 0], rtol=2e-5, atol=2e-5)
+
+
+def test_one_key_state_is_attention_over_one_key():
+    """The closed form of a single key's state against softmax over one key, in float64."""
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(2, 1, 6, 8))
+    k, v = rng.normal(size=(2, 3, 1, 8)), rng.normal(size=(2, 3, 1, 8))
+    state = model._one_key_state(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32),
+                                 jnp.asarray(v, jnp.float32))
+    heads = np.arange(6) // 2  # GQA: query head h reads kv head h // 2
+    s = np.einsum("bhd,bhd->bh", q[:, 0], k[:, heads, 0]) / np.sqrt(8)
+    np.testing.assert_allclose(state.lse[:, 0], s, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(state.out[:, 0], v[:, heads, 0], rtol=1e-7, atol=1e-7)
+
+
+def test_packed_projections_compute_the_same_model(mesh8):
+    """`pack_projections` concatenates q/k/v and gate/up; the model is the same function
+    (rounding aside: a product of a packed matrix sums in the same order per column)."""
+    params = model.init_params(CFG, jax.random.key(0))
+    packed = model.pack_projections(params, CFG)
+    layer = packed["layers"][0]
+    assert set(model.PACKED) <= set(layer) and not {"wq", "wk", "wv", "w_gate", "w_up"} & set(layer)
+    assert layer["wqkv"].shape == (CFG.dim, (CFG.q_heads + 2 * CFG.kv_heads) * CFG.head_dim)
+    np.testing.assert_array_equal(layer["w_gate_up"][:, CFG.hidden:], params["layers"][0]["w_up"])
+    assert packed["embed"] is params["embed"]  # shared, not copied
+    mesh1 = tae.make_mesh(1, "x")
+    attend = model._attend_fn("single", mesh1)
+    forward = jax.jit(model.forward, static_argnums=(1, 4, 5))
+    tokens = jnp.array([[1, 5, 9, 2, 7]], jnp.int32)
+    want, _ = forward(params, CFG, tokens, model.empty_cache(CFG, 1, 8, mesh1), attend, mesh1)
+    got, _ = forward(packed, CFG, tokens, model.empty_cache(CFG, 1, 8, mesh1), attend, mesh1)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="params"):
+        model.pack_projections(packed, CFG)  # already packed: not the layout of init_params

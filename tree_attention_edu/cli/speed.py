@@ -114,6 +114,10 @@ def run(args: Any) -> int:
           "(each device computes the replicated products) and the cache once (p times for "
           "the ring, whose every device folds every block). On p real devices each reads the "
           "weights and its share of the cache in parallel: 'gpu_roofline_s' in the JSON.")
+    if "single" in args.methods and args.devices > 1:
+        print(f"single ran in a process that also simulates {args.devices} devices, which "
+              "XLA:CPU makes slower for one device; '--methods single --devices 1' times it "
+              "alone.")
     if args.json:
         report = {"device": benchmark.device_info(measure=False), "model": name,
                   "config": dataclasses.asdict(cfg),

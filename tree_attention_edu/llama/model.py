@@ -30,10 +30,13 @@ device in mesh order (first mesh axis outermost): global position `pos` lives on
   decodes with ring: ring prefill passes every K/V shard around the ring once per chunk
   and layer, which is slow on long prompts, and the cache it leaves is the same.
 * **Decode** appends one token per sequence: every device checks whether it owns position
-  `lengths[b]` and, if so, writes that one slot in place (`append`). Attention for the step
-  is `tree_decode`, `ring_decode` or, on one device, the same streaming kernel
-  (`kernels.xla_state`) over the whole cache, masked to `lengths + 1`. The cache is donated
-  and updated in place: no step copies it (`tests/test_speed.py` reads the compiled program).
+  `lengths[b]` and, if so, writes that one slot in place (`write`). Attention for the step
+  is `tree_decode` or `ring_decode` over the written cache, masked to `lengths + 1`. On one
+  device the step is two programs instead: the first reads the cache in one pass (the
+  streaming kernel `kernels.xla_state` with `padding="finite"`) and merges in the step's
+  own key in closed form (`_attend_then_append`, the tree's `combine` of two states); the
+  second writes the new keys and values (`append`). The cache is donated and updated in
+  place: no step copies it (`tests/test_speed.py` reads the compiled programs).
 * Prompts of different lengths are right-padded; a sequence's padding positions are masked
   (`kv_lengths`) and overwritten by its own generated tokens.
 
@@ -71,6 +74,7 @@ from jax.sharding import PartitionSpec as P
 from ..core import devices, inputs, validate
 from ..core.decode import kv_spec, ring_decode, tree_decode
 from ..core.kernels import xla_state
+from ..core.states import AttentionState, combine
 
 METHODS = ("single", "tree", "ring")
 
@@ -314,7 +318,51 @@ def rope(x: Array, positions: Array, theta: float, scaling: RopeScaling | None =
 
 
 def swiglu(x: Array, layer: dict) -> Array:
-    return (jax.nn.silu(x @ layer["w_gate"]) * (x @ layer["w_up"])) @ layer["w_down"]
+    if "w_gate_up" in layer:  # packed (`pack_projections`): one product, then split
+        gate, up = jnp.split(x @ layer["w_gate_up"], 2, axis=-1)
+    else:
+        gate, up = x @ layer["w_gate"], x @ layer["w_up"]
+    return (jax.nn.silu(gate) * up) @ layer["w_down"]
+
+
+def _project_qkv(h: Array, layer: dict, cfg: Config) -> tuple[Array, Array, Array]:
+    """Queries `[B, T, Hq, D]`, keys and values `[B, T, Hkv, D]` of `h [B, T, dim]`, from
+    separate projections or from a packed `wqkv` (`pack_projections`)."""
+    B, T, _ = h.shape
+    nq, nkv = cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    if "wqkv" in layer:
+        q, k, v = jnp.split(h @ layer["wqkv"], [nq, nq + nkv], axis=-1)
+    else:
+        q, k, v = h @ layer["wq"], h @ layer["wk"], h @ layer["wv"]
+    return (q.reshape(B, T, cfg.q_heads, cfg.head_dim), k.reshape(B, T, cfg.kv_heads, cfg.head_dim),
+            v.reshape(B, T, cfg.kv_heads, cfg.head_dim))
+
+
+PACKED = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
+"""The layer weights `pack_projections` concatenates (along their output axis), by name."""
+
+
+def pack_projections(params: Params, cfg: Config) -> Params:
+    """`params` with each layer's query, key and value projections packed into one matrix
+    `wqkv [dim, (Hq + 2·Hkv)·D]`, and the gate and up projections into `w_gate_up
+    [dim, 2·hidden]` (`PACKED`); every other weight is shared, not copied.
+
+    The same numbers in fewer, larger matrix products: on XLA:CPU, which runs a decode
+    step's products one at a time, three products a layer fewer make a one-device SmolLM2
+    step at a 4k context about 5% faster (`scripts/decode_variants.py`). `forward`
+    and the `Generator` take either form; a one-device `Generator` packs its own copy
+    (the packed matrices are new arrays, the size of the five they replace)."""
+    check_config(cfg)
+    check_params(params, cfg)
+
+    @jax.jit
+    def pack(layers):
+        return [{**{n: w for n, w in layer.items() if all(n not in parts
+                                                            for parts in PACKED.values())},
+                 **{name: jnp.concatenate([layer[n] for n in parts], axis=1)
+                    for name, parts in PACKED.items()}} for layer in layers]
+
+    return {**params, "layers": pack(params["layers"])}
 
 
 # --- the sharded cache ----------------------------------------------------------------------
@@ -493,9 +541,14 @@ def _shard_stats(q: Array, k: Array, v: Array, lengths: Array, mesh: Mesh) -> Sh
 
 
 def _trunk(params: Params, cfg: Config, tokens: Array, cache: KVCache, attend: Callable,
-           mesh: Mesh, probe: bool = False) -> tuple[Array, KVCache, ShardStats | None]:
+           mesh: Mesh, probe: bool = False, read_only: bool = False
+           ) -> tuple[Array, Any, ShardStats | None]:
     """`forward` up to the final RMSNorm: hidden states `[B, T, dim]` (float32), the cache,
-    and with `probe` the `_shard_stats` of every layer (stacked), else None."""
+    and with `probe` the `_shard_stats` of every layer (stacked), else None.
+
+    `read_only` (a decode step, `T == 1`, on one device: the `read_step` program of a
+    one-device `Generator`): the cache is only read, and each layer's new `(k, v)`,
+    `[B, Hkv, 1, D]`, comes back in its place, for `append`."""
     check_config(cfg)
     validate.check_instance(params, dict, "params", "build them with init_params(cfg, key)")
     validate.check_instance(cache, KVCache, "cache", "build one with empty_cache(...)")
@@ -509,6 +562,9 @@ def _trunk(params: Params, cfg: Config, tokens: Array, cache: KVCache, attend: C
                                              "Generator builds it")
     mesh = _check_mesh(mesh)
     B, T = tokens.shape
+    if read_only and (T != 1 or mesh.size != 1):
+        raise ValueError(f"a read-only step decodes one token on one device, got T={T} on "
+                         f"{mesh.size} devices")
     start = cache.lengths
     positions = start[:, None] + jnp.arange(T)[None, :]
     split = _split_tokens(mesh, T)
@@ -518,13 +574,16 @@ def _trunk(params: Params, cfg: Config, tokens: Array, cache: KVCache, attend: C
     new_layers, stats = [], []
     for layer, (ck, cv) in zip(params["layers"], cache.layers, strict=True):
         h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
-        q = (h @ layer["wq"]).reshape(B, T, cfg.q_heads, cfg.head_dim)
-        k = (h @ layer["wk"]).reshape(B, T, cfg.kv_heads, cfg.head_dim)
-        v = (h @ layer["wv"]).reshape(B, T, cfg.kv_heads, cfg.head_dim)
+        q, k, v = _project_qkv(h, layer, cfg)
         q = rope(q, positions, cfg.rope_theta, cfg.rope_scaling)
         k = rope(k, positions, cfg.rope_theta, cfg.rope_scaling)
-        ck, cv = write(ck, cv, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), start, mesh)
-        o = split(attend(q, ck, cv, start + T))
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+        if read_only:
+            o = _attend_then_append(q, ck, cv, k, v, start)
+            ck, cv = k, v
+        else:
+            ck, cv = write(ck, cv, k, v, start, mesh)
+            o = split(attend(q, ck, cv, start + T))
         if probe:
             stats.append(_shard_stats(q, ck, cv, start + T, mesh))
         x = x + o.reshape(B, T, -1) @ layer["wo"]
@@ -536,7 +595,50 @@ def _trunk(params: Params, cfg: Config, tokens: Array, cache: KVCache, attend: C
     # values, the same eagerly and under jit), as for an id outside the vocabulary.
     over = start + T > cache.layers[0][0].shape[2]
     x = jnp.where(over[:, None, None], jnp.nan, rms_norm(x, params["final_norm"], cfg.norm_eps))
-    return x, KVCache(tuple(new_layers), start + T), stacked
+    return x, (tuple(new_layers) if read_only else KVCache(tuple(new_layers), start + T)), stacked
+
+
+def _attend_then_append(q: Array, cache_k: Array, cache_v: Array, k: Array, v: Array,
+                        start: Array) -> Array:
+    """One decode step's attention on one device, reading the cache and writing none of it:
+    the state of the cache's first `start[b]` keys, merged with the state of the step's own
+    key (`combine`, the tree's merge of two states). `q [B, 1, Hq, D]`, cache
+    `[B, Hkv, S, D]`, `k, v [B, Hkv, 1, D]`; returns `[B, 1, Hq, D]`.
+
+    Why not write first and attend over the written cache, as a sharded step does: XLA
+    copies a buffer that one operation updates in place while another reads it whole, so a
+    program that writes the donated cache and reads it with one matrix product copies the
+    cache (`tests/test_speed.py`). This step reads it in one pass (`padding="finite"`: its
+    padding is zeros, or the k/v of the pad id 0 that `prefill` writes); `append` writes the
+    new keys in a second program, in place."""
+    old = xla_state(q, cache_k, cache_v, kv_lengths=start, layout="bhtd", padding="finite")
+    return combine(old, _one_key_state(q, k, v)).out.astype(q.dtype)
+
+
+def _one_key_state(q: Array, k: Array, v: Array) -> AttentionState:
+    """The state of attention over a single key, in closed form: its softmax weight is 1, so
+    `out = v` and `lse = q·k/√D`. `q [B, 1, Hq, D]`, `k, v [B, Hkv, 1, D]` (GQA: query head
+    `h` reads kv head `h // (Hq/Hkv)`). Elementwise products and a sum, where `xla_state`
+    would call a matrix-product kernel for a dot of 64 numbers, per layer and step."""
+    B, _, Hq, D = q.shape
+    Hkv = k.shape[1]
+    qg = q.astype(jnp.float32).reshape(B, Hkv, Hq // Hkv, D)
+    lse = jnp.sum(qg * k.astype(jnp.float32), axis=-1) / math.sqrt(D)  # [B, Hkv, G]
+    out = jnp.broadcast_to(v.astype(jnp.float32), qg.shape)
+    return AttentionState.from_lse(out.reshape(B, 1, Hq, D), lse.reshape(B, 1, Hq))
+
+
+def append(cache: KVCache, new: Sequence[tuple[Array, Array]], mesh: Mesh) -> KVCache:
+    """`cache` with each layer's `new` `(k, v)`, `[B, Hkv, 1, D]`, written at `lengths`, in
+    place (`write`), and its lengths advanced by one."""
+    validate.check_instance(cache, KVCache, "cache", "build one with empty_cache(...)")
+    validate.check_instance(new, (list, tuple), "new", "one (k, v) pair per layer")
+    if len(new) != len(cache.layers):
+        validate.check_shape((len(new),), (len(cache.layers),), "new", "[layers]",
+                            "one (k, v) pair per layer of the cache")
+    layers = tuple(write(ck, cv, k, v, cache.lengths, mesh)
+                   for (ck, cv), (k, v) in zip(cache.layers, new, strict=True))
+    return KVCache(layers, cache.lengths + 1)
 
 
 def _unembed(params: Params, cfg: Config, x: Array) -> Array:
@@ -637,6 +739,15 @@ class _Programs:
             logits = logits[:, 0]
             return _draw(logits, key, temperature, greedy), logits, cache
 
+        def read_step(params, cache, tokens, key, temperature, greedy):
+            # One device: read the cache here, write it in `append` (`_attend_then_append`).
+            if self.caller is not None:
+                self.caller.traces += 1
+            x, new, _ = _trunk(params, cfg, tokens[:, None], cache, attend, mesh,
+                               read_only=True)
+            logits = _unembed(params, cfg, x)[:, 0]
+            return _draw(logits, key, temperature, greedy), logits, new
+
         def prefill(params, cache, tokens, last_index):
             # last_index [B]: which position of this chunk holds each prompt's last token
             # (-1 if it is not in this chunk). Only that position is projected onto the
@@ -648,6 +759,9 @@ class _Programs:
         def probe(params, cache, tokens):
             return _forward_with_shard_stats(params, cfg, tokens, cache, attend, mesh)
 
+        if method == "single":
+            self.read_step = jax.jit(read_step, static_argnums=5)
+            self.append = jax.jit(functools.partial(append, mesh=mesh), donate_argnums=0)
         self.step = jax.jit(step, static_argnums=5, donate_argnums=1)
         self.prefill = jax.jit(prefill, donate_argnums=1)
         self.probe = jax.jit(probe, donate_argnums=1)
@@ -680,6 +794,9 @@ class Generator:
       params: the model's weights (`init_params(cfg, key)`; checked against `cfg`).
       cfg: the model's sizes.
       mesh: the devices the cache is sharded over (`single` uses the mesh's first device).
+        With `single`, a decode step reads the cache in one program and appends the step's
+        keys and values in a second (`_attend_then_append`), and the generator keeps its
+        weights packed (`pack_projections`): both measured to matter on XLA:CPU.
       method: "single", "tree" or "ring": the attention of each decode step.
       prefill_chunk: prompt tokens per prefill step.
       prefill_method: the attention that fills the cache from the prompt; defaults to
@@ -707,6 +824,8 @@ class Generator:
         self.prefill_method = prefill_method
         self._rep = rep = NamedSharding(mesh, P())
         self.params = jax.device_put(params, rep)
+        if method == "single":  # one device runs one product at a time: fewer, larger ones
+            self.params = pack_projections(self.params, cfg)
         self.traces = 0
         self._programs = _programs(cfg, mesh, method, prefill_method)
 
@@ -737,7 +856,17 @@ class Generator:
         # Placed on this generator's mesh: arrays made under another (say an Explicit
         # context mesh) carry its axis types.
         tokens, key = jax.device_put((jnp.asarray(tokens, jnp.int32), key), self._rep)
-        return self._run("step", cache, tokens, key, jnp.float32(temperature), temperature == 0)
+        return self._step(cache, tokens, key, temperature)
+
+    def _step(self, cache: KVCache, tokens: Array, key: Array, temperature: float
+              ) -> tuple[Array, Array, KVCache]:
+        """The decode step's programs, on checked arguments placed on this mesh."""
+        args = (tokens, key, jnp.float32(temperature), temperature == 0)
+        if self.method != "single":
+            return self._run("step", cache, *args)
+        # One device: a program that reads the cache, then one that appends to it in place.
+        tokens, logits, new = self._run("read_step", cache, *args)
+        return tokens, logits, self._programs.append(cache, new)
 
     @_under_own_mesh
     def teacher_force(self, cache: KVCache, tokens: Array) -> tuple[Array, KVCache,
@@ -851,8 +980,7 @@ class Generator:
             if stopped.all():
                 break
             t0 = time.perf_counter()
-            tok, logits, cache = self._run("step", cache, tok, jax.random.fold_in(key, i),
-                                            jnp.float32(temperature), temperature == 0)
+            tok, logits, cache = self._step(cache, tok, jax.random.fold_in(key, i), temperature)
             jax.block_until_ready(tok)
             times.append(time.perf_counter() - t0)
             toks.append(tok)

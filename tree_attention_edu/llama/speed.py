@@ -188,7 +188,7 @@ def decode_speed(params: model.Params, cfg: model.Config, mesh: Mesh, method: st
         tok, _, cache = gen.step(cache, tok)
         jax.block_until_ready(tok)
         times.append(time.perf_counter() - t0)
-    nb = step_bytes(gen.params, cfg, capacity, batch, p, method)
+    nb = step_bytes(params, cfg, capacity, batch, p, method)  # packed or not, the same bytes
     read = statistics.median(gbs)
     return Speed(method=method, devices=p, context=context, capacity=capacity, batch=batch,
                  weight_bytes=nb.weights, cache_bytes=nb.cache, machine_bytes=nb.machine,

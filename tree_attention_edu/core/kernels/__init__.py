@@ -25,7 +25,7 @@ from . import cudnn, flash, xla
 from .common import default_backend, to_layout
 from .cudnn import cudnn_state
 from .flash import flash_state
-from .xla import DEFAULT_BLOCK, xla_state
+from .xla import DEFAULT_BLOCK, PADDINGS, xla_state
 
 Kernel = Callable[..., AttentionState]
 KERNELS: dict[str, Kernel] = {"xla": xla_state, "flash": flash_state, "cudnn": cudnn_state}
@@ -80,6 +80,7 @@ __all__ = [
     "KERNELS",
     "KERNEL_NAMES",
     "LAYOUTS",
+    "PADDINGS",
     "Kernel",
     "check_name",
     "cudnn",
