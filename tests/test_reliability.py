@@ -132,6 +132,17 @@ def test_garbage_in_the_models_cache_is_never_read(mesh8):
         dirty_logits, _ = model.forward(gen.params, cfg, tokens, dirty, attend, mesh8)
         assert np.isfinite(np.asarray(clean_logits)).all(), method
         np.testing.assert_array_equal(dirty_logits, clean_logits, err_msg=method)
+    # One device's decode step reads the cache in one pass first (`_attend_then_append`).
+    single = model.Generator(params, cfg, mesh8, method="single", prefill_chunk=8)
+    _, cache = single.prefill([[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]], capacity=16)
+    pad = (jnp.arange(cache.layers[0][0].shape[2])[None, :]
+           >= cache.lengths[:, None])[:, None, :, None]
+    dirty = model.KVCache(tuple((jnp.where(pad, jnp.nan, k), jnp.where(pad, jnp.inf, v))
+                                for k, v in cache.layers), cache.lengths + 0)  # step donates
+    _, clean_logits, _ = single.step(cache, tokens[:, 0])
+    _, dirty_logits, _ = single.step(dirty, tokens[:, 0])
+    assert np.isfinite(np.asarray(clean_logits)).all()
+    np.testing.assert_allclose(dirty_logits, clean_logits, rtol=1e-6, atol=1e-6)
 
 
 # ------------------------------------------------------------------ 2. the range of lengths

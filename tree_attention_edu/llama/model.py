@@ -608,10 +608,19 @@ def _attend_then_append(q: Array, cache_k: Array, cache_v: Array, k: Array, v: A
     Why not write first and attend over the written cache, as a sharded step does: XLA
     copies a buffer that one operation updates in place while another reads it whole, so a
     program that writes the donated cache and reads it with one matrix product copies the
-    cache (`tests/test_speed.py`). This step reads it in one pass (`padding="finite"`: its
-    padding is zeros, or the k/v of the pad id 0 that `prefill` writes); `append` writes the
-    new keys in a second program, in place."""
-    old = xla_state(q, cache_k, cache_v, kv_lengths=start, layout="bhtd", padding="finite")
+    cache (`tests/test_speed.py`). This step reads it in one pass, selecting only the scores
+    (`padding="finite"`), and `append` writes the new keys in a second program, in place.
+
+    A cache this model fills holds finite padding (zeros, or the k/v of the pad id 0 that
+    `prefill` writes), but one handed in may not, and 0·NaN is NaN. So a non-finite result
+    of the one pass is read again blockwise, selecting the padding away in K and V
+    (`padding="any"`): exact whatever the padding holds. The program only reads the cache,
+    so the `lax.cond` copies none of it."""
+    def read(padding: str) -> AttentionState:
+        return xla_state(q, cache_k, cache_v, kv_lengths=start, layout="bhtd", padding=padding)
+
+    fast = read("finite")
+    old = lax.cond(jnp.all(jnp.isfinite(fast.out)), lambda: fast, lambda: read("any"))
     return combine(old, _one_key_state(q, k, v)).out.astype(q.dtype)
 
 
