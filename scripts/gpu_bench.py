@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     seq_lens = args.seq_lens or list(QUICK_SEQ_LENS if args.quick else SEQ_LENS)
     repeats = 2 if args.quick and args.repeats == 10 else args.repeats
     dev = jax.devices()[0]
-    on_gpu = kernels.cudnn_unsupported_reason(jnp.bfloat16, 128, 128) is None
+    on_gpu = kernels.cudnn.unsupported_reason(jnp.bfloat16, 128, 128) is None
     device = benchmark.device_info(measure=True, nbytes=(64 * 2**20 if args.quick else None))
     print(f"device: {device['platform']} ({device['kind']}), jax {device['jax_version']}; "
           f"measured {device['measured_gbs']:.1f} GB/s, nominal {device['nominal_gbs']}")
@@ -176,10 +176,47 @@ def main(argv: list[str] | None = None) -> int:
         if limit and kv_bytes * (2 if name == "xla_bhtd" else 1) > args.max_kv_fraction * limit:
             return f"K + V ({kv_bytes / 2**30:.1f} GiB) over --max-kv-fraction of the device"
         if name == "cudnn" and on_gpu:
-            return kernels.cudnn_unsupported_reason(dtype, head_dim, head_dim)
+            return kernels.cudnn.unsupported_reason(dtype, head_dim, head_dim)
         if name == "flash":
-            return kernels.flash_unsupported_reason(dtype, head_dim, head_dim, False)
+            return kernels.flash.unsupported_reason(dtype, head_dim, head_dim, False)
         return None
+
+    out = Path(args.out or f"results/gpu/{_slug(device['kind'])}.json")
+
+    def write(records: dict[str, dict], complete: bool) -> dict[str, dict]:
+        """The report of the cases run so far (rewritten after each case, so a sweep cut
+        off by a time limit still leaves its figures)."""
+        records = {k: dict(r) for k, r in records.items()}
+        timed = {k: r for k, r in records.items() if "gbs" in r}
+        benchmark.device_fractions(timed, device)
+        for r in records.values():
+            r.setdefault("frac_measured", None)
+            r.setdefault("frac_nominal", None)
+        long_bf16 = [r for r in timed.values() if r["dtype"] == "bfloat16"
+                     and r["seq_len"] >= (131072 if not args.quick else max(seq_lens))]
+        best = max(long_bf16, key=lambda r: r["gbs"], default=None)
+        report = {
+            "device": device,
+            "bandwidth": {"machine_read_gbs": device["measured_gbs"], "kernels": records},
+            "best": None if best is None else {
+                "kernel": best["kernel"], "shape": best["shape"], "seq_len": best["seq_len"],
+                "gbs": best["gbs"], "frac_measured": best["frac_measured"],
+                "frac_nominal": best["frac_nominal"],
+                "target_frac_nominal": 0.7,
+                "meets_target": (None if best["frac_nominal"] is None
+                                 else best["frac_nominal"] >= 0.7)},
+            "config": {"complete": complete, "quick": args.quick, "repeats": repeats,
+                       "seq_lens": seq_lens,
+                       "shapes": {s: dict(zip(("batch", "q_heads", "kv_heads", "head_dim"),
+                                              {**SHAPES, **QUICK_SHAPES}[s], strict=True))
+                                  for s in shapes},
+                       "dtypes": args.dtypes, "kernels": args.kernels,
+                       "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
+            "generation": {name: json.loads(path.read_text()) for name, path in args.attach},
+        }
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2))
+        return records
 
     records: dict[str, dict] = {}
     cases = [(dt, sh, n) for dt in args.dtypes for sh in shapes for n in seq_lens]
@@ -232,37 +269,10 @@ def main(argv: list[str] | None = None) -> int:
             records[key] = rec
             bar.update(1)
         arrays.clear()
+        write(records, complete=False)
     bar.close()
+    records = write(records, complete=True)
 
-    timed = {k: r for k, r in records.items() if "gbs" in r}
-    benchmark.device_fractions(timed, device)
-    for r in records.values():
-        r.setdefault("frac_measured", None)
-        r.setdefault("frac_nominal", None)
-    long_bf16 = [r for r in timed.values() if r["dtype"] == "bfloat16"
-                 and r["seq_len"] >= (131072 if not args.quick else max(seq_lens))]
-    best = max(long_bf16, key=lambda r: r["gbs"], default=None)
-    report = {
-        "device": device,
-        "bandwidth": {"machine_read_gbs": device["measured_gbs"], "kernels": records},
-        "best": None if best is None else {
-            "kernel": best["kernel"], "shape": best["shape"], "seq_len": best["seq_len"],
-            "gbs": best["gbs"], "frac_measured": best["frac_measured"],
-            "frac_nominal": best["frac_nominal"],
-            "target_frac_nominal": 0.7,
-            "meets_target": (None if best["frac_nominal"] is None
-                             else best["frac_nominal"] >= 0.7)},
-        "config": {"quick": args.quick, "repeats": repeats, "seq_lens": seq_lens,
-                   "shapes": {s: dict(zip(("batch", "q_heads", "kv_heads", "head_dim"),
-                                          {**SHAPES, **QUICK_SHAPES}[s], strict=True))
-                              for s in shapes},
-                   "dtypes": args.dtypes, "kernels": args.kernels,
-                   "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
-        "generation": {name: json.loads(path.read_text()) for name, path in args.attach},
-    }
-    out = Path(args.out or f"results/gpu/{_slug(device['kind'])}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
     width = max(map(len, records), default=10)
     for k, r in records.items():
         if "gbs" in r:

@@ -37,7 +37,8 @@ def test_gqa_head_mapping(ratio):
 
 def test_matches_jax_dot_product_attention():
     q, k, v = rand_qkv(2, Dv=8, dtype=jnp.float32)
-    want = jax.nn.dot_product_attention(q, k, v)
+    with jax.default_matmul_precision("highest"):  # JAX's own default is TF32 on GPUs
+        want = jax.nn.dot_product_attention(q, k, v)
     np.testing.assert_allclose(tae.attention(q, k, v), want, **tol(jnp.float32))
 
 
@@ -76,6 +77,7 @@ def test_local_state_lse_matches_reference():
 def test_lse_matches_jax_residual():
     """`jax.nn.dot_product_attention(return_residual=True)` returns the same lse."""
     q, k, v = rand_qkv(7, Dv=8, dtype=jnp.float32)
-    _, res = jax.nn.dot_product_attention(q, k, v, return_residual=True)
+    with jax.default_matmul_precision("highest"):  # JAX's own default is TF32 on GPUs
+        _, res = jax.nn.dot_product_attention(q, k, v, return_residual=True)
     state = tae.local_state(q, k, v)
     np.testing.assert_allclose(state.lse, res, **tol(jnp.float32))

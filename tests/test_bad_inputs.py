@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import NEEDS_DEVICES, ON_ACCELERATOR
 
 import tree_attention_edu as tae
 from tree_attention_edu.core import decode, devices, kernels, merges, states
@@ -31,6 +32,9 @@ from tree_attention_edu.llama import checkpoint, model
 from tree_attention_edu.perf import costmodel, introspect
 from tree_attention_edu.theory import bayes
 from tree_attention_edu.theory import hopfield as hf
+
+if ON_ACCELERATOR:  # the cases are built on an 8-device mesh as they are collected
+    pytest.skip(NEEDS_DEVICES, allow_module_level=True)
 
 # The package exports functions named like these two modules: import the modules by path.
 attention_module = importlib.import_module("tree_attention_edu.core.reference")

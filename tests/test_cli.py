@@ -489,6 +489,7 @@ def test_nominal_hbm_gbs(kind, gbs):
     assert benchmark.nominal_hbm_gbs(kind) == gbs
 
 
+@pytest.mark.cpu_only
 def test_device_info_on_cpu():
     dev = benchmark.device_info(nbytes=32 * 2**20, repeats=3)
     assert set(dev) == {"platform", "kind", "jax_version", "nominal_gbs", "measured_gbs"}

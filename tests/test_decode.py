@@ -112,6 +112,7 @@ def test_bad_mesh_arguments(mesh2x4):
         tae.tree_decode(q, k, v[:, :4], mesh=mesh2x4)
 
 
+@pytest.mark.cpu_only
 def test_too_many_devices_requested():
     msg = r"needs 16 devices but JAX sees 8.*simulate_devices\(16\)"
     with pytest.raises(ValueError, match=msg):
@@ -120,6 +121,7 @@ def test_too_many_devices_requested():
         tae.make_mesh((2, 4), ("x",))
 
 
+@pytest.mark.cpu_only
 def test_simulate_devices_too_late():
     tae.simulate_devices(8)  # already 8: fine
     with pytest.raises(RuntimeError, match=r"already initialised with 8.*Restart the Python"):

@@ -19,6 +19,7 @@ def run_python(code: str) -> subprocess.CompletedProcess:
                           text=True, timeout=120, env=ENV)
 
 
+@pytest.mark.cpu_only
 def test_simulate_devices_before_and_after_jax_starts():
     r = run_python("""
         import tree_attention_edu as tae
@@ -57,6 +58,7 @@ def test_simulate_devices_after_jax_started_by_default():
     assert "fewer than the 2 requested" in r.stdout
 
 
+@pytest.mark.cpu_only
 def test_simulate_devices_in_this_session_is_a_no_op():
     assert jax.device_count() == 8  # conftest asked for 8; this starts JAX if nothing has
     tae.simulate_devices(8)

@@ -429,6 +429,7 @@ def test_truncated_files_fail_clearly(valid, tmp_path):
 
 # --- the command line -------------------------------------------------------------------------
 
+@pytest.mark.cpu_only
 def test_generate_from_a_gguf_file(tmp_path, monkeypatch, capsys):
     """`generate --checkpoint FILE.gguf --prompt TEXT --chat`: the template renders the
     prompt, the file's tokenizer encodes it, tree and single agree, the report keeps its
@@ -467,6 +468,7 @@ def test_generate_refuses_a_corrupt_gguf_in_one_line(valid, tmp_path, capsys):
     assert "token_embd.weight: its" in lines[0] and "Traceback" not in lines[0]
 
 
+@pytest.mark.cpu_only
 def test_generate_stops_on_logits_that_overflow(tmp_path, capsys):
     """Finite weights whose logits overflow float32 (a final norm gain of 3e38): exit 1 with
     one line, not token 0 printed as an answer and bare NaN in the JSON."""

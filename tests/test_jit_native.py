@@ -106,6 +106,7 @@ def test_padded_cache_under_jit_keeps_one_shard_per_device(mesh8):
     assert shard <= args < 1.01 * shard, (args, shard)
 
 
+@pytest.mark.cpu_only
 def test_explicit_mesh_and_set_mesh():
     """`jax.make_mesh`'s default (Explicit axes) and the ambient `jax.set_mesh` mesh work: the
     inputs are resharded, not refused."""

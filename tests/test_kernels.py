@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import rand_qkv, tol
+from conftest import ON_ACCELERATOR, rand_qkv, tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import np_attention_state
@@ -23,6 +23,7 @@ from tree_attention_edu import memory_stats
 from tree_attention_edu.core import kernels, states
 
 
+@pytest.mark.cpu_only
 def test_auto_picks_xla_on_cpu():
     assert kernels.resolve("auto", dtype=jnp.bfloat16, head_dim=64, v_dim=64,
                            needs_mask=False) == "xla"
@@ -163,6 +164,9 @@ def test_broken_finite_padding_promise_is_nan_never_silent(bad):
         kernels.xla_state(q, kk, vv, kv_lengths=lengths, layout="bhtd", padding="zeros")
 
 
+@pytest.mark.xfail(ON_ACCELERATOR, strict=True, reason="on a GPU, XLA hoists the 'bthd' "
+                   "transpose out of the scan: a cache-sized copy (measured on an H200: "
+                   "33,569,344 bytes of scratch for a 33,554,432-byte cache)")
 def test_xla_state_copies_nothing_cache_sized():
     """Compiled temp memory of a decode step stays far below the size of the cache."""
     q, k, v = rand_qkv(8, B=1, Tq=1, Hq=8, Hkv=8, D=64, Dv=64, Tk=8192, dtype=jnp.float32)
@@ -311,6 +315,7 @@ def test_cudnn_bf16_lse_cost():
     assert err_xla <= tol(jnp.float32)["atol"]
 
 
+@pytest.mark.cpu_only
 def test_cudnn_state_checks():
     q, k, v = rand_qkv(0, Dv=8)
     with pytest.raises(ValueError, match="`implementation` must be one of"):
@@ -326,6 +331,7 @@ def test_cudnn_state_checks():
 
 # --- choosing a kernel -------------------------------------------------------------------
 
+@pytest.mark.cpu_only
 def test_explicit_cudnn_is_refused_off_a_gpu():
     with pytest.raises(ValueError, match=r"`local_kernel`='cudnn' needs an NVIDIA GPU.*"
                                          r"use local_kernel='xla'"):

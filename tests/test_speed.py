@@ -60,6 +60,7 @@ def test_a_decode_step_copies_no_cache(method, mesh8):
     assert mem.temp_size_in_bytes < layer_k / 2, (mem.temp_size_in_bytes, layer_k)
 
 
+@pytest.mark.cpu_only
 def test_one_program_cannot_write_and_read_the_cache_without_a_copy():
     """Why one device's step is two programs: XLA copies a donated buffer that one operation
     updates in place while a matrix product reads it whole (the cache-sized copy this test
@@ -88,6 +89,7 @@ def test_decode_speed_record(mesh8):
         speed.synthetic_cache(CFG, 1, 40, 40, mesh8, jax.random.key(0))
 
 
+@pytest.mark.cpu_only
 def test_speed_command(tmp_path, capsys):
     out = tmp_path / "speed.json"
     assert cli.main(["speed", "--contexts", "24", "--methods", "single,tree", "--steps", "2",

@@ -96,11 +96,11 @@ def run(args: Any) -> int:
 
         params, cfg = (load_gguf if args.gguf else load_checkpoint)(args.checkpoint, mesh=mesh)
         name = args.checkpoint
+    reader = benchmark.DeviceReader()
     print(f"model {name}: {cfg.layers} layers, dim {cfg.dim}, {cfg.q_heads} q / "
           f"{cfg.kv_heads} kv heads x {cfg.head_dim}, vocab {cfg.vocab}; float32; batch "
           f"{args.batch}; {args.steps} timed steps per row (median), each after one read of "
-          f"{benchmark.DEVICE_READ_BYTES['cpu'] // 2**20} MiB (jnp.sum) for the bandwidth")
-    reader = benchmark.DeviceReader()
+          f"{reader.x.nbytes // 2**20} MiB (jnp.sum) for the bandwidth")
     records = []
     for context in args.contexts:
         for method in args.methods:

@@ -458,6 +458,9 @@ def run_local(processes: int = 2, devices_per_process: int = 4, seq_len: int = 4
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # each worker sets its own
     env["PYTHONUNBUFFERED"] = "1"
     env[PARENT_ENV] = str(os.getpid())
+    # The workers simulate CPU devices; on a machine with a GPU, JAX would pick the GPU (one
+    # per machine, shared by every worker: measured to fail on an H200, results/gpu/).
+    env["JAX_PLATFORMS"] = "cpu"
     cmd = [sys.executable, "-m", "tree_attention_edu.cluster.launch", "--worker",
            "--processes", str(processes), "--devices-per-process", str(devices_per_process),
            "--seq-len", str(seq_len), "--init-timeout", str(max(1, math.ceil(init_timeout)))]

@@ -163,6 +163,7 @@ def run_cluster(cfg: ClusterConfig, json_out: str | None = None, *,
                     json.dump(settings, f)
                 env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
                 env["PYTHONUNBUFFERED"] = "1"
+                env["JAX_PLATFORMS"] = "cpu"  # simulated CPU devices, even beside a GPU
                 env[launch.PARENT_ENV] = str(os.getpid())
                 env["PYTHONPATH"] = os.pathsep.join(
                     [_package_root(), *filter(None, [env.get("PYTHONPATH")])])

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from . import inputs, masks
-from .numerics import accum_dtype, masked_softmax_parts, nonzero_or_one
+from .numerics import PRECISION, accum_dtype, masked_softmax_parts, nonzero_or_one
 
 
 def grouped_scores(a: Array, b: Array) -> Array:
@@ -26,7 +26,7 @@ def grouped_scores(a: Array, b: Array) -> Array:
     B, Tq, Hq, E = a.shape
     Hkv = b.shape[2]
     ag = a.reshape(B, Tq, Hkv, Hq // Hkv, E)
-    s = jnp.einsum("bqhge,bkhe->bhgqk", ag, b)
+    s = jnp.einsum("bqhge,bkhe->bhgqk", ag, b, precision=PRECISION)
     return s.reshape(B, Hq, Tq, b.shape[1])
 
 
@@ -35,7 +35,7 @@ def grouped_values(p: Array, v: Array) -> Array:
     B, Hq, Tq, Tk = p.shape
     Hkv = v.shape[2]
     pg = p.reshape(B, Hkv, Hq // Hkv, Tq, Tk)
-    out = jnp.einsum("bhgqk,bkhv->bqhgv", pg, v)
+    out = jnp.einsum("bhgqk,bkhv->bqhgv", pg, v, precision=PRECISION)
     return out.reshape(B, Tq, Hq, v.shape[3])
 
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from ..core import inputs, masks
-from ..core.numerics import accum_dtype, lse_pair, masked_softmax_parts
+from ..core.numerics import PRECISION, accum_dtype, lse_pair, masked_softmax_parts
 from ..core.reference import grouped_scores, scaled_scores, weights
 
 
@@ -158,6 +158,6 @@ def value_moments(p: Array, vh: Array) -> tuple[Array, Array]:
     """Mean `[B, Tq, Hq, Dv]` and covariance `[B, Tq, Hq, Dv, Dv]` of the values under weights
     `p [B, Hq, Tq, Tk]`, with the values repeated per query head, `vh [B, Tk, Hq, Dv]`:
     `Σ_a p_a v_a` and `Σ_a p_a v_a v_aᵀ − (Σ_a p_a v_a)(Σ_a p_a v_a)ᵀ`."""
-    mean = jnp.einsum("bhqk,bkhv->bqhv", p, vh)
-    second = jnp.einsum("bhqk,bkhv,bkhu->bqhvu", p, vh, vh)
+    mean = jnp.einsum("bhqk,bkhv->bqhv", p, vh, precision=PRECISION)
+    second = jnp.einsum("bhqk,bkhv,bkhu->bqhvu", p, vh, vh, precision=PRECISION)
     return mean, second - mean[..., :, None] * mean[..., None, :]

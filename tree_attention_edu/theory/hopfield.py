@@ -35,7 +35,7 @@ from jax.sharding import Mesh
 from ..core import validate
 from ..core.decode import tree_decode
 from ..core.devices import pad_cache
-from ..core.numerics import accum_dtype
+from ..core.numerics import PRECISION, accum_dtype
 from ..core.reference import attention
 
 
@@ -185,7 +185,8 @@ def hopfield_energy(xi: Array, keys: Array, beta: float) -> Array:
     _check_state(xi, keys)
     beta = _check_beta(beta, dtype=jnp.result_type(xi, keys))
     s = beta / keys.shape[1]
-    return -jax.nn.logsumexp(s * keys @ xi) / s + 0.5 * xi @ xi
+    scores = jnp.matmul(keys, xi, precision=PRECISION)
+    return -jax.nn.logsumexp(s * scores) / s + 0.5 * jnp.dot(xi, xi, precision=PRECISION)
 
 
 def hopfield_step(xi: Array, keys: Array, beta: float) -> Array:

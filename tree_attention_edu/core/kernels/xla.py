@@ -33,7 +33,7 @@ from jax import Array, lax
 from .. import inputs, masks, validate
 from ..devices import varying_like
 from ..inputs import SEQ_AXIS
-from ..numerics import accum_dtype, finite_or_zero, lse_pair, nonzero_or_one
+from ..numerics import accum_dtype, finite_or_zero, kernel_precision, lse_pair, nonzero_or_one
 from ..states import AttentionState
 
 PADDINGS = ("any", "finite")
@@ -60,13 +60,14 @@ def _fold(carry, qg, kb, vb, visible, valid, zg=None):
     B, Hkv, M, _ = qg.shape
     C = kb.shape[2]
     acc = qg.dtype
+    precision = kernel_precision(kb.dtype)  # of the cache as stored: float32 stays float32
     if valid is not None:  # padding may hold anything (NaN, inf): select it away first
         keep = valid[:, None, :, None]
         kb = jnp.where(keep, kb, jnp.zeros((), kb.dtype))
         vb = jnp.where(keep, vb, jnp.zeros((), vb.dtype))
-    s = jnp.einsum("bhmd,bhcd->bhmc", qg, kb.astype(acc))
+    s = jnp.einsum("bhmd,bhcd->bhmc", qg, kb.astype(acc), precision=precision)
     if zg is not None:  # the tilted scores s + ζ·v of the energy F(ζ)
-        s = s + jnp.einsum("bhmv,bhcv->bhmc", zg, vb.astype(acc))
+        s = s + jnp.einsum("bhmv,bhcv->bhmc", zg, vb.astype(acc), precision=precision)
     Tq = visible.shape[3]
     s = jnp.where(visible, s.reshape(B, Hkv, M // Tq, Tq, C), -jnp.inf).reshape(B, Hkv, M, C)
     m_new = lax.stop_gradient(jnp.maximum(m, jnp.max(s, axis=-1)))  # a shift: no gradient
@@ -74,7 +75,8 @@ def _fold(carry, qg, kb, vb, visible, valid, zg=None):
     p = jnp.exp(s - shift[..., None])
     rescale = jnp.exp(m - shift)
     l = l * rescale + jnp.sum(p, axis=-1)
-    o = o * rescale[..., None] + jnp.einsum("bhmc,bhcv->bhmv", p, vb.astype(acc))
+    o = o * rescale[..., None] + jnp.einsum("bhmc,bhcv->bhmv", p, vb.astype(acc),
+                                           precision=precision)
     return m_new, l, o
 
 def _check_window(window: Any, kv_heads: int) -> tuple[int | Array, int]:
