@@ -289,6 +289,10 @@ plt.show()
 # on a GPU, so it runs anywhere. Each kernel's effective bandwidth (K + V bytes over the
 # median step) times the decode intensity of section 6.1 is the flop rate it reached: a
 # point under the H200's roofline. A kernel at the memory limit sits on the sloped line.
+#
+# This sweep ran at XLA's default matmul precision, which on NVIDIA GPUs rounds float32
+# operands to TF32. The package has since pinned its products to float32
+# (`numerics.PRECISION`); `results/gpu/README.md` gives what that cost in later runs.
 
 # %%
 ROOT = Path(tae.__file__).resolve().parent.parent  # the repository

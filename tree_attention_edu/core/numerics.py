@@ -13,22 +13,16 @@ from jax import Array, lax
 from jax.typing import DTypeLike
 
 PRECISION = lax.Precision.HIGHEST
-"""The precision of the matrix products of the references (`core.reference`) and the theory:
-float32 products in float32 on every backend. XLA's default on NVIDIA GPUs rounds float32
-operands to TF32 (10 mantissa bits): measured on an H200 (results/gpu/README.md), float32
-attention then differed from a float64 reference by up to 7.9e-4, forty times the float32
-tolerance of the tests. On CPUs it changes nothing."""
-
-
-def kernel_precision(dtype: DTypeLike) -> lax.Precision:
-    """The precision of the streaming kernel's products for inputs of `dtype`: `PRECISION`
-    for float32 and float64 inputs, XLA's default for 16-bit ones. A bfloat16 or float16
-    input is exact in TF32, and TF32's rounding of the float32 probabilities (2^-11) lies
-    below the 16-bit output's own (2^-8 for bfloat16), while forcing float32 products on
-    bfloat16 inputs halved the kernel's bandwidth on an H200 (GQA 32/8, batch 8, 128k keys:
-    1,381 and 1,402 GB/s in two runs, against 2,995 GB/s at the default in a run on another
-    H200; results/gpu/README.md)."""
-    return PRECISION if jnp.dtype(dtype).itemsize >= 4 else lax.Precision.DEFAULT
+"""The precision of every matrix product in the attention kernels, the references and the
+theory: float32 products in float32 on every backend, as the float32 accumulation of 16-bit
+inputs promises. XLA's default on NVIDIA GPUs rounds float32 operands to TF32 (10 mantissa
+bits). Measured on an H200 (results/gpu/README.md): float32 attention then differed from a
+float64 reference by up to 7.9e-4, forty times the float32 tolerance of the tests, and the
+xla kernel's float32 output over a bfloat16 cache by 1.4e-4 (1.6e-6 on a CPU). With this setting
+every such test passed there. Its cost there, from runs on two machines of that kind: none
+clear on float32 caches; on a bfloat16 head-major cache with grouped queries (32/8, batch
+8, 128k keys) the xla kernel fell from 2,995 to about 1,400 GB/s, while "auto" picks the
+cudnn kernel for bfloat16 caches in the "bthd" layout. On CPUs it changes nothing."""
 
 
 def accum_dtype(dtype: DTypeLike) -> jnp.dtype:

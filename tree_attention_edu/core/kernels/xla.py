@@ -33,7 +33,7 @@ from jax import Array, lax
 from .. import inputs, masks, validate
 from ..devices import varying_like
 from ..inputs import SEQ_AXIS
-from ..numerics import accum_dtype, finite_or_zero, kernel_precision, lse_pair, nonzero_or_one
+from ..numerics import PRECISION, accum_dtype, finite_or_zero, lse_pair, nonzero_or_one
 from ..states import AttentionState
 
 PADDINGS = ("any", "finite")
@@ -60,7 +60,7 @@ def _fold(carry, qg, kb, vb, visible, valid, zg=None):
     B, Hkv, M, _ = qg.shape
     C = kb.shape[2]
     acc = qg.dtype
-    precision = kernel_precision(kb.dtype)  # of the cache as stored: float32 stays float32
+    precision = PRECISION  # float32 products in float32, also on GPUs (TF32 otherwise)
     if valid is not None:  # padding may hold anything (NaN, inf): select it away first
         keep = valid[:, None, :, None]
         kb = jnp.where(keep, kb, jnp.zeros((), kb.dtype))
