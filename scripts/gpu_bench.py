@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -215,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
             "generation": {name: json.loads(path.read_text()) for name, path in args.attach},
         }
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2))
+        tmp = out.with_name(out.name + ".tmp")  # a kill mid-write leaves the last report
+        tmp.write_text(json.dumps(report, indent=2))
+        os.replace(tmp, out)
         return records
 
     records: dict[str, dict] = {}

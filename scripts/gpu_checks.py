@@ -29,8 +29,15 @@ BF16_REL_TOL = 2e-2
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="write the figures as JSON here")
-    p.add_argument("--chunks", type=int, default=4, help="chunks merged with `combine`")
+    p.add_argument("--chunks", type=int, default=4,
+                   help="chunks merged with `combine`: at least 2, dividing the keys")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny shapes (GQA 4/2 x 32, 256 keys), to check the script anywhere")
     args = p.parse_args(argv)
+    B, Tq, Hq, Hkv, D, Tk = (2, 2, 4, 2, 32, 256) if args.quick else (2, 4, 32, 8, 128, 4096)
+    if not 2 <= args.chunks <= Tk // 2 or Tk % args.chunks:
+        p.error(f"--chunks must be at least 2 and divide {Tk} into chunks of 2 keys or more, "
+                f"got {args.chunks}")
 
     import jax
     import jax.numpy as jnp
@@ -41,7 +48,6 @@ def main(argv: list[str] | None = None) -> int:
 
     on_gpu = kernels.cudnn.unsupported_reason(jnp.bfloat16, 128, 128) is None
     impl = "cudnn" if on_gpu else "xla"
-    B, Tq, Hq, Hkv, D, Tk = 2, 4, 32, 8, 128, 4096
     chunk = Tk // args.chunks
     keys = jax.random.split(jax.random.key(24), 4)
     q = jax.random.normal(keys[0], (B, Tq, Hq, D), jnp.bfloat16)

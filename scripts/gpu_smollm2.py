@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     report["all_tokens_equal"] = bool(all_equal)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
-    return 0
+    return 0 if all_equal else 1
 
 
 if __name__ == "__main__":

@@ -389,6 +389,7 @@ def test_bench_json_records(tmp_path):
     assert "Patterns:" in r.stdout and "(fast path)" in r.stdout
 
 
+@pytest.mark.cpu_only
 def test_generate_checks_tokens():
     r = run_cli("generate", "--method", "ring", "--mesh", "2level", "--prompt-len", "40",
                 "--new-tokens", "6", "--prefill-chunk", "16", "--prefill-method", "tree")
@@ -412,6 +413,7 @@ def tiny_checkpoint(tmp_path_factory):
     return path
 
 
+@pytest.mark.cpu_only
 def test_generate_from_a_checkpoint_matches_the_reference(tiny_checkpoint, in_tmp, capsys):
     """Ragged --prompt-ids, --json: the tokens and first logits of the float64 reference."""
     import llama_reference as ref
@@ -437,6 +439,7 @@ def test_generate_from_a_checkpoint_matches_the_reference(tiny_checkpoint, in_tm
     assert report["methods"]["tree"]["tokens"] == report["tokens"]
 
 
+@pytest.mark.cpu_only
 def test_generate_text_through_the_tokenizer(tiny_checkpoint, in_tmp, capsys):
     assert cli.main(["generate", "--checkpoint", str(tiny_checkpoint), "--prompt",
                      "w5 w17 w63 w8", "--new-tokens", "3", "--method", "single",

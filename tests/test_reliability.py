@@ -139,10 +139,17 @@ def test_garbage_in_the_models_cache_is_never_read(mesh8):
            >= cache.lengths[:, None])[:, None, :, None]
     dirty = model.KVCache(tuple((jnp.where(pad, jnp.nan, k), jnp.where(pad, jnp.inf, v))
                                 for k, v in cache.layers), cache.lengths + 0)  # step donates
+    first = pad & (jnp.arange(2) == 0)[:, None, None, None]  # garbage in sequence 0 only
+    mixed = model.KVCache(tuple((jnp.where(first, jnp.nan, k), jnp.where(first, jnp.inf, v))
+                                for k, v in cache.layers), cache.lengths + 0)
     _, clean_logits, _ = single.step(cache, tokens[:, 0])
     _, dirty_logits, _ = single.step(dirty, tokens[:, 0])
+    _, mixed_logits, _ = single.step(mixed, tokens[:, 0])
     assert np.isfinite(np.asarray(clean_logits)).all()
     np.testing.assert_allclose(dirty_logits, clean_logits, rtol=1e-6, atol=1e-6)
+    # Only the broken sequence is read again: the other keeps its one-pass result, bit for bit.
+    np.testing.assert_array_equal(mixed_logits[1], clean_logits[1])
+    np.testing.assert_allclose(mixed_logits[0], clean_logits[0], rtol=1e-6, atol=1e-6)
 
 
 # ------------------------------------------------------------------ 2. the range of lengths

@@ -1,4 +1,4 @@
-"""The GPU scripts run on a CPU at tiny sizes, so that an API they call cannot rot between
+"""Two of the GPU scripts run on a CPU at tiny sizes, so that an API they call cannot rot between
 the rare sessions with a GPU (`scripts/gpu_bench.py` called a kernel helper the core move
 had renamed, and nothing noticed until a GPU was lent)."""
 
@@ -32,3 +32,15 @@ def test_gpu_bench_quick_writes_its_record(tmp_path):
     timed = [r for r in records.values() if "gbs" in r]
     assert len(timed) == 3 and all(r["gbs"] > 0 and r["median_s"] > 0 for r in timed)
     assert "needs a CUDA GPU" in records["flash float32 gqa8_2x32_b2 Tk=256"]["skipped"]
+
+
+def test_gpu_checks_quick_compares_the_gradients(tmp_path, capsys):
+    out = tmp_path / "grads.json"
+    assert _load("gpu_checks").main(["--quick", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["implementation"] == "xla" and report["within_tolerance"] is True
+    assert report["shape"]["kv_lengths"] == [155, 256]  # the last of 4 chunks is empty
+    diffs = report["relative_max_abs_difference"]
+    assert set(diffs) == {"cudnn vs xla", "cudnn vs float32 reference",
+                          "xla vs float32 reference"}
+    assert all(0 < e < 2e-2 for row in diffs.values() for e in row.values())

@@ -614,13 +614,21 @@ def _attend_then_append(q: Array, cache_k: Array, cache_v: Array, k: Array, v: A
     A cache this model fills holds finite padding (zeros, or the k/v of the pad id 0 that
     `prefill` writes), but one handed in may not, and 0·NaN is NaN. So a non-finite result
     of the one pass is read again blockwise, selecting the padding away in K and V
-    (`padding="any"`): exact whatever the padding holds. The program only reads the cache,
-    so the `lax.cond` copies none of it."""
+    (`padding="any"`): exact whatever the padding holds. Rows whose one pass was finite keep
+    it, so a sequence's result does not depend on what the others hold. The program only
+    reads the cache, so the `lax.cond` copies none of it."""
     def read(padding: str) -> AttentionState:
         return xla_state(q, cache_k, cache_v, kv_lengths=start, layout="bhtd", padding=padding)
 
     fast = read("finite")
-    old = lax.cond(jnp.all(jnp.isfinite(fast.out)), lambda: fast, lambda: read("any"))
+    ok = jnp.all(jnp.isfinite(fast.out), axis=(1, 2, 3))  # [B]: a broken row is read again
+
+    def mend() -> AttentionState:  # only the rows that need it take the blockwise read
+        slow = read("any")
+        return jax.tree.map(lambda f, s: jnp.where(ok.reshape((-1,) + (1,) * (f.ndim - 1)), f, s),
+                            fast, slow)
+
+    old = lax.cond(jnp.all(ok), lambda: fast, mend)
     return combine(old, _one_key_state(q, k, v)).out.astype(q.dtype)
 
 

@@ -56,7 +56,7 @@ from jax import Array, lax
 from jax.scipy.sparse.linalg import gmres
 
 from ..core import inputs, masks, numerics, validate
-from ..core.numerics import accum_dtype
+from ..core.numerics import PRECISION, accum_dtype
 from ..core.reference import grouped_scores, scaled_scores, weights
 from .energy import energy, value_moments
 
@@ -317,7 +317,9 @@ def _conjugate_step(zeta, z, s, mask, vh, nonempty):
     lam, u = jnp.linalg.eigh(cov)
     cut = 100 * eps * jnp.maximum(lam[..., -1:], jnp.finfo(s.dtype).tiny)
     inv = jnp.where(lam > cut, 1.0 / jnp.where(lam > cut, lam, 1.0), 0.0)
-    delta = jnp.einsum("...ij,...j->...i", u, inv * jnp.einsum("...ji,...j->...i", u, r))
+    delta = jnp.einsum("...ij,...j->...i", u, inv * jnp.einsum("...ji,...j->...i", u, r,
+                                                                precision=PRECISION),
+                       precision=PRECISION)
     slope = jnp.sum(r * delta, -1)
     ts = 2.0 ** -jnp.arange(40, dtype=s.dtype)
     g, _ = jax.vmap(lambda t: objective(zeta + t * delta))(ts)  # [40, B, Tq, Hq]
@@ -603,7 +605,7 @@ def posterior_risk(
 def _risk(s, mask, vh, z):
     p = _softmax(jnp.where(mask, s, -jnp.inf))
     diff = vh[:, None] - z.astype(s.dtype)[:, :, None]  # [B, Tq, Tk, Hq, Dv]
-    return jnp.einsum("bhqk,bqkh->bqh", p, jnp.sum(diff**2, axis=-1))
+    return jnp.einsum("bhqk,bqkh->bqh", p, jnp.sum(diff**2, axis=-1), precision=PRECISION)
 
 
 def hard_attention(
