@@ -204,6 +204,21 @@ def test_too_many_devices_for_a_started_jax_is_one_line(capsys, in_tmp):
     assert "Traceback" not in lines[0]
 
 
+def test_too_many_devices_on_an_accelerator_says_what_to_pass(monkeypatch):
+    """On a one-GPU machine the default --devices 8 cannot be simulated there: the error says
+    which --devices runs on the GPU and how to simulate CPU devices instead (measured on an
+    H200, where it was make_mesh's CPU advice)."""
+    import jax
+
+    from tree_attention_edu.cli import common
+
+    monkeypatch.setattr(jax, "device_count", lambda: 1)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    with pytest.raises(RuntimeError, match=r"--devices 8: JAX's default backend is gpu, with 1 "
+                       r"device\(s\); pass --devices 1 .* JAX_PLATFORMS=cpu"):
+        common.setup(argparse.Namespace(devices=8))
+
+
 def parsed(argv, monkeypatch) -> argparse.Namespace:
     """The arguments a subcommand would run with (checked), without running it."""
     seen = {}

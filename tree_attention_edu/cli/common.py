@@ -20,6 +20,11 @@ def setup(args: Any) -> None:
     from ..core.devices import simulate_devices
 
     simulate_devices(args.devices)
+    have, backend = jax.device_count(), jax.default_backend()
+    if have < args.devices and backend != "cpu":  # the CPU devices are simulated, a GPU's not
+        raise RuntimeError(f"--devices {args.devices}: JAX's default backend is {backend}, with "
+                           f"{have} device(s); pass --devices {have} to run there, or set "
+                           f"JAX_PLATFORMS=cpu to simulate {args.devices} CPU devices")
     jax.config.update("jax_enable_x64", True)  # for float64 references; inputs stay explicit
 
 
