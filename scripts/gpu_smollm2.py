@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   np.array(r["top_ids"]), 1)
                         err = float(np.abs(ours - np.array(r["top_logits"])).max())
                         tokens = np.asarray(out.tokens[b]).tolist()
-                        same = sum(a == b for a, b in zip(tokens, r["tokens"], strict=True))
+                        same = sum(x == y for x, y in zip(tokens, r["tokens"], strict=True))
                         all_equal &= same == len(tokens)
                         row = dict(precision=precision, method=method, prompt=r["name"],
                                    prompt_tokens=len(r["ids"]), equal=same,

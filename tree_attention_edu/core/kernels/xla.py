@@ -60,14 +60,13 @@ def _fold(carry, qg, kb, vb, visible, valid, zg=None):
     B, Hkv, M, _ = qg.shape
     C = kb.shape[2]
     acc = qg.dtype
-    precision = PRECISION  # float32 products in float32, also on GPUs (TF32 otherwise)
     if valid is not None:  # padding may hold anything (NaN, inf): select it away first
         keep = valid[:, None, :, None]
         kb = jnp.where(keep, kb, jnp.zeros((), kb.dtype))
         vb = jnp.where(keep, vb, jnp.zeros((), vb.dtype))
-    s = jnp.einsum("bhmd,bhcd->bhmc", qg, kb.astype(acc), precision=precision)
+    s = jnp.einsum("bhmd,bhcd->bhmc", qg, kb.astype(acc), precision=PRECISION)
     if zg is not None:  # the tilted scores s + ζ·v of the energy F(ζ)
-        s = s + jnp.einsum("bhmv,bhcv->bhmc", zg, vb.astype(acc), precision=precision)
+        s = s + jnp.einsum("bhmv,bhcv->bhmc", zg, vb.astype(acc), precision=PRECISION)
     Tq = visible.shape[3]
     s = jnp.where(visible, s.reshape(B, Hkv, M // Tq, Tq, C), -jnp.inf).reshape(B, Hkv, M, C)
     m_new = lax.stop_gradient(jnp.maximum(m, jnp.max(s, axis=-1)))  # a shift: no gradient
@@ -76,7 +75,7 @@ def _fold(carry, qg, kb, vb, visible, valid, zg=None):
     rescale = jnp.exp(m - shift)
     l = l * rescale + jnp.sum(p, axis=-1)
     o = o * rescale[..., None] + jnp.einsum("bhmc,bhcv->bhmv", p, vb.astype(acc),
-                                           precision=precision)
+                                           precision=PRECISION)
     return m_new, l, o
 
 def _check_window(window: Any, kv_heads: int) -> tuple[int | Array, int]:
