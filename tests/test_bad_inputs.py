@@ -130,6 +130,7 @@ def qkv_cases(target, call, *, with_v=True, chunk=False) -> list[Case]:
             case(target, "dtype", "v-int", c(v=V.astype(np.int32)), TypeError, "v"),
             case(target, "type", "v-str", c(v="v"), TypeError, "v"),
             case(target, "shape", "v-kv_len", c(v=V[:, :5]), ValueError, "v"),
+            case(target, "range", "v_dim-0", c(v=V[..., :0]), ValueError, "v"),
         ]
     return out
 
@@ -443,6 +444,9 @@ def kernels_family() -> list[Case]:
         case(cs, "range", "layout", lambda: cs_xla(Q, K, VD, layout="thd"), ValueError,
              "layout"),
         case(cs, "range", "cudnn-off-a-gpu", lambda: cs(Q, K, VD), ValueError, "local_kernel"),
+        case(cs, "dtype", "float64",  # its softmax is float32 on both implementations
+             lambda: cs_xla(*(x.astype(np.float64) for x in (Q, K, VD))), ValueError,
+             "q", "k", "v"),
         case(rs, "range", "cudnn-off-a-gpu", lambda: rs("cudnn", **auto), ValueError,
              "local_kernel"),
         case(kernels.cudnn.head_dim_limit, "type", "capability-str",
@@ -1173,6 +1177,19 @@ def test_bad_input_names_the_argument(c: Case):
     names = "|".join(re.escape(n) for n in c.names)
     with pytest.raises(c.exc, match=rf"`(?:{names})(?:`|\[|\.)"):
         c.call()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [tae.attention, kernels.xla_state, tae.tree_decode, tae.ring_decode_pass_q],
+    ids=lambda f: f.__name__,
+)
+def test_values_without_value_dims_are_refused_naming_v(fn):
+    """`v [B, Tk, Hkv, 0]`: one message, naming `v` and its last axis, on every path (the
+    decoders used to name `v_dim`, the internal name `kernels.resolve` checks)."""
+    kw = dict(mesh=mesh()) if fn in (tae.tree_decode, tae.ring_decode_pass_q) else {}
+    with pytest.raises(ValueError, match=r"^`v` has 0 value dims \(its last axis\)"):
+        fn(Q, K, V[..., :0], **kw)
 
 
 # --- the table is complete ---------------------------------------------------------------------

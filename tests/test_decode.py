@@ -1,15 +1,18 @@
 """Tree, energy-tree and ring decoding against the float64 reference, on 8 simulated devices."""
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import padded, rand_qkv, tol
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from reference import np_attention
 
 import tree_attention_edu as tae
+from tree_attention_edu.core import decode, merges
 
 METHODS = [padded(f) for f in (tae.tree_decode, tae.tree_decode_from_energy, tae.ring_decode)]
 HARD_CASES = {
@@ -87,6 +90,60 @@ def test_inputs_placed_elsewhere_are_moved_onto_the_mesh(mesh8):
         for f in (tae.tree_decode, tae.ring_decode, tae.ring_decode_pass_q):
             np.testing.assert_allclose(f(qq, kk, vv, mesh=mesh8), want, **tol(jnp.float64),
                                        err_msg=f"{f.__name__}: {name}")
+
+
+REVERSED_MESH_DECODERS = {
+    **{f"tree_decode[{m}]": partial(tae.tree_decode, merge=m) for m in merges.MERGES},
+    "tree_decode_from_energy": tae.tree_decode_from_energy,
+    "ring_decode": tae.ring_decode,
+    "ring_decode_pass_q": tae.ring_decode_pass_q,
+}
+
+
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("name", [*REVERSED_MESH_DECODERS, "tree_energy"])
+def test_inputs_on_the_same_devices_in_another_order(name):
+    """q, k, v and the lengths on a mesh of the decode's devices in reverse order: `jit`
+    needs one device order for all its arguments (the same set is not enough; it raised
+    'Received incompatible devices for jitted computation'), so they are placed first."""
+    mesh = tae.make_mesh(6, "x")
+    rev = Mesh(np.array(jax.devices()[:6])[::-1], ("x",))
+    q, k, v = rand_qkv(8, Tk=12)
+    n = np.array([12, 5], np.int32)
+    kw = dict(causal=True, kv_lengths=n)
+    qq, nn = (jax.device_put(x, NamedSharding(rev, P())) for x in (q, n))
+    kk, vv = (jax.device_put(x, NamedSharding(rev, P(None, "x"))) for x in (k, v))
+    if name == "tree_energy":
+        zeta = jax.random.normal(jax.random.key(9), (2, 3, 4, 6), jnp.float64)
+        zz = jax.device_put(zeta, NamedSharding(rev, P()))
+        got = tae.tree_energy(qq, kk, vv, zz, mesh=mesh, causal=True, kv_lengths=nn)
+        want = tae.energy(q, k, v, zeta, **kw)
+    else:
+        got = REVERSED_MESH_DECODERS[name](qq, kk, vv, mesh=mesh, causal=True, kv_lengths=nn)
+        want = np_attention(q, k, v, **kw)
+    np.testing.assert_allclose(got, want, **tol(jnp.float64))
+
+
+@pytest.mark.cpu_only
+def test_inputs_placed_as_wanted_are_not_copied():
+    """An argument already sharded as the decode shards it is passed on as it is; one on a
+    mesh of the same devices in the same order (another shape) is left to `jit`."""
+    mesh = tae.make_mesh(8, "x")
+    q, k, v = rand_qkv(10, Tk=16)
+    static = dict(seq_axes=None, scale=None, causal=False, local_kernel="xla", layout="bthd")
+    plan, _ = decode.make_plan(q, k, v, mesh=mesh, kv_lengths=None, **static)
+    kk = jax.device_put(k, NamedSharding(mesh, plan.kv_spec))
+    same_order = tae.make_mesh((2, 4), ("node", "gpu"))
+    vv = jax.device_put(v, NamedSharding(same_order, P(None, ("node", "gpu"))))
+    qq = jax.device_put(q, NamedSharding(mesh, P()))
+    placed = decode._place(plan, qq, kk, vv, None)
+    assert all(a is b for a, b in zip(placed, (qq, kk, vv, None), strict=True))
+    np.testing.assert_allclose(
+        tae.tree_decode(qq, kk, vv, mesh=mesh), np_attention(q, k, v), **tol(jnp.float64)
+    )
+    rev = Mesh(np.array(jax.devices())[::-1], ("x",))
+    moved = decode._place(plan, q, jax.device_put(k, NamedSharding(rev, P(None, "x"))), v, None)[1]
+    assert moved.sharding == NamedSharding(mesh, plan.kv_spec)
 
 
 def test_seq_axes_subset(mesh2x4):

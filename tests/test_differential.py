@@ -12,16 +12,19 @@ short). Gradients are checked the same way, against the textbook backward pass.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 from reference import np_attention, np_attention_grads
 
 import tree_attention_edu as tae
-from tree_attention_edu.core import kernels
+from tree_attention_edu.core import kernels, merges
+from tree_attention_edu.core.states import AttentionState
 
 
 def _tree(merge):
@@ -175,8 +178,9 @@ def _merged_chunks(kernel, chunks=3):
     return run
 
 
-@pytest.mark.parametrize("name", ["xla", "cudnn[implementation=xla]"])
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize(("name", "dtype"), [
+    ("xla", jnp.float64), ("xla", jnp.float32),
+    ("cudnn[implementation=xla]", jnp.float32)])  # float64 is refused there
 def test_kernel_gradients_through_the_merge(name, dtype):
     """Every local kernel that runs on CPU: gradients through out *and* lse of its states.
     (cuDNN's own backward drops the lse's cotangent; `cudnn_state` adds it back.)"""
@@ -190,9 +194,7 @@ def test_kernel_gradients_through_the_merge(name, dtype):
     g = rng.standard_normal((2, 2, hq, 8))
     got = _grads(lambda q, k, v: _merged_chunks(kernel)(q, k, v, jnp.asarray(lengths)),
                  q, k, v, g)
-    # JAX's xla implementation of dot_product_attention computes its softmax in float32.
-    tol_dtype = jnp.float32 if name != "xla" else dtype
-    _check_grads(got, q, k, v, g, lengths, tol_dtype)
+    _check_grads(got, q, k, v, g, lengths, dtype)
 
 
 def test_flash_refuses_differentiation():
@@ -202,3 +204,172 @@ def test_flash_refuses_differentiation():
     assert float(fn(jnp.float32(0.5))) == pytest.approx(np.sin(0.5))
     with pytest.raises(TypeError, match=r"forward-only.*local_kernel='cudnn'"):
         jax.grad(fn)(jnp.float32(0.5))
+
+
+# --- merges of handed-in states: the one-pass window, empty rows --------------------------
+#
+# The merges run inside `shard_map` on states given per device (`[p, B, ...]`, one row of
+# the leading axis per device), so that the lse levels, signs and magnitudes the one-pass
+# window's derivation covers are reached exactly. The reference merges the same states in
+# exact rational arithmetic (`fractions`, through mpmath's exp at 50 digits): independent
+# of any float unit, so it serves float64 as well as float32.
+
+
+@functools.cache
+def _merge_program(name, p):
+    """`MERGES[name]` over `p` devices as one jitted program of the stacked states
+    `[p, B, Tq, Hq, ·]` (row i for device i); the head-scattered patterns' heads are
+    gathered back by the out_specs."""
+    mesh = tae.make_mesh(p, "x")
+    scattered = name in merges.HEAD_SCATTERED
+    heads = P(None, None, "x") if scattered else P()
+    out_specs = AttentionState(P(None, None, "x", None) if scattered else P(), heads, heads)
+
+    def body(st):
+        return merges.MERGES[name](jax.tree.map(lambda x: x[0], st), ("x",))
+
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=out_specs))
+
+
+def _merge_on_mesh(name, stacked, p):
+    """The merged state, as float64 numpy."""
+    return jax.tree.map(lambda x: np.asarray(x, np.float64), _merge_program(name, p)(stacked))
+
+
+def _exact_merge(lse, lo, out):
+    """Merge `[p, R]` lse double words and `[p, R, Dv]` outputs exactly: returns out
+    `[R, Dv]` and `cond [R, Dv]`, the rounding-free size `Σ w_i |out_i| / Σ w_i` the error of
+    any merge is measured against (a cancelling sum is judged by its terms)."""
+    import mpmath
+
+    mpmath.mp.dps = 50
+    p, R, Dv = out.shape
+    got_out, cond = np.zeros((R, Dv)), np.zeros((R, Dv))
+    for r in range(R):
+        w = [mpmath.exp(mpmath.mpf(float(lse[i, r])) + mpmath.mpf(float(lo[i, r])))
+             if np.isfinite(lse[i, r]) else mpmath.mpf(0) for i in range(p)]
+        total = sum(w)
+        if not total:  # every device empty: nothing to attend
+            continue
+        for j in range(Dv):
+            terms = [w[i] * mpmath.mpf(float(out[i, r, j])) for i in range(p) if w[i]]
+            got_out[r, j] = float(sum(terms) / total)
+            cond[r, j] = float(sum(abs(t) for t in terms) / total)
+    return got_out, cond
+
+
+def _one_pass_rows(dtype, p, seed=0):
+    """Rows `[p, R]` that walk the one-pass window's derivation: levels just inside and just
+    outside each end (and the middle), outputs of sizes 1e-20, 1 and 1e20, and signs all
+    positive, alternating +1/-0.9 (the numerator cancels to a twentieth of its terms) or
+    random; every row's lse has a nonzero low word, as a merged shard's has."""
+    low, high = merges.one_pass_window(dtype, p)
+    rng = np.random.default_rng(seed)
+    lses, outs = [], []
+    for level, size, signs in itertools.product(
+            (low - 2.0, low + 0.5, 0.0, high - 0.5, high + 0.5),
+            (1e-20, 1.0, 1e20) if dtype == jnp.float32 else (1e-150, 1.0, 1e150),
+            ("positive", "alternating", "random")):
+        lse = level + rng.uniform(-0.4, 0.0, p)  # all at or below the level
+        if signs == "positive":
+            out = rng.uniform(1.0, 1.5, (p, 3))
+        elif signs == "alternating":
+            out = np.where(np.arange(p)[:, None] % 2 == 0, 1.0, -0.9) * np.ones((p, 3))
+            lse[:] = level - 0.2  # equal weights: the cancellation is exact, to 0.05
+        else:
+            out = rng.standard_normal((p, 3))
+        lses.append(lse)
+        outs.append(size * out)
+    lse = np.stack(lses, 1).astype(dtype)
+    lo = (rng.uniform(-0.5, 0.5, lse.shape) * np.spacing(np.abs(lse))).astype(dtype)
+    return lse, lo, np.stack(outs, 1).astype(dtype)
+
+
+def _stack_rows(lse, lo, out, batch):
+    """`[p, R]` rows as per-device states `[p, B, 1, H]` with `R = B·H`."""
+    p, R = lse.shape
+    shape = (p, batch, 1, R // batch)
+    return AttentionState(jnp.asarray(out.reshape(*shape, -1)), jnp.asarray(lse.reshape(shape)),
+                          jnp.asarray(lo.reshape(shape)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("p", [2, 8])
+def test_one_pass_on_the_window_grid(dtype, p):
+    """Every row of the window's grid merged by `one_pass`, one row at a time (each takes its
+    own path, fast or exact) and all at once (a batch that mixes rows inside and
+    outside the window falls back as a whole): within the merge's rounding bound of the
+    exact merge, `(p + 4)·u` times each component's terms (u the unit roundoff).
+
+    Before the window's `ln(1/ε)` the alternating rows just above `ln(tiny)` read 0 where
+    the answer is 0.05 times their size; before the split exponent (`states.lse_weight`) a
+    row at `|x| ≈ 80` in float32 erred by up to `u·|x|` per weight."""
+    lse, lo, out = _one_pass_rows(dtype, p)
+    want, cond = _exact_merge(lse, lo, out)
+    bound = (p + 4) * float(np.finfo(dtype).eps) / 2 * cond
+    rows = lse.shape[1]
+    blocks = [slice(0, rows)] + [slice(i, i + 1) for i in range(rows)]
+    for rs in blocks:
+        got = _merge_on_mesh("one_pass", _stack_rows(lse[:, rs], lo[:, rs], out[:, rs], 1), p)
+        err = np.abs(got.out.reshape(-1, out.shape[-1]) - want[rs])
+        worst = np.unravel_index(np.argmax(err / bound[rs]), err.shape)
+        assert np.all(err <= bound[rs]), (rs, worst, err[worst], bound[rs][worst])
+
+
+@pytest.mark.parametrize("name", list(merges.MERGES))
+def test_merges_ignore_every_field_of_an_empty_state(name):
+    """Empty rows as another kernel may hand them over, `(NaN, -inf, NaN)` or with `lse_lo`
+    = +inf: every merge ignores them, and a row that every device left empty comes out
+    canonical, `(0, -inf, 0)` bit for bit. Before, every merge returned NaN for such rows
+    (`e^{-inf + NaN}` is NaN)."""
+    p, B, H, Dv = 4, 3, 4, 5
+    rng = np.random.default_rng(3)
+    lse = rng.uniform(-3, 3, (p, B, 1, H))
+    lo = rng.uniform(-1e-17, 1e-17, lse.shape)
+    out = rng.standard_normal((p, B, 1, H, Dv))
+    empty = rng.random(lse.shape) < 0.4
+    empty[:, 0, 0, 0] = True  # a row every device left empty
+    empty[0, 1] = empty[1, 1] = False  # rows that two devices see
+    lse[empty] = -np.inf
+    lo[empty] = np.where(rng.random(empty.sum()) < 0.5, np.nan, np.inf)
+    out[empty] = np.nan
+    state = AttentionState(*(jnp.asarray(x) for x in (out, lse, lo)))
+    got = _merge_on_mesh(name, state, p)
+    want, _ = _exact_merge(lse.reshape(p, -1), lo.reshape(p, -1), out.reshape(p, -1, Dv))
+    none = empty.all(axis=0)  # [B, 1, H]
+    np.testing.assert_allclose(got.out[~none], want.reshape(B, 1, H, Dv)[~none], rtol=1e-13,
+                               atol=1e-13)
+    assert np.all(got.out[none] == 0) and np.all(np.isneginf(got.lse[none]))
+    assert np.all(got.lse_lo[none] == 0) and np.all(np.isfinite(got.lse[~none]))
+
+
+def test_combine_of_empty_states_is_canonical_whatever_they_hold():
+    """`combine(empty, empty)` is `(0, -inf, 0)` even when both hold NaN in `out` and
+    `lse_lo` (it returned `lse_lo = NaN`); `combine(empty, s)` is `s` bit for bit."""
+    shape = (2, 1, 3)
+    junk = AttentionState(jnp.full((*shape, 4), jnp.nan), jnp.full(shape, -jnp.inf),
+                          jnp.full(shape, jnp.nan))
+    both = tae.combine(junk, junk)
+    assert np.all(np.asarray(both.out) == 0) and np.all(np.isneginf(np.asarray(both.lse)))
+    np.testing.assert_array_equal(both.lse_lo, np.zeros(shape))
+    s = AttentionState(jnp.ones((*shape, 4)), jnp.full(shape, 2.0), jnp.full(shape, 1e-17))
+    for merged in (tae.combine(junk, s), tae.combine(s, junk)):
+        for x, y in zip(merged, s, strict=True):
+            np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize(("dtype", "score"), [(jnp.float32, -86.0), (jnp.float32, -87.0),
+                                              (jnp.float64, -707.0)])
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_one_pass_cancelling_shards_end_to_end(dtype, score, p):
+    """The case an outside hunt found, through `tree_decode`: one key per device, every
+    score at `score`, values alternating +1 and -0.9 over the devices. Each term lay inside
+    the old window, their sum cancelled into a subnormal that XLA:CPU flushed, and
+    `one_pass` returned 0 where the answer is 0.05 (`allreduce` was exact)."""
+    q = jnp.ones((1, 1, 1, 1), dtype)
+    k = jnp.full((1, p, 1, 1), score, dtype)
+    vals = np.where(np.arange(p) % 2 == 0, 1.0, -0.9)
+    v = jnp.asarray(vals.reshape(1, p, 1, 1), dtype)
+    got = tae.tree_decode(q, k, v, mesh=tae.make_mesh(p, "x"), scale=1.0, merge="one_pass")
+    np.testing.assert_allclose(float(got[0, 0, 0, 0]), vals.mean(),
+                               rtol=4 * float(np.finfo(dtype).eps))

@@ -19,8 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import np_attention_state
 
+import tree_attention_edu as tae
 from tree_attention_edu import memory_stats
-from tree_attention_edu.core import kernels, states
+from tree_attention_edu.core import decode, kernels, states
 
 
 @pytest.mark.cpu_only
@@ -197,8 +198,8 @@ def test_layout_and_block_errors():
 
 # --- the cudnn adapter, through JAX's xla implementation of the same call -----------------
 # `jax.nn.dot_product_attention`'s xla implementation runs the softmax in float32 even for
-# float64 inputs, so float64 comparisons hold to ~1e-7, not 1e-12.
-F64_VIA_DPA = dict(rtol=1e-6, atol=1e-6)
+# float64 inputs, so the adapter refuses float64 (`test_cudnn_state_refuses_float64`): these
+# tests give it float32 inputs and compare with the float64 reference of the same inputs.
 
 
 _cudnn_jit = jax.jit(kernels.cudnn_state,
@@ -225,30 +226,30 @@ def test_cudnn_state_matches_reference(layout, causal):
     causal: query i sits at L - 3 + i); sequence 1 ends before the chunk starts. Keys past
     the lengths hold NaN: they are selected away, never weighed by 0."""
     offset, tc = 5, 20
-    q, k, v = rand_qkv(3, B=3, Tq=3, Hq=8, Hkv=2, D=8, Dv=8, Tk=tc)
+    q, k, v = rand_qkv(3, B=3, Tq=3, Hq=8, Hkv=2, D=8, Dv=8, Tk=tc, dtype=jnp.float32)
     lengths = np.array([offset + tc, offset - 2, offset + 7])
     valid = (offset + np.arange(tc))[None, :, None, None] < lengths[:, None, None, None]
     kk, vv = (_as_layout(jnp.where(valid, x, jnp.nan), layout) for x in (k, v))
     got = _cudnn(q, kk, vv, kv_offset=offset, causal=causal, kv_lengths=lengths, layout=layout)
-    assert got.out.dtype == got.lse.dtype == jnp.float64
+    assert got.out.dtype == got.lse.dtype == jnp.float32
     out, lse, _ = np_attention_state(q, k, v, causal=causal, kv_lengths=lengths - offset)
-    _assert_state(got, out, lse, **F64_VIA_DPA)
+    _assert_state(got, out, lse, **tol(jnp.float32))
     assert np.all(np.isneginf(got.lse[1])) and np.all(np.asarray(got.out[1]) == 0)
     if causal:  # query 0 of sequence 2 sits at 9: it sees local keys 0..4 only
         assert np.isfinite(got.lse[2]).all()
     ref = jax.jit(kernels.xla_state, static_argnames=("causal", "layout"))(
         q, kk, vv, kv_offset=offset, causal=causal, kv_lengths=lengths, layout=layout)
-    _assert_state(got, np.asarray(ref.out), np.asarray(ref.lse), **F64_VIA_DPA)
+    _assert_state(got, np.asarray(ref.out), np.asarray(ref.lse), **tol(jnp.float32))
 
 
 def test_cudnn_state_without_lengths():
     """No `kv_lengths`: every key holds data, and the chunk ends the sequence (the causal
     queries are its last Tq positions), as for `xla_state`; the offset moves nothing."""
-    q, k, v = rand_qkv(4, B=2, Tq=4, Hq=4, Hkv=4, D=8, Dv=8, Tk=9)
+    q, k, v = rand_qkv(4, B=2, Tq=4, Hq=4, Hkv=4, D=8, Dv=8, Tk=9, dtype=jnp.float32)
     for causal in (False, True):
         got = _cudnn(q, k, v, kv_offset=7, causal=causal)
         out, lse, _ = np_attention_state(q, k, v, causal=causal)
-        _assert_state(got, out, lse, **F64_VIA_DPA)
+        _assert_state(got, out, lse, **tol(jnp.float32))
     # Causal with Tq > 1 hides keys; a single causal query sees them all.
     assert not np.allclose(_cudnn(q, k, v, causal=True).lse, _cudnn(q, k, v).lse)
     one = _cudnn(q[:, -1:], k, v, causal=True)
@@ -256,13 +257,13 @@ def test_cudnn_state_without_lengths():
 
 
 def test_cudnn_chunk_states_combine_to_attention():
-    q, k, v = rand_qkv(5, B=2, Tq=2, Hq=8, Hkv=2, D=8, Dv=8, Tk=30)
+    q, k, v = rand_qkv(5, B=2, Tq=2, Hq=8, Hkv=2, D=8, Dv=8, Tk=30, dtype=jnp.float32)
     lengths = np.array([30, 13])
     parts = [_cudnn(q, k[:, a:a + 15], v[:, a:a + 15], kv_offset=a, causal=True,
                     kv_lengths=lengths) for a in (0, 15)]  # sequence 1 ends in chunk 0
     whole = states.combine(*parts)
     out, lse, _ = np_attention_state(q, k, v, causal=True, kv_lengths=lengths)
-    _assert_state(whole, out, lse, **F64_VIA_DPA)
+    _assert_state(whole, out, lse, **tol(jnp.float32))
 
 
 def test_cudnn_bf16_lse_cost():
@@ -317,7 +318,7 @@ def test_cudnn_bf16_lse_cost():
 
 @pytest.mark.cpu_only
 def test_cudnn_state_checks():
-    q, k, v = rand_qkv(0, Dv=8)
+    q, k, v = rand_qkv(0, Dv=8, dtype=jnp.float32)  # float64: see the next test
     with pytest.raises(ValueError, match="`implementation` must be one of"):
         kernels.cudnn_state(q, k, v, implementation="triton")
     with pytest.raises(ValueError, match="`v` must have v_dim == head_dim"):
@@ -327,6 +328,21 @@ def test_cudnn_state_checks():
     empty = kernels.cudnn_state(q[:, :0], k, v, implementation="xla")
     assert empty.out.shape == (2, 0, 4, 8) and empty.lse.shape == (2, 0, 4)
     assert kernels.KERNELS["cudnn"] is kernels.cudnn_state and "cudnn" in kernels.KERNEL_NAMES
+
+
+def test_cudnn_state_refuses_float64():
+    """`jax.nn.dot_product_attention` runs its softmax in float32 on both implementations,
+    so float64 inputs came back as float64 arrays with float32 errors (out 1.3e-7, lse
+    3.4e-7 against the float64 reference, where `xla_state` is within 1e-15): refused,
+    naming the inputs and `xla_state`. Mixed inputs are refused by their common dtype."""
+    q, k, v = rand_qkv(3, Dv=8)
+    match = r"`q`, `k` and `v`.*float64.*`xla_state` \(local_kernel='xla'"
+    with pytest.raises(ValueError, match=match):
+        kernels.cudnn_state(q, k, v, implementation="xla")
+    with pytest.raises(ValueError, match=match):
+        _cudnn(q.astype(jnp.float32), k, v)  # under jit too: it reads dtypes only
+    got = _cudnn(*(x.astype(jnp.float32) for x in (q, k, v)))
+    assert got.out.dtype == got.lse.dtype == jnp.float32
 
 
 # --- choosing a kernel -------------------------------------------------------------------
@@ -358,6 +374,7 @@ AUTO = dict(dtype=jnp.bfloat16, head_dim=128, v_dim=128, needs_mask=False)
     (dict(needs_mask=True), (9, 0), "cudnn"),  # cudnn masks keys
     (dict(dtype=jnp.float16), (8, 0), "cudnn"),
     (dict(dtype=jnp.float32), (9, 0), "xla"),  # cuDNN's flash attention: fp16/bf16 only
+    (dict(dtype=jnp.float64), (9, 0), "xla"),
     (dict(head_dim=256, v_dim=256), (9, 0), "cudnn"),
     (dict(head_dim=256, v_dim=256), (8, 0), "xla"),  # 128 before Hopper
     (dict(head_dim=100, v_dim=100), (9, 0), "xla"),  # not a multiple of 8
@@ -380,6 +397,7 @@ def test_auto_prefers_flash_then_cudnn(gpu):
 
 @pytest.mark.parametrize(("kw", "match"), [
     (dict(dtype=jnp.float32), "float16 or bfloat16"),
+    (dict(dtype=jnp.float64), "float16 or bfloat16.*got float64"),
     (dict(head_dim=12, v_dim=12), "multiple of 8 and <= 256"),
     (dict(v_dim=64), "v_dim == head_dim"),
 ])
@@ -387,6 +405,32 @@ def test_explicit_cudnn_limits_on_a_gpu(gpu, kw, match):
     gpu()
     with pytest.raises(ValueError, match=match):
         kernels.resolve("cudnn", **(AUTO | kw))
+
+
+@pytest.mark.cpu_only
+def test_decoders_choose_the_kernel_by_the_common_dtype(gpu):
+    """The kernels compute in the common dtype of q, k and v, so the decoders choose by it:
+    a bfloat16 q with a float64 cache is float64 work, which cudnn refuses (through the
+    decoders as through `cudnn_state`) and "auto" gives to xla."""
+    mesh = tae.make_mesh(8, "x")
+    q, k, v = rand_qkv(0, Dv=8, Tk=16, dtype=jnp.bfloat16)
+    gpu()
+
+    def kernel(q, k, v, local_kernel):
+        static = dict(seq_axes=None, scale=None, causal=False, layout="bthd")
+        plan, _ = decode.make_plan(
+            q, k, v, mesh=mesh, kv_lengths=None, local_kernel=local_kernel, **static
+        )
+        return plan.kernel
+
+    assert kernel(q, k, v, "auto") == kernel(q, k, v, "cudnn") == "cudnn"
+    k64, v64 = k.astype(jnp.float64), v.astype(jnp.float64)
+    assert kernel(q, k64, v64, "auto") == "xla"
+    match = r"`local_kernel`='cudnn' takes float16 or bfloat16.*got float64.*local_kernel='xla'"
+    with pytest.raises(ValueError, match=match):
+        kernel(q, k64, v64, "cudnn")
+    with pytest.raises(ValueError, match=match):  # refused before anything is traced
+        tae.tree_decode(q.astype(jnp.float64), k64, v64, mesh=mesh, local_kernel="cudnn")
 
 
 def test_cudnn_head_dim_limit():

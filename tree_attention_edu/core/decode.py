@@ -98,9 +98,17 @@ def make_plan(q: Any, k: Any, v: Any, *, mesh: Any, seq_axes: Any, scale: Any, c
     p = devices.axis_size(mesh, axes)
     devices.check_divisible(dims.kv_len, p, axes)
     masked = kv_lengths is not None or (causal and dims.q_len > 1)
-    kernel = kernels.resolve(kernels.check_name(local_kernel), dtype=q.dtype,
-                             head_dim=dims.head_dim, v_dim=dims.v_dim, needs_mask=masked,
-                             layout=layout)
+    # The kernels compute in the common dtype (a bfloat16 q with a float64 cache is float64
+    # work), so that is what decides whether flash or cudnn can take it.
+    dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
+    kernel = kernels.resolve(
+        kernels.check_name(local_kernel),
+        dtype=dtype,
+        head_dim=dims.head_dim,
+        v_dim=dims.v_dim,
+        needs_mask=masked,
+        layout=layout,
+    )
     scale = inputs.resolve_scale(scale, dims.head_dim, q.dtype)
     return Plan(mesh, axes, p, dims.kv_len // p, scale, bool(causal), kernel, layout,
                 masked), dims
@@ -123,13 +131,29 @@ def _sharded(plan: Plan, body: Callable[..., Any], out_specs: Any, q: Array, k: 
 def _place(plan: Plan, q: Any, k: Any, v: Any, kv_lengths: Any, *extra: Any) -> tuple:
     """Arrays already placed on other devices than the mesh's (committed to one device, or
     sharded on another mesh) are moved onto it, as `jit` would place uncommitted ones; under
-    an outer `jit` the arguments are traced and the outer program places them."""
-    want = set(plan.mesh.devices.flat) if isinstance(plan.mesh, Mesh) else None
+    an outer `jit` the arguments are traced and the outer program places them.
+
+    `jit` needs the mesh's devices *in its order*: the same devices in another order (a
+    mesh built from a reversed device list) are refused as "incompatible devices", so an
+    array is kept as it is only on a mesh whose flat device list equals this one's (or on
+    this mesh's only device); there `jit` reshards it, if it must, inside the program."""
+    want = tuple(plan.mesh.devices.flat) if isinstance(plan.mesh, Mesh) else None
     specs = (P(), plan.kv_spec, plan.kv_spec, P(), *(P() for _ in extra))
 
+    def same_devices(sharding: jax.sharding.Sharding) -> bool:
+        if isinstance(sharding, NamedSharding):
+            return tuple(sharding.mesh.devices.flat) == want
+        # Other shardings do not say their order publicly: only one device is unambiguous.
+        return len(sharding.device_set) == 1 and tuple(sharding.device_set) == want
+
     def place(x: Any, spec: P) -> Any:
-        if (want is None or not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer)
-                or not x.is_fully_addressable or set(x.sharding.device_set) == want):
+        if (
+            want is None
+            or not isinstance(x, jax.Array)
+            or isinstance(x, jax.core.Tracer)
+            or not x.is_fully_addressable
+            or same_devices(x.sharding)
+        ):
             return x
         return jax.device_put(x, NamedSharding(plan.mesh, spec))
 

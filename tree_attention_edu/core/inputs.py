@@ -100,6 +100,11 @@ def check_qkv(q: Any, k: Any, v: Any, kv_lengths: Any = None, *, layout: str = "
             f"`k` {ks} and `v` {vs} must agree on [batch, kv_len, kv_heads]; "
             f"they differ at axis {next(i for i in range(3) if ks[i] != vs[i])}."
         )
+    if vs[3] == 0:  # refused here, by the argument's name, on every path (as head_dim 0 is)
+        raise ValueError(
+            "`v` has 0 value dims (its last axis): there is no value to average. Give `v` a "
+            "last axis of size >= 1."
+        )
     dims = Dims(qs[0], qs[1], qs[2], qs[3], ks[1], ks[2], vs[3])
     check_kv_lengths(kv_lengths, dims.batch)
     return dims

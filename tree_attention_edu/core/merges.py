@@ -197,19 +197,29 @@ def one_pass_window(dtype: DTypeLike, p: int, out_max: float = 1.0,
     magnitude.
 
     The merge sums p terms `e^x` (the denominator L) and p terms `e^x·out` (the numerator N),
-    then divides. Every term keeps full relative precision if it is a normal number, no sum
-    overflows if each term is at most `max / p`, and the division stays exact if `1/L` is a
-    normal number too: XLA divides by a broadcast denominator as a multiplication by its
-    reciprocal, and a subnormal reciprocal is flushed to zero (N/L would read 0):
+    then divides. XLA:CPU flushes subnormal results to zero, so a result below `tiny` reads
+    0. Three things must hold:
 
-    * low end: `e^x · min(out_min, 1) >= tiny`, i.e. `x >= ln(tiny) - min(ln out_min, 0)`
-      (-87.34 in float32 for outputs of size at least 1);
-    * high end: `p · e^x · max(out_max, 1) <= max` and `p · e^x <= 1/tiny`, i.e.
-      `x <= min(ln(max) - max(ln out_max, 0), -ln(tiny)) - ln(p)` (87.34 - ln p in float32
-      for outputs of size at most 1: 85.26 on 8 devices).
+    * **No term, and no partial sum that matters, is flushed.** The numerator's terms may
+      have opposite signs and cancel: `e^x·1 - e^x·0.9` is a tenth of each term, and a
+      sum of terms that are each just above `tiny` flushes to 0 (the answer 0.05 read 0).
+      So each nonzero term is held at least `tiny/ε` (ε the dtype's machine epsilon): a
+      partial sum below `tiny` is then below ε times each of its terms, and flushing it
+      errs by less than the rounding of the sum already allows (`ε·Σ|terms|`), the bound
+      every merge meets. Low end: `e^x · min(out_min, 1) >= tiny/ε`, i.e.
+      `x >= ln(tiny) + ln(1/ε) - min(ln out_min, 0)` (-71.40 in float32 for outputs of size
+      at least 1; the earlier bound without `ln(1/ε)`, -87.34, let that sum flush).
+    * **No sum overflows:** `p · e^x · max(out_max, 1) <= max`.
+    * **The division stays exact:** XLA divides by a broadcast denominator as a
+      multiplication by its reciprocal, and a subnormal reciprocal is flushed to zero (N/L
+      would read 0), so `p · e^x <= 1/tiny`.
+
+    High end: `x <= min(ln(max) - max(ln out_max, 0), -ln(tiny)) - ln(p)` (87.34 - ln p in
+    float32 for outputs of size at most 1: 85.26 on 8 devices).
 
     `one_pass_combine` applies these bounds row by row, with each row's own smallest nonzero
-    and largest `|out|`.
+    and largest `|out|`, and weighs each state by a split exponent (`states.lse_weight`), so
+    that inside the window its error is the exact merge's, at any `|x|`.
 
     Args:
       dtype: a floating dtype (float16, bfloat16, float32 or float64).
@@ -221,11 +231,20 @@ def one_pass_window(dtype: DTypeLike, p: int, out_max: float = 1.0,
     validate.check_positive(p, "p")
     out_max = validate.check_real(out_max, "out_max", low=0.0, low_open=True)
     out_min = validate.check_real(out_min, "out_min", low=0.0, low_open=True)
-    info = jnp.finfo(dtype)
-    tiny, big = math.log(float(info.tiny)), math.log(float(info.max))
+    tiny, big, top = _window_logs(dtype, p)
     low = tiny - min(math.log(out_min), 0.0)
-    high = min(big - max(math.log(out_max), 0.0), -tiny) - math.log(p)
+    high = min(big - max(math.log(out_max), 0.0), top)
     return low, high
+
+
+def _window_logs(dtype: DTypeLike, p: int) -> tuple[float, float, float]:
+    """`one_pass_window`'s three constants for outputs of size one: the lowest term
+    `ln(tiny/ε)`, the largest sum `ln(max) - ln p`, and the largest denominator whose
+    reciprocal is normal, `-ln(tiny) - ln p`."""
+    info = jnp.finfo(dtype)
+    tiny = math.log(float(info.tiny))
+    return (tiny - math.log(float(info.eps)), math.log(float(info.max)) - math.log(p),
+            -tiny - math.log(p))
 
 
 def one_pass_combine(state: AttentionState, axes: Sequence[str],
@@ -235,24 +254,22 @@ def one_pass_combine(state: AttentionState, axes: Sequence[str],
 
     Every device weighs its state by `e^{lse - shift}` with the same fixed `shift`, so the
     numerators and denominators can be summed at once. That is exact to rounding while every
-    term is a normal float, no sum overflows and the denominator's reciprocal is normal
-    (`one_pass_window`, with each row's own smallest nonzero and largest `|out|`); a device
-    with a row outside its window raises a flag that travels in the same Allreduce, and if
-    any flag is up all devices fall back to `allreduce_combine` (a conditional: the exact
-    two-collective merge runs only then).
+    term is at least `tiny/ε` (so no partial sum that cancels is flushed), no sum overflows
+    and the denominator's reciprocal is normal (`one_pass_window`, with each row's own
+    smallest nonzero and largest `|out|`); a device with a row outside its window raises a
+    flag that travels in the same Allreduce, and if any flag is up all devices fall back to
+    `allreduce_combine` (a conditional: the exact two-collective merge runs only then).
     """
     axes = check_axes(state, axes)
     p = lax.axis_size(axes)
     dt = state.out.dtype
-    info = jnp.finfo(dt)
-    x = (state.lse - shift) + state.lse_lo
-    mag = jnp.abs(state.out)
+    empty = jnp.isneginf(state.lse)
+    x = (state.lse - shift) + state.lse_lo  # a rounded exponent is close enough to test
+    mag = jnp.abs(jnp.where(empty[..., None], jnp.zeros((), dt), state.out))
     big = jnp.log(jnp.maximum(jnp.max(mag, axis=-1), 1.0))  # >= 0
     small = jnp.log(jnp.minimum(jnp.min(jnp.where(mag > 0, mag, 1.0), axis=-1), 1.0))  # <= 0
-    tiny, top = math.log(float(info.tiny)), math.log(float(info.max)) - math.log(p)
-    outside = ~jnp.isneginf(state.lse) & (
-        (x + small < tiny) | (x + big > top)
-        | (x > -tiny - math.log(p)))  # 1/L must stay normal (see `one_pass_window`)
+    low, top, recip = _window_logs(dt, p)
+    outside = ~empty & ((x + small < low) | (x + big > top) | (x > recip))
     flag = jnp.any(outside).astype(dt)
     w = state_weight(state, jnp.asarray(shift, dt))
     num, den, flag = psum_inner_first((weighted_out(w, state.out), w, flag), axes)

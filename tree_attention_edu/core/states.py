@@ -26,7 +26,14 @@ from jax import Array, lax
 from jax.typing import DTypeLike
 
 from . import inputs, masks, validate
-from .numerics import accum_dtype, finite_or_zero, lse_pair, masked_softmax_parts, nonzero_or_one
+from .numerics import (
+    accum_dtype,
+    finite_or_zero,
+    lse_pair,
+    masked_softmax_parts,
+    nonzero_or_one,
+    two_sum,
+)
 from .reference import grouped_values, scaled_scores
 
 T = TypeVar("T")
@@ -126,8 +133,22 @@ def local_state(
 
 
 def lse_weight(lse: Array, lse_lo: Array, shift: Array) -> Array:
-    """`e^{lse - shift}` of a double-word lse; exactly 0 where `lse = -inf` (an empty state)."""
-    return jnp.exp((lse - shift) + lse_lo)
+    """`e^{lse + lse_lo - shift}` of a double-word lse; exactly 0 where `lse = -inf` (an empty
+    state), whatever its `lse_lo` holds (NaN included: another kernel may hand one over).
+
+    The exponent is split, `e^{hi} · e^{lo + lse_lo}` with `hi + lo = lse - shift` exactly
+    (`two_sum`), so the weight is as accurate as `exp` itself at any `|lse - shift|`. Rounding
+    `(lse - shift) + lse_lo` to one word first would err by `u·|lse - shift|` relative: 40
+    units in the last place at `|x| = 80` in float32, which a fixed shift (`one_pass`)
+    reaches. The empty rows are selected away before the exponent too (so a NaN there
+    reaches neither the value nor its gradient)."""
+    empty = jnp.isneginf(lse)
+    hi, lo = two_sum(jnp.where(empty, shift, lse), -shift)
+    e = jnp.exp(hi)
+    # e·e^r as e + e·expm1(r): XLA rewrites exp(a)·exp(b) into exp(a + b), which is the
+    # rounding this split avoids; it leaves expm1 alone (checked under jit by the tests).
+    w = e + e * jnp.expm1(lo + jnp.where(empty, jnp.zeros((), lse_lo.dtype), lse_lo))
+    return jnp.where(empty, jnp.zeros((), w.dtype), w)
 
 
 def state_weight(state: AttentionState, shift: Array) -> Array:
@@ -169,8 +190,8 @@ def combine(a: AttentionState, b: AttentionState) -> AttentionState:
 
     An empty state (`lse = -inf`) is the exact identity: the other state is selected, bit
     for bit. Two empty states give the canonical empty state `(0, -inf, 0)`, whatever their
-    `out` held (a state from another kernel may carry garbage, NaN included, in an empty
-    row). A NaN in a non-empty state gives NaN. Works under `jax.vmap` and `lax.scan`.
+    `out` and `lse_lo` held (a state from another kernel may carry garbage, NaN included,
+    in an empty row). A NaN in a non-empty state gives NaN. Works under `jax.vmap` and `lax.scan`.
     """
     check_state(a, "a")
     check_state(b, "b")
@@ -189,10 +210,11 @@ def combine(a: AttentionState, b: AttentionState) -> AttentionState:
 
     both = (a_empty & b_empty)[..., None]
     out = pick(a.out, b.out, merged.out, a_empty[..., None], b_empty[..., None])
+    lo = pick(a.lse_lo, b.lse_lo, merged.lse_lo, a_empty, b_empty)
     return AttentionState(
         jnp.where(both, jnp.zeros((), out.dtype), out),
         pick(a.lse, b.lse, merged.lse, a_empty, b_empty),
-        pick(a.lse_lo, b.lse_lo, merged.lse_lo, a_empty, b_empty),
+        jnp.where(both[..., 0], jnp.zeros((), lo.dtype), lo),  # canonical: (0, -inf, 0)
     )
 
 

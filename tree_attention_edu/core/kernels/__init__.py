@@ -3,7 +3,8 @@
 * `"xla"`: pure JAX (`xla.xla_state`): a streaming, flash-decoding style kernel that reads
   the cache once and makes no copy of it; every backend, dtype, mask and layout.
 * `"cudnn"`: cuDNN's flash attention through `jax.nn.dot_product_attention`
-  (`cudnn.cudnn_state`), with its own VJP so that gradients through out *and* lse are exact.
+  (`cudnn.cudnn_state`), with its own VJP so that gradients through out *and* lse are exact;
+  float16 and bfloat16 on a GPU, never float64 (its softmax is float32).
 * `"flash"`: flash-attn-jax's FlashAttention-2 forward on a CUDA GPU (`flash.flash_state`):
   unmasked shards only, forward-only.
 * `"auto"`: on a CUDA GPU, flash where all of its limits hold and flash-attn-jax (the tested
@@ -49,6 +50,11 @@ def resolve(name: str, *, dtype: Any, head_dim: int, v_dim: int, needs_mask: boo
     while xla streams "bhtd" as it lies), else xla; on any other backend, xla. An explicit
     "flash" or "cudnn" that cannot run here raises a ValueError that says why and what to
     use instead.
+
+    `dtype` is the dtype the kernel computes in: the common dtype of q, k and v (the
+    decoders pass `jnp.result_type` of the three). flash and cudnn take float16 and
+    bfloat16 only, so "auto" gives float32 and float64 to xla, and an explicit "cudnn" or
+    "flash" refuses them.
     """
     check_name(name)
     inputs.check_layout(layout)

@@ -30,7 +30,8 @@ from .common import to_layout
 
 IMPLEMENTATIONS = ("cudnn", "xla")
 """`implementation` values of `cudnn_state`: "cudnn" on an NVIDIA GPU; "xla", JAX's own
-implementation of the same call, runs anywhere (how the adapter is tested on CPU)."""
+implementation of the same call, runs anywhere (how the adapter is tested on CPU), in float16,
+bfloat16 or float32 (its softmax is float32: no float64)."""
 
 
 def cuda_capability() -> tuple[int, int] | None:
@@ -136,17 +137,21 @@ def cudnn_state(
       first, which is a copy as large as the chunk (use `xla_state` for "bhtd" caches).
     * **GQA** (`Hq` a multiple of `Hkv`) is native. `Dv` must equal `D`. Inputs of mixed
       dtypes are cast to a common one.
+    * **No float64.** `dot_product_attention` runs its softmax in float32 on both
+      implementations, so float64 inputs would come back as float64 arrays with float32
+      errors (1.3e-7 in out, 3.4e-7 in lse, measured on CPU; `xla_state`: 1e-15). A float64
+      common dtype is refused (a ValueError that names `xla_state`).
     * **Padding.** cuDNN skips keys past the lengths; the xla implementation would weigh
       them by 0 (0·NaN is NaN), so on it they are selected away first (`where`): masked keys
       may hold anything on both.
 
     Args:
       implementation: "cudnn" (needs a CUDA GPU, fp16/bf16, head_dim a multiple of 8 and at
-        most 128, or 256 on Hopper and later) or "xla".
+        most 128, or 256 on Hopper and later) or "xla" (fp16, bf16 or float32).
 
     Returns:
-      `AttentionState` (`out [B, Tq, Hq, Dv]`, `lse [B, Tq, Hq]`) in the accumulation dtype
-      (float32, or float64 for float64 inputs on the xla implementation).
+      `AttentionState` (`out [B, Tq, Hq, Dv]`, `lse [B, Tq, Hq]`) in float32, the
+      accumulation dtype of every dtype it takes.
     """
     dims = inputs.check_qkv(q, k_chunk, v_chunk, kv_lengths, layout=layout)
     kv_offset = inputs.check_kv_offset(kv_offset)
@@ -159,11 +164,21 @@ def cudnn_state(
             f"`v` must have v_dim == head_dim for the cudnn kernel "
             f"(jax.nn.dot_product_attention takes one head size), got head_dim={D}, "
             f"v_dim={dims.v_dim}; use local_kernel='xla' (kernels.xla_state).")
+    dt = jnp.result_type(q.dtype, k_chunk.dtype, v_chunk.dtype)  # what is computed in
     if implementation == "cudnn":
-        reason = unsupported_reason(q.dtype, D, dims.v_dim)
+        reason = unsupported_reason(dt, D, dims.v_dim)
         if reason:
             raise ValueError(reason)
-    dt = jnp.result_type(q.dtype, k_chunk.dtype, v_chunk.dtype)
+    if dt == jnp.float64:
+        # dot_product_attention's xla implementation runs its softmax in float32 whatever
+        # the inputs (and cuDNN takes no float64): a float64 result would carry float32
+        # errors, ~1e-7 instead of ~1e-16. Refused rather than silently imprecise.
+        raise ValueError(
+            "`q`, `k` and `v` have the common dtype float64, which `cudnn_state` cannot "
+            "compute in: jax.nn.dot_product_attention runs its softmax in float32 on both "
+            "implementations. Use `xla_state` (local_kernel='xla' in the decoders), which "
+            "accumulates in float64, or cast q, k, v to float32."
+        )
     acc = accum_dtype(dt)
     if B == 0 or Tq == 0:
         return AttentionState(jnp.zeros((B, Tq, Hq, D), acc), jnp.full((B, Tq, Hq), -jnp.inf, acc),
