@@ -37,8 +37,11 @@ from selenium.webdriver.chrome.service import Service
 ROOT = Path(__file__).resolve().parent.parent
 WIDE, NARROW, HEIGHT = 1400, 800, 900
 MIN_NOTEBOOK_WIDTH = 0.75  # of the window, at WIDE: the navigation takes the rest
-SCREENSHOTS = {"": "home", "notebooks/04_tree_decoding_on_devices/": "notebook_04",
-               "api/core/states/": "api_states"}
+SCREENSHOTS = {
+    "": "home",
+    "notebooks/04_tree_decoding_on_devices/": "notebook_04",
+    "api/core/states/": "api_states",
+}
 WAIT_FOR_MATHJAX = """
 const done = arguments[arguments.length - 1];
 if (!window.MathJax || !MathJax.Hub) { done(false); return; }
@@ -93,10 +96,19 @@ def serve(site: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
 def browser(profile: str) -> webdriver.Chrome:
     opts = webdriver.ChromeOptions()
     opts.binary_location = "/usr/bin/chromium"
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync",
-                 f"--window-size={WIDE},{HEIGHT}", f"--user-data-dir={profile}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--window-size={WIDE},{HEIGHT}",
+        f"--user-data-dir={profile}",
+    ):
         opts.add_argument(flag)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=opts, service=Service("/usr/bin/chromedriver"))
@@ -106,14 +118,20 @@ def browser(profile: str) -> webdriver.Chrome:
 
 def set_width(driver: webdriver.Chrome, width: int) -> None:
     """An exact viewport, whatever the window decorations."""
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
-        "width": width, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False})
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False},
+    )
 
 
 def png_outputs(notebook: Path) -> int:
     nb = json.loads(notebook.read_text())
-    return sum("image/png" in o.get("data", {}) for c in nb["cells"] if c["cell_type"] == "code"
-               for o in c.get("outputs", []))
+    return sum(
+        "image/png" in o.get("data", {})
+        for c in nb["cells"]
+        if c["cell_type"] == "code"
+        for o in c.get("outputs", [])
+    )
 
 
 def solution_cells(notebook: Path) -> int:
@@ -157,16 +175,20 @@ def check_page(driver, base: str, url: str, notebook: Path | None, order: list[s
         elif not is_notebook(c["download"]):
             status.append(f"download link {c['download']} is not the notebook")
         if c["folded"] != solution_cells(notebook):
-            status.append(f"{c['folded']} folded answers, notebook has "
-                          f"{solution_cells(notebook)} cells tagged 'solution'")
+            status.append(
+                f"{c['folded']} folded answers, notebook has "
+                f"{solution_cells(notebook)} cells tagged 'solution'"
+            )
     i = order.index(base + url)
     want_prev = order[i - 1] if i > 0 else None
     want_next = order[i + 1] if i + 1 < len(order) else None
     if (c["prev"], c["next"]) != (want_prev, want_next):
         status.append(f"previous/next {c['prev']}, {c['next']}; want {want_prev}, {want_next}")
-    print(f"{'FAIL' if status else 'ok  '} /{url:<42} math {c['typeset']:>4}, figures "
-          f"{c['figures']}/{want_figs}, content {c['content']:.0f}/{c['window']} px, "
-          f"console errors {len(errors)}")
+    print(
+        f"{'FAIL' if status else 'ok  '} /{url:<42} math {c['typeset']:>4}, figures "
+        f"{c['figures']}/{want_figs}, content {c['content']:.0f}/{c['window']} px, "
+        f"console errors {len(errors)}"
+    )
     return [f"/{url}: {s}" for s in status]
 
 
@@ -180,8 +202,7 @@ def api_link_failures(site: Path) -> list[str]:
             path, _, anchor = href.partition("#")
             target = (page.parent / path / "index.html").resolve()
             if not target.exists() or f'id="{anchor}"' not in target.read_text():
-                failures.append(f"/{page.parent.relative_to(site)}/: API link {href} has no "
-                                f"target")
+                failures.append(f"/{page.parent.relative_to(site)}/: API link {href} has no target")
     if count == 0:
         failures.append("the notebooks link to no API entry")
     print(f"{count} links from the notebooks into the API reference")
@@ -209,8 +230,10 @@ def main(argv=None) -> int:
             labels = dict(nav)
             for href, label in driver.execute_script(TABLE_LABELS):
                 if labels.get(href) != label:
-                    failures.append(f"sidebar says {labels.get(href)!r} for {href}, the home "
-                                    f"page's table {label!r}")
+                    failures.append(
+                        f"sidebar says {labels.get(href)!r} for {href}, the home "
+                        f"page's table {label!r}"
+                    )
             pages = [href.removeprefix(base) for href in order]
             missing = set(notebooks) - set(pages)
             if missing or "api/" not in pages:
@@ -224,13 +247,16 @@ def main(argv=None) -> int:
                 driver.get(base + url)
                 c = driver.execute_script(COUNT)
                 if c["scroll_width"] > c["window"]:
-                    failures.append(f"/{url}: scrolls sideways at {NARROW} px "
-                                    f"({c['scroll_width']} px wide)")
+                    failures.append(
+                        f"/{url}: scrolls sideways at {NARROW} px ({c['scroll_width']} px wide)"
+                    )
                 if url in SCREENSHOTS:
                     driver.execute_async_script(WAIT_FOR_MATHJAX)
                     driver.save_screenshot(str(out / f"{SCREENSHOTS[url]}_{NARROW}.png"))
-            print(f"{len(pages)} pages at {NARROW} px: "
-                  f"{sum(f.endswith('px wide)') for f in failures)} scroll sideways")
+            print(
+                f"{len(pages)} pages at {NARROW} px: "
+                f"{sum(f.endswith('px wide)') for f in failures)} scroll sideways"
+            )
         finally:
             driver.quit()
             server.shutdown()

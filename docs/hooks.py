@@ -66,8 +66,10 @@ def on_post_page(output, page, config, **kwargs):
     return output.replace("</body>", script + "</body>")
 
 
-EXCLUDE = re.compile(r'<(?:div|span|a) class="(?:[^"]* )?(?:zeroclipboard-container|anchor-link|'
-                     r'arithmatex|jp-RenderedLatex)(?: [^"]*)?"')
+EXCLUDE = re.compile(
+    r'<(?:div|span|a) class="(?:[^"]* )?(?:zeroclipboard-container|anchor-link|'
+    r'arithmatex|jp-RenderedLatex)(?: [^"]*)?"'
+)
 MARKDOWN_CELL = re.compile(r'(<div class="[^"]*\bjp-RenderedMarkdown\b[^>]*>)(.*?)(</div>)', re.S)
 CODE = re.compile(r"(<code>.*?</code>|<pre>.*?</pre>)", re.S)
 # Math as it stands in a rendered notebook cell, before MathJax: $$...$$ and $...$ (a tag
@@ -83,13 +85,56 @@ def _exclude_tex(match: re.Match) -> str:
     return start + "".join(parts) + end
 
 
-API_MODULES = ("core.numerics", "core.masks", "core.reference", "core.states", "core.merges",
-               "core.kernels", "core.kernels.xla", "core.kernels.cudnn", "core.kernels.flash",
-               "core.decode", "core.devices", "theory.energy", "theory.bayes", "theory.symbolic",
-               "theory.hopfield", "perf.introspect", "perf.costmodel", "perf.calibrate",
-               "perf.benchmark", "llama.model", "llama.checkpoint", "llama.gguf_checkpoint",
-               "llama.fetch", "cluster.launch", "cluster.netns", "cluster.run",
-               "cluster.worker", "plots", "cli")
+API_MODULES = (
+    "core.numerics",
+    "core.masks",
+    "core.reference",
+    "core.states",
+    "core.merges",
+    "core.kernels",
+    "core.kernels.xla",
+    "core.kernels.cudnn",
+    "core.kernels.flash",
+    "core.decode",
+    "core.devices",
+    "theory.energy",
+    "theory.bayes",
+    "theory.symbolic",
+    "theory.hopfield",
+    "perf.introspect",
+    "perf.costmodel",
+    "perf.formulas",
+    "perf.links",
+    "perf.patterns",
+    "perf.predict",
+    "perf.paper",
+    "perf.crossover",
+    "perf.microbench",
+    "perf.calibrate",
+    "perf.benchmark",
+    "llama.model",
+    "llama.checkpoint",
+    "llama.gguf_checkpoint",
+    "llama.fetch",
+    "llama.config",
+    "llama.layers",
+    "llama.cache",
+    "llama.forward",
+    "llama.generator",
+    "llama.hf_config",
+    "llama.gguf_scan",
+    "llama.paths",
+    "cluster.launch",
+    "cluster.processes",
+    "cluster.netns",
+    "cluster.run",
+    "cluster.context",
+    "cluster.levels",
+    "cluster.methods",
+    "cluster.worker",
+    "plots",
+    "cli",
+)
 """Modules documented by the API pages; `core.kernels.xla` and its siblings share the page of
 `core.kernels` (`_page`)."""
 MEMBERS = re.compile(r"members:\s*\[([^\]]*)\]")
@@ -100,7 +145,21 @@ def _page(mod: str) -> str:
     """The API page (under api/) that documents module `mod`."""
     if mod.startswith("core.kernels"):
         return "core/kernels"
-    if mod in ("cluster.netns", "cluster.run", "cluster.worker"):
+    llama_pages = {
+        "llama.config": "llama/model",
+        "llama.layers": "llama/model",
+        "llama.cache": "llama/model",
+        "llama.forward": "llama/model",
+        "llama.generator": "llama/model",
+        "llama.hf_config": "llama/checkpoint",
+        "llama.gguf_scan": "llama/gguf_checkpoint",
+        "llama.paths": "llama/fetch",
+    }
+    if mod in llama_pages:
+        return llama_pages[mod]
+    if mod == "cluster.processes":
+        return "cluster/launch"
+    if mod.startswith("cluster.") and mod != "cluster.launch":
         return "cluster/cluster"
     return mod.replace(".", "/")
 
@@ -160,8 +219,10 @@ def _link_api(html: str, page) -> str:
         if target is None:
             return match.group()
         mod, name = target
-        return (f'<a class="api-link" href="{up}api/{_page(mod)}/#tree_attention_edu.{mod}.{name}">'
-                f"{match.group()}</a>")
+        return (
+            f'<a class="api-link" href="{up}api/{_page(mod)}/#tree_attention_edu.{mod}.{name}">'
+            f"{match.group()}</a>"
+        )
 
     return MARKDOWN_CELL.sub(lambda cell: INLINE_CODE.sub(link, cell.group()), html)
 
@@ -173,6 +234,8 @@ def on_page_content(html, page, config, files):
     html = MARKDOWN_CELL.sub(_exclude_tex, html)
     html = _link_api(html, page)
     name = PurePosixPath(page.file.src_uri).name  # copied next to the page's index.html
-    link = (f'<p class="nb-download" data-search-exclude><a class="md-button" href="{name}" '
-            f'download title="Download this notebook">Download {name}</a></p>\n')
+    link = (
+        f'<p class="nb-download" data-search-exclude><a class="md-button" href="{name}" '
+        f'download title="Download this notebook">Download {name}</a></p>\n'
+    )
     return link + html

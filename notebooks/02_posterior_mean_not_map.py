@@ -289,14 +289,13 @@ for i, hh in np.ndindex(Tq, Hq):
     seen = np.arange(Tk) <= 9 - Tq + i  # decode convention: query i sits at 9 − Tq + i
     w_i = np.exp(s[0, hh, i, seen] - logsumexp(s[0, hh, i, seen]))
     att_masked[0, i, hh] = w_i @ vals_np[0, seen]
-np.testing.assert_allclose(z_star, att_masked, rtol=0, atol=1e-12)
-np.testing.assert_allclose(zeta_star, 0.0, atol=1e-12)
+np.testing.assert_allclose(z_star, att_masked, rtol=0, atol=1e-14)  # float64 rounding
+np.testing.assert_allclose(zeta_star, 0.0, atol=1e-14)
 grad_gamma = jax.grad(tae.log_likelihood, argnums=(0, 1))(
     z_star, zeta_star, q, k, v, causal=True, kv_lengths=lengths)
 assert max(float(jnp.abs(g).max()) for g in grad_gamma) < 1e-12
-print(f"Newton-GMRES stationary point: |z* − attention| = "
-      f"{np.abs(np.asarray(z_star) - att_masked).max():.0e}, |zeta*| = "
-      f"{float(jnp.abs(zeta_star).max()):.0e}, grad Gamma == 0   ✓")
+print("Newton-GMRES stationary point: |z* − attention| and |zeta*| below 1e-14 (float64 "
+      "rounding), grad Gamma == 0   ✓")
 
 # %% [markdown]
 # One more property tells what kind of point this is. For fixed $z$, $\Gamma$ is **concave** in
@@ -757,10 +756,9 @@ def total_fstar(zf):
 
 res = optimize.minimize(total_fstar, np.asarray(z_in).ravel(), jac=True, method="BFGS",
                         options=dict(gtol=1e-12))
-np.testing.assert_allclose(res.x.reshape(att.shape), att_np, atol=1e-7)
+np.testing.assert_allclose(res.x.reshape(att.shape), att_np, rtol=0, atol=1e-7)
 np.testing.assert_allclose(res.fun, -F0, rtol=1e-12)
-print(f"BFGS on F*: argmin == attention (max |diff| {np.abs(res.x - att_np.ravel()).max():.0e}),"
-      f" min == -F(0)   ✓")
+print("BFGS on F*: argmin == attention (max |diff| below 1e-7), min == -F(0)   ✓")
 
 # %% [markdown]
 # A flat hull, in numbers: give every row only two visible keys ($T_k = 2 \le D_v = 3$). The
@@ -880,12 +878,13 @@ u = jax.random.normal(jax.random.key(8), att.shape)
 quad = 0.5 * np.einsum("...i,...ij,...j->...", u, np.linalg.inv(cov_np), u)
 rel = {eps: np.asarray(bayes.rate_function(att + eps * u, q, k, v)) / (eps**2 * quad) - 1
        for eps in (1e-3, 1e-4)}
-assert np.abs(rel[1e-3]).max() < 3e-3
-np.testing.assert_allclose(rel[1e-3] / rel[1e-4], 10.0, rtol=0.1)
-Markdown(f"Relative error of the quadratic approximation: at most "
-         f"${np.abs(rel[1e-3]).max():.1e}$ at $\\varepsilon = 10^{{-3}}$ and "
-         f"${np.abs(rel[1e-4]).max():.1e}$ at $\\varepsilon = 10^{{-4}}$, a ratio between "
-         f"${(rel[1e-3] / rel[1e-4]).min():.1f}$ and ${(rel[1e-3] / rel[1e-4]).max():.1f}$.")
+bounds = {1e-3: 5e-4, 1e-4: 5e-5}  # the error is O(ε): a tenth of it at a tenth of ε
+assert all(np.abs(rel[eps]).max() < bound for eps, bound in bounds.items())
+np.testing.assert_allclose(rel[1e-3] / rel[1e-4], 10.0, rtol=0.05)
+Markdown(f"Relative error of the quadratic approximation: below ${bounds[1e-3]:.0e}$ at "
+         f"$\\varepsilon = 10^{{-3}}$ and below ${bounds[1e-4]:.0e}$ at "
+         f"$\\varepsilon = 10^{{-4}}$, and in every row the ratio of the two is 10 to within "
+         f"5%.")
 
 # %% [markdown]
 # **Monte Carlo.** `bayes.sample_means` draws $n = 16$ memories from the posterior of the
@@ -903,7 +902,13 @@ n, num = 16, 2_000_000
 means = np.asarray(bayes.sample_means(jax.random.key(9), n, num, q1, kk1, v1)).ravel()
 assert abs(means.mean() - mu1) < 5 * np.sqrt(var1 / n / num)  # E[mean of n draws] = attention
 np.testing.assert_allclose(means.var(), var1 / n, rtol=0.01)  # independence: Var = σ²/n
-distinct, possible = np.unique(means).size, comb(n + Tk - 1, Tk - 1)  # multisets of n of Tk
+# Distinct values: one multiset of draws summed in another order can differ in its last bit,
+# so means closer than 1e-12 count as one value. No two sorted means lie between 1e-13 and
+# 1e-11 apart: rounding separates copies by far less, different multisets by far more.
+gaps_sorted = np.diff(np.unique(means))
+assert not ((gaps_sorted > 1e-13) & (gaps_sorted < 1e-11)).any()
+distinct = 1 + int((gaps_sorted > 1e-12).sum())
+possible = comb(n + Tk - 1, Tk - 1)  # multisets of n draws from Tk values
 
 
 def daniels(z, n_draws):
@@ -937,8 +942,9 @@ slope = np.polyfit(-n * rate_mids[keep], np.log(counts[keep] / (num * width))
 assert abs(slope - 1) < 0.03
 Markdown(f"Mean of the {num:,} sample means: ${means.mean():.5f}$, attention ${mu1:.5f}$; "
          f"their variance is $\\sigma^2/n$ to 1%. They take {distinct:,} distinct values "
-         f"(of {possible:,} possible multisets of {n} draws from {Tk} values): a discrete "
-         f"distribution. {keep.sum()} bins hold at least 100 means, and in the farthest of "
+         f"(of {possible:,} possible multisets of {n} draws from {Tk} values; means within "
+         f"$10^{{-12}}$ of each other count as one): a discrete distribution. "
+         f"{keep.sum()} bins hold at least 100 means, and in the farthest of "
          f"them $nI(z) = {(n * rate_mids[keep]).max():.1f}$. Daniels' density integrates to "
          f"${total:.4f}$ over the hull. The worst bin misses it by "
          f"{miss['Daniels'].max():.2f} of the tolerance (renormalised: "

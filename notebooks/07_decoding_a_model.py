@@ -68,6 +68,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from tree_attention_edu import plots
+from tree_attention_edu.core import merges
 from tree_attention_edu.llama import gguf_checkpoint as gc
 from tree_attention_edu.llama import model, shards, speed
 from tree_attention_edu.llama.fetch import SMOLLM2
@@ -259,10 +260,12 @@ print(f"\ntree (8 devices) == one device == transformers: {len(SHORT)} prompts x
 top2 = np.sort(runs["single"].logits, axis=-1)[..., -2:]
 gap = float((top2[..., 1] - top2[..., 0]).min())
 diff = float(np.abs(runs["tree"].logits - runs["single"].logits).max())
-bound = 10.0 ** np.ceil(np.log10(diff))  # the exact difference depends on the CPU's vector unit
-assert diff < bound < gap / 10
-print(f"smallest top-2 gap over all steps: {gap:.2e}; tree vs one device: below {bound:.0e}; "
-      f"the gap is more than {gap / bound:.0f} times that")
+# Both figures move in their last digits with the CPU's vector unit (the logits pass through
+# 30 layers of float32 sums): the cell prints bounds it asserts.
+gap_above, diff_below = 5e-3, 2e-4
+assert diff < diff_below and gap > gap_above
+print(f"smallest top-2 gap over all steps: above {gap_above:.0e}; tree vs one device: below "
+      f"{diff_below:.0e}; the gap is more than {gap_above / diff_below:.0f} times that")
 
 # %% [markdown]
 # ## 7.4 A fact in a long document, and the shard that held it
@@ -364,7 +367,7 @@ print(f"the code's shard (device {needle}) holds {shard_len / (len(ids) + digits
       f"the keys; its weight, step by step:")
 print(f"{'writes':>14}{'largest weight':>16}{'heads > 0.5':>13}")
 for k in range(1, len(tokens)):
-    print(f"{tok.decode([tokens[k]])!r:>14}{peak[k - 1]:>16.3f}{heads[k - 1]:>13}")
+    print(f"{tok.decode([tokens[k]])!r:>14}{peak[k - 1]:>16.2f}{heads[k - 1]:>13}")
 top = max(digits, key=lambda k: heads[k - 1])
 fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [9, 12]})
 im = axes[0].imshow(mass[top - 1], aspect="auto", cmap="Blues", vmin=0, vmax=1)
@@ -402,8 +405,10 @@ assert min(peak[k - 1] for k in digits[1:]) > 0.9 and max(peak[k - 1] for k in a
 #
 # The one-pass merge of notebook 8 (FlashDecoding++'s "unified max") weighs each device's
 # state by $e^{\ell_i - c}$ with one fixed shift $c$ for the whole model, and sums numerators
-# and denominators in a single Allreduce. That is exact while every term is a normal float
-# and no sum overflows; `merges.one_pass_window` gives the range of $\ell_i - c$ for outputs
+# and denominators in a single Allreduce. That is exact while every term is at least
+# $\mathrm{tiny}/\varepsilon$ ($\mathrm{tiny}$ the smallest normal float, $\varepsilon$ the
+# machine epsilon), so that no partial sum that cancels is flushed to zero, and no sum
+# overflows; `merges.one_pass_window` gives the range of $\ell_i - c$ for outputs
 # of size one, and a row outside it (after adding $\ln|o_i|$) makes every device fall back to
 # the exact two-collective merge. FlashDecoding++ fixes $c$ per model from a profile of its
 # logits: this is that profile, for SmolLM2.
@@ -432,13 +437,19 @@ print(f"{'decode steps':>16}: [{live[np.isfinite(live)].min():7.2f}, {live.max()
 
 # %%
 verdict = shards.one_pass_verdict(profile, p, np.float32)
+f32, margin = np.finfo(np.float32), merges.WINDOW_MARGIN  # each end is moved `margin` inward
+ln_tiny = math.log(float(f32.tiny))
+assert math.isclose(verdict["window_low"], ln_tiny - math.log(float(f32.eps)) + margin)
+assert math.isclose(verdict["window_high"],
+                    min(math.log(float(f32.max)), -ln_tiny) - math.log(p) - margin)
 print(f"float32 window on {p} devices: [{verdict['window_low']:.2f}, "
-      f"{verdict['window_high']:.2f}]  (ln tiny; min(ln max, -ln tiny) - ln {p})")
+      f"{verdict['window_high']:.2f}]  (ln(tiny/ε); min(ln max, -ln tiny) - ln {p}; each "
+      f"2^{math.log2(margin):.0f} inside)")
 print(f"shift 0: headroom {verdict['top_margin']:.1f} at the top, {verdict['bottom_margin']:.1f} "
       f"at the bottom; safe: {verdict['safe']}")
 print(f"the profile spans {verdict['span']:.1f} of the window's {verdict['window_span']:.1f}; "
       f"the centred shift would be {verdict['centred_shift']:.1f}")
-assert verdict["safe"]
+assert verdict["safe"] and verdict["span"] < verdict["window_span"] / 2
 fig, ax = plt.subplots(figsize=(9, 3.4))
 layers = np.arange(cfg.layers)
 ax.fill_between(layers, profile["low"].min(1), profile["high"].max(1), color=plots.color("tree"),
@@ -457,7 +468,7 @@ plt.show()
 # %% [markdown]
 # *Figure: per layer, the range of the per-shard lse (dark band) and of $\ell_i + \ln|o_i|$
 # (light band) over all heads and prompt positions, against the one-pass window (grey dashed
-# lines). Look at the distance to the dashed lines: the model uses a small part of the
+# lines). Look at the distance to the dashed lines: the model uses less than half of the
 # window.*
 #
 # **Verdict.** For this model and this prompt, `one_pass_combine` with shift 0 stays on its

@@ -718,8 +718,8 @@ print(f"\nfloat32: max {float(info32.max):.1e}, tiny {float(info32.tiny):.1e}; e
 # flushed to zero, so $N/L$ reads 0. The 0.9 factor happened to cover this case, and not
 # the first two; a window derived from the weights alone misses it.
 #
-# The fourth case has every term normal: $e^{-86} \approx 4.4 \cdot 10^{-38}$, above tiny,
-# and so is $0.9\,e^{-86}$. But the values alternate $+1$ and $-0.9$ over the devices, so
+# The fourth case has every term normal: even the smaller, $0.9\,e^{-86} \approx 4.0 \cdot
+# 10^{-38}$, is above tiny. But the values alternate $+1$ and $-0.9$ over the devices, so
 # the numerator **cancels**: a partial sum of a $+1$ and a $-0.9$ term is a tenth of each,
 # $4.5 \cdot 10^{-39}$, subnormal, and flushed to 0. The answer is 0.05; the fast path
 # returns 0. A window that keeps each *term* normal does not keep their *sum* normal. (An outside review found
@@ -743,8 +743,11 @@ print(f"\nfloat32: max {float(info32.max):.1e}, tiny {float(info32.tiny):.1e}; e
 # So $x \in \big[\ln(\text{tiny}/\varepsilon) - \min(\ln o_{\min}, 0),\;
 # \min(\ln(\max) - \max(\ln o_{\max}, 0),\, -\ln(\text{tiny})) - \ln p\big]$:
 # `merges.one_pass_window(dtype, p, out_max, out_min)`, which `one_pass` applies to each row
-# with the row's own $|o|$. For outputs of size one in float32, condition 3 is the binding
-# one at the top: float32's range is not symmetric, $-\ln(\text{tiny}) < \ln(\max)$.
+# with the row's own $|o|$, each end moved $2^{-8}$ inward (`merges.WINDOW_MARGIN`): the
+# package tests a *rounded* $x$ against bounds rounded to a float, and without the margin a
+# row exactly at the top bound had a subnormal reciprocal after all. For outputs of size one
+# in float32, condition 3 is the binding one at the top: float32's range is not symmetric,
+# $-\ln(\text{tiny}) < \ln(\max)$.
 #
 # The conditions are sufficient, not necessary. At the top they are sharp: on a grid of 70
 # cases (14 values of $\ell$, from $-88$ to 88, times 5 output sizes, from $10^{-6}$ to
@@ -760,11 +763,13 @@ print(f"\nfloat32: max {float(info32.max):.1e}, tiny {float(info32.tiny):.1e}; e
 
 # %%
 def derived_window(dtype, p, out_max=1.0, out_min=1.0):
-    """Conditions 1 to 3, in float64 arithmetic, from the format's three constants."""
+    """Conditions 1 to 3, in float64 arithmetic, from the format's three constants, each
+    end moved the package's margin inward."""
     info = np.finfo(dtype)
     tiny, top = math.log(float(info.tiny)), math.log(float(info.max))
-    return (tiny - math.log(float(info.eps)) - min(math.log(out_min), 0.0),
-            min(top - max(math.log(out_max), 0.0), -tiny) - math.log(p))
+    margin = merges.WINDOW_MARGIN
+    return (tiny - math.log(float(info.eps)) - min(math.log(out_min), 0.0) + margin,
+            min(top - max(math.log(out_max), 0.0), -tiny) - math.log(p) - margin)
 
 
 for dtype in (np.float32, np.float64):

@@ -267,7 +267,7 @@ print("your beta == the recorded fit, within ±20% of the rate set, for both run
 #
 # Bytes are per device and per call, read from the compiled program's collectives and their
 # replica groups, and split by where each message goes under gloo's algorithms
-# (`cluster.worker.level_bytes`); "link" is what leaves the busiest node.
+# (`cluster.methods.level_bytes`); "link" is what leaves the busiest node.
 
 # %%
 print(run.summary(rep))

@@ -9,7 +9,7 @@ the versions interleaved step by step so that a shared machine slows them alike:
   padding away in K and V block by block (`xla_state(padding="any")`).
 * `read-then-append`: one program reads the cache in one pass, selecting only the scores
   (`padding="finite"`) and merging the step's own key in closed form
-  (`model._attend_then_append`), and a second program appends the keys and values in
+  (`forward._attend_then_append`), and a second program appends the keys and values in
   place (`model.append`). One program cannot do both without a copy: XLA copies a buffer
   that one operation updates in place while another reads it whole.
 * `+ packed projections`: the same, with each layer's q/k/v and gate/up projections packed
@@ -65,15 +65,17 @@ def main() -> None:
         def run(cache, tok):
             tok, logits, new = progs.read_step(p, cache, tok, key, temp, True)
             return tok, logits, progs.append(cache, new)
+
         return run
 
-    variants = {"write-then-attend": write_then_attend,
-                "read-then-append": read_then_append(params),
-                "+ packed projections": read_then_append(gen.params)}
+    variants = {
+        "write-then-attend": write_then_attend,
+        "read-then-append": read_then_append(params),
+        "+ packed projections": read_then_append(gen.params),
+    }
     state = {}
     for name, run in variants.items():
-        cache = speed.synthetic_cache(cfg, 1, capacity, args.context, gen.mesh,
-                                      jax.random.key(1))
+        cache = speed.synthetic_cache(cfg, 1, capacity, args.context, gen.mesh, jax.random.key(1))
         tok = jax.device_put(jnp.zeros((1,), jnp.int32), gen._rep)
         tok, _, cache = run(cache, tok)  # compiles
         state[name] = [tok, cache, [], []]
@@ -92,15 +94,19 @@ def main() -> None:
     nb = speed.step_bytes(params, cfg, capacity)
     read = statistics.median(gbs)
     roof = nb.machine / (read * 1e9)
-    print(f"SmolLM2-135M, float32, one CPU device, context {args.context}: "
-          f"{nb.machine / 1e6:.0f} MB per step, probe {read:.1f} GB/s, roofline {roof * 1e3:.1f} ms"
-          f"\n{'version':<22}{'median ms':>10}{'of roofline':>12}{'tokens/s':>9}")
+    print(
+        f"SmolLM2-135M, float32, one CPU device, context {args.context}: "
+        f"{nb.machine / 1e6:.0f} MB per step, probe {read:.1f} GB/s, roofline {roof * 1e3:.1f} ms"
+        f"\n{'version':<22}{'median ms':>10}{'of roofline':>12}{'tokens/s':>9}"
+    )
     base = None
     for name, (_, _, times, _) in state.items():
         med = statistics.median(times)
         base = base or med
-        print(f"{name:<22}{med * 1e3:>10.1f}{roof / med:>12.0%}{1 / med:>9.2f}"
-              f"   ({base / med:.2f}x the first)")
+        print(
+            f"{name:<22}{med * 1e3:>10.1f}{roof / med:>12.0%}{1 / med:>9.2f}"
+            f"   ({base / med:.2f}x the first)"
+        )
     tokens = [s[3] for s in state.values()]
     assert all(t == tokens[0] for t in tokens), tokens
     print(f"same greedy tokens from all three: {tokens[0][:8]}...")
@@ -111,9 +117,12 @@ def main() -> None:
     lengths = cache.lengths + 1
 
     def attention(padding):
-        return jax.jit(lambda q, layers, n: [
-            xla_state(q, k, v, causal=True, kv_lengths=n, layout="bhtd", padding=padding).out
-            for k, v in layers])
+        return jax.jit(
+            lambda q, layers, n: [
+                xla_state(q, k, v, causal=True, kv_lengths=n, layout="bhtd", padding=padding).out
+                for k, v in layers
+            ]
+        )
 
     fns = {p: attention(p) for p in ("any", "finite")}
     times = {p: [] for p in fns}
@@ -126,9 +135,11 @@ def main() -> None:
             jax.block_until_ready(f(q, cache.layers, lengths))
             times[p].append(time.perf_counter() - t0)
     blockwise, one_pass = (statistics.median(times[p]) for p in ("any", "finite"))
-    print(f"attention over the cache ({nb.cache / 1e6:.0f} MB, {cfg.layers} layers): blockwise "
-          f"{blockwise * 1e3:.1f} ms, one pass {one_pass * 1e3:.1f} ms "
-          f"({blockwise / one_pass:.1f}x)")
+    print(
+        f"attention over the cache ({nb.cache / 1e6:.0f} MB, {cfg.layers} layers): blockwise "
+        f"{blockwise * 1e3:.1f} ms, one pass {one_pass * 1e3:.1f} ms "
+        f"({blockwise / one_pass:.1f}x)"
+    )
 
 
 if __name__ == "__main__":

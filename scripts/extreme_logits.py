@@ -27,9 +27,12 @@ def reduce_as(states, how):
     if how == "single word":
         states = [tae.AttentionState(s.out, s.lse) for s in states]
     elif how == "wide":
-        states = [tae.AttentionState(s.out.astype(jnp.float64),
-                                     s.lse.astype(jnp.float64) + s.lse_lo.astype(jnp.float64))
-                  for s in states]
+        states = [
+            tae.AttentionState(
+                s.out.astype(jnp.float64), s.lse.astype(jnp.float64) + s.lse_lo.astype(jnp.float64)
+            )
+            for s in states
+        ]
     return float(tae.tree_reduce(states).out.ravel()[0])
 
 
@@ -41,10 +44,12 @@ def main():
         q = jnp.ones((1, 1, 1, 1), jnp.float32)
         k = jnp.full((1, 9, 1, 1), logit, jnp.float32)
         v = jnp.arange(9, dtype=jnp.float32).reshape(1, 9, 1, 1)
-        row = [tae.attention(q, k, v, scale=1.0),
-               tae.tree_decode(q, k, v, mesh=mesh, scale=1.0),
-               tae.ring_decode(q, k, v, mesh=mesh, scale=1.0),
-               tae.tree_decode_from_energy(q, k, v, mesh=mesh, scale=1.0)]
+        row = [
+            tae.attention(q, k, v, scale=1.0),
+            tae.tree_decode(q, k, v, mesh=mesh, scale=1.0),
+            tae.ring_decode(q, k, v, mesh=mesh, scale=1.0),
+            tae.tree_decode_from_energy(q, k, v, mesh=mesh, scale=1.0),
+        ]
         row = [float(x.ravel()[0]) for x in row]
         states = tae.chunk_states(q, k, v, SIZES, scale=1.0)
         row += [reduce_as(states, how) for how in cols[4:]]

@@ -65,12 +65,14 @@ def _csv(kind, choices=None):
             out = [kind(t) for t in items]
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a list of {kind.__name__}: {text!r}") from None
-        bad = [t for t in out if (choices is not None and t not in choices)
-               or (kind is int and t < 1)]
+        bad = [
+            t for t in out if (choices is not None and t not in choices) or (kind is int and t < 1)
+        ]
         if bad:
             want = f"one of {', '.join(choices)}" if choices else "positive"
             raise argparse.ArgumentTypeError(f"{bad[0]!r} is not {want}")
         return out
+
     return parse
 
 
@@ -102,26 +104,52 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> Parser:
-    p = Parser(prog="gpu_bench.py", description=__doc__.split("\n")[0],
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--quick", action="store_true",
-                   help="tiny sizes (Tk 256 and 1024, small heads) to check the script anywhere")
-    p.add_argument("--seq-lens", type=_csv(int), default=None,
-                   help="KV lengths (default: 16k..1M by powers of 2; --quick: 256,1024)")
+    p = Parser(
+        prog="gpu_bench.py",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes (Tk 256 and 1024, small heads) to check the script anywhere",
+    )
+    p.add_argument(
+        "--seq-lens",
+        type=_csv(int),
+        default=None,
+        help="KV lengths (default: 16k..1M by powers of 2; --quick: 256,1024)",
+    )
     p.add_argument("--dtypes", type=_csv(str, DTYPES), default=list(DTYPES), help="dtypes")
-    p.add_argument("--shapes", type=_csv(str, (*SHAPES, *QUICK_SHAPES)), default=None,
-                   help=f"shapes, of {', '.join((*SHAPES, *QUICK_SHAPES))} (default: the first "
-                        f"two, or the quick two)")
-    p.add_argument("--kernels", type=_csv(str, KERNEL_NAMES), default=list(KERNEL_NAMES),
-                   help="kernels")
+    p.add_argument(
+        "--shapes",
+        type=_csv(str, (*SHAPES, *QUICK_SHAPES)),
+        default=None,
+        help=f"shapes, of {', '.join((*SHAPES, *QUICK_SHAPES))} (default: the first "
+        f"two, or the quick two)",
+    )
+    p.add_argument(
+        "--kernels", type=_csv(str, KERNEL_NAMES), default=list(KERNEL_NAMES), help="kernels"
+    )
     p.add_argument("--repeats", type=_positive, default=10, help="timed calls (median)")
-    p.add_argument("--max-kv-fraction", type=_fraction, default=0.3,
-                   help="skip a case whose K + V exceed this fraction of the device's memory "
-                        "(the inputs, a head-major copy and temporaries must fit)")
-    p.add_argument("--attach", type=_attach, action="append", default=[],
-                   metavar="NAME=PATH", help="a JSON file to copy under 'generation'")
-    p.add_argument("--out", default=None,
-                   help="output path (default: results/gpu/<device kind>.json)")
+    p.add_argument(
+        "--max-kv-fraction",
+        type=_fraction,
+        default=0.3,
+        help="skip a case whose K + V exceed this fraction of the device's memory "
+        "(the inputs, a head-major copy and temporaries must fit)",
+    )
+    p.add_argument(
+        "--attach",
+        type=_attach,
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a JSON file to copy under 'generation'",
+    )
+    p.add_argument(
+        "--out", default=None, help="output path (default: results/gpu/<device kind>.json)"
+    )
     return p
 
 
@@ -155,8 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     dev = jax.devices()[0]
     on_gpu = kernels.cudnn.unsupported_reason(jnp.bfloat16, 128, 128) is None
     device = benchmark.device_info(measure=True, nbytes=(64 * 2**20 if args.quick else None))
-    print(f"device: {device['platform']} ({device['kind']}), jax {device['jax_version']}; "
-          f"measured {device['measured_gbs']:.1f} GB/s, nominal {device['nominal_gbs']}")
+    print(
+        f"device: {device['platform']} ({device['kind']}), jax {device['jax_version']}; "
+        f"measured {device['measured_gbs']:.1f} GB/s, nominal {device['nominal_gbs']}"
+    )
     limit = _device_bytes(dev)
     mesh1 = Mesh(np.array([dev]), ("x",))
 
@@ -165,8 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         out = {
             "xla_bthd": ("bthd", lambda q, k, v: kernels.xla_state(q, k, v).out),
             "xla_bhtd": ("bhtd", lambda q, k, v: kernels.xla_state(q, k, v, layout="bhtd").out),
-            "cudnn": ("bthd", lambda q, k, v: kernels.cudnn_state(
-                q, k, v, implementation=impl).out),
+            "cudnn": (
+                "bthd",
+                lambda q, k, v: kernels.cudnn_state(q, k, v, implementation=impl).out,
+            ),
             "dot_product_attention": ("bthd", jax.nn.dot_product_attention),
             "flash": ("bthd", lambda q, k, v: kernels.flash_state(q, k, v).out),
             "tree_decode": ("bthd", lambda q, k, v: tree_decode(q, k, v, mesh=mesh1)),
@@ -193,26 +225,49 @@ def main(argv: list[str] | None = None) -> int:
         for r in records.values():
             r.setdefault("frac_measured", None)
             r.setdefault("frac_nominal", None)
-        long_bf16 = [r for r in timed.values() if r["dtype"] == "bfloat16"
-                     and r["seq_len"] >= (131072 if not args.quick else max(seq_lens))]
+        long_bf16 = [
+            r
+            for r in timed.values()
+            if r["dtype"] == "bfloat16"
+            and r["seq_len"] >= (131072 if not args.quick else max(seq_lens))
+        ]
         best = max(long_bf16, key=lambda r: r["gbs"], default=None)
         report = {
             "device": device,
             "bandwidth": {"machine_read_gbs": device["measured_gbs"], "kernels": records},
-            "best": None if best is None else {
-                "kernel": best["kernel"], "shape": best["shape"], "seq_len": best["seq_len"],
-                "gbs": best["gbs"], "frac_measured": best["frac_measured"],
+            "best": None
+            if best is None
+            else {
+                "kernel": best["kernel"],
+                "shape": best["shape"],
+                "seq_len": best["seq_len"],
+                "gbs": best["gbs"],
+                "frac_measured": best["frac_measured"],
                 "frac_nominal": best["frac_nominal"],
                 "target_frac_nominal": 0.7,
-                "meets_target": (None if best["frac_nominal"] is None
-                                 else best["frac_nominal"] >= 0.7)},
-            "config": {"complete": complete, "quick": args.quick, "repeats": repeats,
-                       "seq_lens": seq_lens,
-                       "shapes": {s: dict(zip(("batch", "q_heads", "kv_heads", "head_dim"),
-                                              {**SHAPES, **QUICK_SHAPES}[s], strict=True))
-                                  for s in shapes},
-                       "dtypes": args.dtypes, "kernels": args.kernels,
-                       "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
+                "meets_target": (
+                    None if best["frac_nominal"] is None else best["frac_nominal"] >= 0.7
+                ),
+            },
+            "config": {
+                "complete": complete,
+                "quick": args.quick,
+                "repeats": repeats,
+                "seq_lens": seq_lens,
+                "shapes": {
+                    s: dict(
+                        zip(
+                            ("batch", "q_heads", "kv_heads", "head_dim"),
+                            {**SHAPES, **QUICK_SHAPES}[s],
+                            strict=True,
+                        )
+                    )
+                    for s in shapes
+                },
+                "dtypes": args.dtypes,
+                "kernels": args.kernels,
+                "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            },
             "generation": {name: json.loads(path.read_text()) for name, path in args.attach},
         }
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -223,40 +278,70 @@ def main(argv: list[str] | None = None) -> int:
 
     records: dict[str, dict] = {}
     cases = [(dt, sh, n) for dt in args.dtypes for sh in shapes for n in seq_lens]
-    bar = tqdm(total=len(cases) * len(args.kernels), desc="kernels", unit="run",
-               file=sys.stderr, disable=None)
+    bar = tqdm(
+        total=len(cases) * len(args.kernels),
+        desc="kernels",
+        unit="run",
+        file=sys.stderr,
+        disable=None,
+    )
     for dtype_name, shape, seq_len in cases:
         batch, hq, hkv, d = {**SHAPES, **QUICK_SHAPES}[shape]
         dtype = jnp.dtype(dtype_name)
-        prob = benchmark.Problem(seq_len=seq_len, batch=batch, q_heads=hq, kv_heads=hkv,
-                                 head_dim=d, dtype=dtype_name)
+        prob = benchmark.Problem(
+            seq_len=seq_len, batch=batch, q_heads=hq, kv_heads=hkv, head_dim=d, dtype=dtype_name
+        )
         kq, kk, kv = jax.random.split(jax.random.key(seq_len), 3)
         arrays: dict[str, tuple] = {}
 
-        def inputs(layout, kq=kq, kk=kk, kv=kv, batch=batch, hq=hq, hkv=hkv, d=d,
-                   seq_len=seq_len, dtype=dtype, arrays=arrays):
+        def inputs(
+            layout,
+            kq=kq,
+            kk=kk,
+            kv=kv,
+            batch=batch,
+            hq=hq,
+            hkv=hkv,
+            d=d,
+            seq_len=seq_len,
+            dtype=dtype,
+            arrays=arrays,
+        ):
             if layout not in arrays:
                 arrays.clear()  # one layout on the device at a time
-                shape_kv = ((batch, seq_len, hkv, d) if layout == "bthd"
-                            else (batch, hkv, seq_len, d))
+                shape_kv = (
+                    (batch, seq_len, hkv, d) if layout == "bthd" else (batch, hkv, seq_len, d)
+                )
                 with jax.default_device(dev):
-                    arrays[layout] = (jax.random.normal(kq, (batch, 1, hq, d), dtype),
-                                      jax.random.normal(kk, shape_kv, dtype),
-                                      jax.random.normal(kv, shape_kv, dtype))
+                    arrays[layout] = (
+                        jax.random.normal(kq, (batch, 1, hq, d), dtype),
+                        jax.random.normal(kk, shape_kv, dtype),
+                        jax.random.normal(kv, shape_kv, dtype),
+                    )
             return arrays[layout]
 
         for name, (layout, fn) in sorted(fns(dtype, d).items(), key=lambda kv: kv[1][0]):
             label = "cudnn_via_xla" if name == "cudnn" and not on_gpu else name
             key = f"{label} {dtype_name} {shape} Tk={seq_len}"
             bar.set_postfix_str(key)
-            rec = dict(kernel=label, dtype=dtype_name, shape=shape, batch=batch, q_heads=hq,
-                       kv_heads=hkv, head_dim=d, seq_len=seq_len, layout=layout,
-                       kv_bytes=prob.kv_bytes)
+            rec = dict(
+                kernel=label,
+                dtype=dtype_name,
+                shape=shape,
+                batch=batch,
+                q_heads=hq,
+                kv_heads=hkv,
+                head_dim=d,
+                seq_len=seq_len,
+                layout=layout,
+                kv_bytes=prob.kv_bytes,
+            )
             if name == "cudnn":
                 rec["implementation"] = "cudnn" if on_gpu else "xla"
             if name == "tree_decode":
-                rec["local_kernel"] = kernels.resolve("auto", dtype=dtype, head_dim=d, v_dim=d,
-                                                      needs_mask=False)
+                rec["local_kernel"] = kernels.resolve(
+                    "auto", dtype=dtype, head_dim=d, v_dim=d, needs_mask=False
+                )
             reason = skip_reason(name, dtype, d, prob.kv_bytes)
             if reason is None:
                 try:
@@ -280,8 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     for k, r in records.items():
         if "gbs" in r:
             nominal = "" if r["frac_nominal"] is None else f"  {r['frac_nominal']:6.1%} of nominal"
-            print(f"{k:<{width}}  {r['gbs']:9.2f} GB/s  {r['frac_measured']:6.1%} of measured"
-                  f"{nominal}")
+            print(
+                f"{k:<{width}}  {r['gbs']:9.2f} GB/s  {r['frac_measured']:6.1%} of measured"
+                f"{nominal}"
+            )
         else:
             print(f"{k:<{width}}  skipped: {r['skipped']}")
     print(f"wrote {out}")

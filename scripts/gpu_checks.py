@@ -29,15 +29,24 @@ BF16_REL_TOL = 2e-2
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="write the figures as JSON here")
-    p.add_argument("--chunks", type=int, default=4,
-                   help="chunks merged with `combine`: at least 2, dividing the keys")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny shapes (GQA 4/2 x 32, 256 keys), to check the script anywhere")
+    p.add_argument(
+        "--chunks",
+        type=int,
+        default=4,
+        help="chunks merged with `combine`: at least 2, dividing the keys",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny shapes (GQA 4/2 x 32, 256 keys), to check the script anywhere",
+    )
     args = p.parse_args(argv)
     B, Tq, Hq, Hkv, D, Tk = (2, 2, 4, 2, 32, 256) if args.quick else (2, 4, 32, 8, 128, 4096)
     if not 2 <= args.chunks <= Tk // 2 or Tk % args.chunks:
-        p.error(f"--chunks must be at least 2 and divide {Tk} into chunks of 2 keys or more, "
-                f"got {args.chunks}")
+        p.error(
+            f"--chunks must be at least 2 and divide {Tk} into chunks of 2 keys or more, "
+            f"got {args.chunks}"
+        )
 
     import jax
     import jax.numpy as jnp
@@ -61,10 +70,12 @@ def main(argv: list[str] | None = None) -> int:
             state = None
             for i in range(args.chunks):
                 sl = slice(i * chunk, (i + 1) * chunk)
-                s = kernel(q, k[:, sl], v[:, sl], kv_offset=i * chunk, causal=True,
-                           kv_lengths=lengths)
+                s = kernel(
+                    q, k[:, sl], v[:, sl], kv_offset=i * chunk, causal=True, kv_lengths=lengths
+                )
                 state = s if state is None else states.combine(state, s)
             return jnp.sum(state.out.astype(jnp.float32) * c)
+
         return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
     def reference(q, k, v):
@@ -75,13 +86,26 @@ def main(argv: list[str] | None = None) -> int:
     ref = jax.jit(jax.grad(reference, argnums=(0, 1, 2)))(*f32)
     grads = {
         "cudnn": chunked(lambda *a, **kw: kernels.cudnn_state(*a, implementation=impl, **kw))(
-            q, k, v),
+            q, k, v
+        ),
         "xla": chunked(kernels.xla_state)(q, k, v),
     }
-    report: dict = {"device": benchmark.device_info(measure=False), "implementation": impl,
-                    "shape": dict(B=B, Tq=Tq, Hq=Hq, Hkv=Hkv, D=D, Tk=Tk, chunks=args.chunks,
-                                  kv_lengths=np.asarray(lengths).tolist()),
-                    "tolerance": BF16_REL_TOL, "relative_max_abs_difference": {}}
+    report: dict = {
+        "device": benchmark.device_info(measure=False),
+        "implementation": impl,
+        "shape": dict(
+            B=B,
+            Tq=Tq,
+            Hq=Hq,
+            Hkv=Hkv,
+            D=D,
+            Tk=Tk,
+            chunks=args.chunks,
+            kv_lengths=np.asarray(lengths).tolist(),
+        ),
+        "tolerance": BF16_REL_TOL,
+        "relative_max_abs_difference": {},
+    }
     ok = True
     for a, b in (("cudnn", "xla"), ("cudnn", "float32 reference"), ("xla", "float32 reference")):
         ga, gb = grads[a], (ref if b == "float32 reference" else grads[b])

@@ -32,8 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="the GGUF file (make model)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     p.add_argument("--methods", default="tree,single", help="comma-separated methods")
-    p.add_argument("--precisions", default="default,highest",
-                   help="jax_default_matmul_precision values to run under")
+    p.add_argument(
+        "--precisions",
+        default="default,highest",
+        help="jax_default_matmul_precision values to run under",
+    )
     args = p.parse_args(argv)
 
     import jax
@@ -52,8 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     params, cfg = gc.load_gguf(args.model, mesh=mesh)
     load_s = time.perf_counter() - t0
     tok = gc.load_gguf_tokenizer(args.model)
-    report: dict = {"device": benchmark.device_info(measure=False), "load_s": load_s,
-                    "reference": reference["engine"], "runs": []}
+    report: dict = {
+        "device": benchmark.device_info(measure=False),
+        "load_s": load_s,
+        "reference": reference["engine"],
+        "runs": [],
+    }
     print(f"{report['device']['kind']}: loaded in {load_s:.1f} s")
     all_equal = True
     for precision in args.precisions.split(","):
@@ -62,25 +69,35 @@ def main(argv: list[str] | None = None) -> int:
                 gen = model.Generator(params, cfg, mesh, method, prefill_chunk=512)
                 for batch in (short, long):
                     t0 = time.perf_counter()
-                    out = gen.generate([r["ids"] for r in batch], reference["new_tokens"],
-                                       key=jax.random.key(0))
+                    out = gen.generate(
+                        [r["ids"] for r in batch], reference["new_tokens"], key=jax.random.key(0)
+                    )
                     seconds = time.perf_counter() - t0
                     for b, r in enumerate(batch):
-                        ours = np.take_along_axis(np.asarray(out.logits[b]),
-                                                  np.array(r["top_ids"]), 1)
+                        ours = np.take_along_axis(
+                            np.asarray(out.logits[b]), np.array(r["top_ids"]), 1
+                        )
                         err = float(np.abs(ours - np.array(r["top_logits"])).max())
                         tokens = np.asarray(out.tokens[b]).tolist()
                         same = sum(x == y for x, y in zip(tokens, r["tokens"], strict=True))
                         all_equal &= same == len(tokens)
-                        row = dict(precision=precision, method=method, prompt=r["name"],
-                                   prompt_tokens=len(r["ids"]), equal=same,
-                                   compared=len(tokens), max_logit_diff=err,
-                                   seconds_with_compile=seconds,
-                                   text=tok.decode(tokens))
+                        row = dict(
+                            precision=precision,
+                            method=method,
+                            prompt=r["name"],
+                            prompt_tokens=len(r["ids"]),
+                            equal=same,
+                            compared=len(tokens),
+                            max_logit_diff=err,
+                            seconds_with_compile=seconds,
+                            text=tok.decode(tokens),
+                        )
                         report["runs"].append(row)
-                        print(f"{precision:>8} {method:>6} {r['name']:>5}: {same}/{len(tokens)} "
-                              f"tokens equal, max |logit - reference| {err:.1e}  "
-                              f"{row['text']!r:.60}")
+                        print(
+                            f"{precision:>8} {method:>6} {r['name']:>5}: {same}/{len(tokens)} "
+                            f"tokens equal, max |logit - reference| {err:.1e}  "
+                            f"{row['text']!r:.60}"
+                        )
     report["all_tokens_equal"] = bool(all_equal)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))

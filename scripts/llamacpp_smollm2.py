@@ -44,15 +44,24 @@ def main() -> None:
     high_level.llama_cpp.llama_model_default_params = model_params
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", type=Path,
-                        default=ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
-    parser.add_argument("--reference", type=Path,
-                        default=ROOT / "tests" / "data" / "smollm2_reference.json")
+    parser.add_argument(
+        "--model", type=Path, default=ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
+    parser.add_argument(
+        "--reference", type=Path, default=ROOT / "tests" / "data" / "smollm2_reference.json"
+    )
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     ref = json.loads(args.reference.read_text())
-    llm = llama_cpp.Llama(model_path=str(args.model), n_ctx=4096, n_batch=512,
-                          logits_all=True, n_threads=args.threads, seed=0, verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=str(args.model),
+        n_ctx=4096,
+        n_batch=512,
+        logits_all=True,
+        n_threads=args.threads,
+        seed=0,
+        verbose=False,
+    )
     print(f"llama-cpp-python {llama_cpp.__version__}")
     rows = []
     for p in ref["prompts"]:
@@ -66,16 +75,23 @@ def main() -> None:
             logits = np.asarray(llm.scores[llm.n_tokens - 1], np.float64)
             own.append(int(np.argmax(logits)))
             agree += own[-1] == token
-            errs.append(float(np.abs(logits[p["top_ids"][step]]
-                                     - np.array(p["top_logits"][step])).max()))
+            errs.append(
+                float(np.abs(logits[p["top_ids"][step]] - np.array(p["top_logits"][step])).max())
+            )
             if step + 1 < len(p["tokens"]):
                 llm.eval([token])
         seconds = time.perf_counter() - t0
-        row = {"prompt": p["name"], "prompt_tokens": len(p["ids"]),
-               "tokenizer_ids_equal": ids == p["ids"], "steps": len(p["tokens"]),
-               "top1_agreement": agree, "max_abs_logit_diff": max(errs),
-               "median_abs_logit_diff": float(np.median(errs)), "seconds": round(seconds, 2),
-               "llama_cpp_text": llm.detokenize(own).decode("utf-8", "replace")}
+        row = {
+            "prompt": p["name"],
+            "prompt_tokens": len(p["ids"]),
+            "tokenizer_ids_equal": ids == p["ids"],
+            "steps": len(p["tokens"]),
+            "top1_agreement": agree,
+            "max_abs_logit_diff": max(errs),
+            "median_abs_logit_diff": float(np.median(errs)),
+            "seconds": round(seconds, 2),
+            "llama_cpp_text": llm.detokenize(own).decode("utf-8", "replace"),
+        }
         rows.append(row)
         print(json.dumps(row))
 

@@ -33,8 +33,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("prefixes", nargs="*", help="notebook name prefixes, e.g. 07")
     args = parser.parse_args()
-    notebooks = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb")
-                       if not args.prefixes or p.name.startswith(tuple(args.prefixes)))
+    notebooks = sorted(
+        p
+        for p in (ROOT / "notebooks").glob("*.ipynb")
+        if not args.prefixes or p.name.startswith(tuple(args.prefixes))
+    )
     if not notebooks:
         sys.exit(f"no notebook starts with {args.prefixes}")
     print(f"{'notebook':<40}{'run time':>10}{'peak RSS':>10}")
@@ -43,8 +46,13 @@ def main() -> None:
         shutil.copy(nb, copy)
         try:
             t0 = time.perf_counter()
-            out = subprocess.run([sys.executable, "-c", CHILD, str(copy), str(copy)],
-                                 check=True, capture_output=True, text=True, cwd=nb.parent)
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD, str(copy), str(copy)],
+                check=True,
+                capture_output=True,
+                text=True,
+                cwd=nb.parent,
+            )
             seconds = time.perf_counter() - t0
         finally:
             copy.unlink(missing_ok=True)

@@ -54,14 +54,24 @@ def long_document(sentences: int = 300) -> str:
 
 PROMPTS = [
     {"name": "plain", "chat": False, "text": "The capital of France is"},
-    {"name": "chat", "chat": True, "text": "What is the capital of France? Answer in one "
-                                           "sentence."},
-    {"name": "code", "chat": False,
-     "text": "# Return the n-th Fibonacci number, with fib(0) = 0 and fib(1) = 1.\n"
-             "def fib(n):\n"},
-    {"name": "long", "chat": True,
-     "text": "Read the document, then answer the question.\n\n" + long_document()
-             + "\n\nQuestion: What is the secret code for the blue door?"},
+    {
+        "name": "chat",
+        "chat": True,
+        "text": "What is the capital of France? Answer in one sentence.",
+    },
+    {
+        "name": "code",
+        "chat": False,
+        "text": "# Return the n-th Fibonacci number, with fib(0) = 0 and fib(1) = 1.\n"
+        "def fib(n):\n",
+    },
+    {
+        "name": "long",
+        "chat": True,
+        "text": "Read the document, then answer the question.\n\n"
+        + long_document()
+        + "\n\nQuestion: What is the secret code for the blue door?",
+    },
 ]
 
 
@@ -83,16 +93,18 @@ def main() -> None:
     data = args.model.read_bytes()
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(args.model.parent, gguf_file=args.model.name)
-    model = AutoModelForCausalLM.from_pretrained(args.model.parent, gguf_file=args.model.name,
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model.parent, gguf_file=args.model.name, dtype=torch.float32
+    )
     model.eval()
     print(f"loaded in {time.perf_counter() - t0:.1f} s")
     records = []
     for prompt in PROMPTS:
         text = prompt["text"]
         if prompt["chat"]:
-            text = tok.apply_chat_template([{"role": "user", "content": text}],
-                                           tokenize=False, add_generation_prompt=True)
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
         ids = tok(text, add_special_tokens=True)["input_ids"]
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -105,24 +117,44 @@ def main() -> None:
                 top_logits.append([round(float(x), 6) for x in top.values])
                 tokens.append(int(torch.argmax(logits)))
                 if step + 1 < args.new_tokens:
-                    out = model(torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values,
-                                use_cache=True)
+                    out = model(
+                        torch.tensor([[tokens[-1]]]),
+                        past_key_values=out.past_key_values,
+                        use_cache=True,
+                    )
         seconds = time.perf_counter() - t0
-        print(f"{prompt['name']}: {len(ids)} prompt tokens, {seconds:.1f} s -> "
-              f"{tok.decode(tokens)!r}")
-        records.append({**prompt, "rendered": text if prompt["chat"] else None, "ids": ids,
-                        "tokens": tokens, "top_ids": top_ids, "top_logits": top_logits,
-                        "decoded": tok.decode(tokens)})
+        print(
+            f"{prompt['name']}: {len(ids)} prompt tokens, {seconds:.1f} s -> {tok.decode(tokens)!r}"
+        )
+        records.append(
+            {
+                **prompt,
+                "rendered": text if prompt["chat"] else None,
+                "ids": ids,
+                "tokens": tokens,
+                "top_ids": top_ids,
+                "top_logits": top_logits,
+                "decoded": tok.decode(tokens),
+            }
+        )
     result = {
         "command": "python scripts/reference_smollm2.py (in a scratch venv: see its docstring)",
         "engine": "transformers AutoModelForCausalLM.from_pretrained(dir, gguf_file=..., "
-                  "dtype=torch.float32), greedy with its KV cache",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "gguf": getattr(gguf, "__version__", "0.19.0"),
-                     "python": platform.python_version()},
-        "model": {"file": args.model.name, "bytes": len(data),
-                  "sha256": hashlib.sha256(data).hexdigest()},
-        "new_tokens": args.new_tokens, "top_k": args.top_k, "prompts": records,
+        "dtype=torch.float32), greedy with its KV cache",
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "gguf": getattr(gguf, "__version__", "0.19.0"),
+            "python": platform.python_version(),
+        },
+        "model": {
+            "file": args.model.name,
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        },
+        "new_tokens": args.new_tokens,
+        "top_k": args.top_k,
+        "prompts": records,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

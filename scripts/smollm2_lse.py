@@ -46,13 +46,21 @@ def main() -> None:
     params, cfg = gc.load_gguf(MODEL, mesh=mesh)
     gen = model.Generator(params, cfg, mesh, "tree", prefill_chunk=CHUNK)
     capacity = -(-len(ids) // CHUNK) * CHUNK
-    acc = shards.lse_profile(gen, ids, CHUNK, progress=lambda a, b: print(
-        f"positions {a}..{b} done", flush=True))
-    report = {"command": "python scripts/smollm2_lse.py", "model": MODEL.name,
-              "prompt": "long (tests/data/smollm2_reference.json)", "positions": len(ids),
-              "devices": mesh.size, "chunk": CHUNK, "capacity": capacity,
-              "layers": cfg.layers, "heads": cfg.q_heads,
-              **{k: np.round(v, 4).tolist() for k, v in acc.items()}}
+    acc = shards.lse_profile(
+        gen, ids, CHUNK, progress=lambda a, b: print(f"positions {a}..{b} done", flush=True)
+    )
+    report = {
+        "command": "python scripts/smollm2_lse.py",
+        "model": MODEL.name,
+        "prompt": "long (tests/data/smollm2_reference.json)",
+        "positions": len(ids),
+        "devices": mesh.size,
+        "chunk": CHUNK,
+        "capacity": capacity,
+        "layers": cfg.layers,
+        "heads": cfg.q_heads,
+        **{k: np.round(v, 4).tolist() for k, v in acc.items()},
+    }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {OUT}")

@@ -66,39 +66,67 @@ def main() -> None:
     report = json.loads(out_path.read_text()) if out_path.is_file() else {"runs": []}
     report |= {
         "command": "python scripts/smollm2_table1.py --contexts "
-                   f"{args.contexts} --repeats {args.repeats}",
-        "model": MODEL.name, "devices": 8, "new_tokens": NEW_TOKENS, "prefill_chunk": CHUNK,
+        f"{args.contexts} --repeats {args.repeats}",
+        "model": MODEL.name,
+        "devices": 8,
+        "new_tokens": NEW_TOKENS,
+        "prefill_chunk": CHUNK,
         "prefill": {"tree": "tree", "ring": "tree", "single": "single"},
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "jax": jax.__version__, "processor": platform.processor()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "jax": jax.__version__,
+            "processor": platform.processor(),
+        },
     }
     report["runs"] = [r for r in report["runs"] if r["context"] not in contexts]
     key = jax.random.key(0)
     for context in contexts:
         prompt = (long_ids * (context // len(long_ids) + 1))[:context]
         capacity = -(-context // CHUNK) * CHUNK + NEW_TOKENS
-        gens = {m: model.Generator(params, cfg, mesh, m, prefill_chunk=CHUNK,
-                                   prefill_method="tree" if m == "ring" else None)
-                for m in METHODS}
+        gens = {
+            m: model.Generator(
+                params,
+                cfg,
+                mesh,
+                m,
+                prefill_chunk=CHUNK,
+                prefill_method="tree" if m == "ring" else None,
+            )
+            for m in METHODS
+        }
         for gen in gens.values():  # compile prefill and step for this capacity
             gen.generate([prompt[:CHUNK]], 2, key=key, capacity=capacity, progress=False)
-        runs = {m: {"context": context, "method": m, "command": report["command"],
-                    "total_s": [], "prefill_s": [], "decode_s": []} for m in METHODS}
+        runs = {
+            m: {
+                "context": context,
+                "method": m,
+                "command": report["command"],
+                "total_s": [],
+                "prefill_s": [],
+                "decode_s": [],
+            }
+            for m in METHODS
+        }
         tokens = {}
         for r in range(args.repeats):
-            order = METHODS[r % 3:] + METHODS[:r % 3]
+            order = METHODS[r % 3 :] + METHODS[: r % 3]
             for m in order:
                 t0 = time.perf_counter()
-                out = gens[m].generate([prompt], NEW_TOKENS, key=key, capacity=capacity,
-                                       progress=False)
+                out = gens[m].generate(
+                    [prompt], NEW_TOKENS, key=key, capacity=capacity, progress=False
+                )
                 total = time.perf_counter() - t0
                 runs[m]["total_s"].append(total)
                 runs[m]["prefill_s"].append(out.prefill_s)
                 runs[m]["decode_s"].append(float(sum(out.step_s)))
                 tokens[m] = out.tokens[0].tolist()
-                print(f"{context:>5} {m:>6} round {r}: total {total:6.1f} s (prefill "
-                      f"{out.prefill_s:6.1f} s, {len(out.step_s)} decode steps "
-                      f"{sum(out.step_s):5.2f} s)", flush=True)
+                print(
+                    f"{context:>5} {m:>6} round {r}: total {total:6.1f} s (prefill "
+                    f"{out.prefill_s:6.1f} s, {len(out.step_s)} decode steps "
+                    f"{sum(out.step_s):5.2f} s)",
+                    flush=True,
+                )
         for m in METHODS:
             runs[m]["tokens"] = tokens[m]
             runs[m]["same_tokens_as_single"] = tokens[m] == tokens["single"]

@@ -25,14 +25,19 @@ def main():
     v = jax.random.normal(keys[2], (2, 13, 2, 8), jnp.float64)
     c = jax.random.normal(keys[3], (2, 2, 4, 8), jnp.float64)
     n = jnp.array([4, 13])
-    want = jax.grad(lambda q, k, v: jnp.sum(tae.attention(q, k, v, causal=True, kv_lengths=n)
-                                            * c), argnums=(0, 1, 2))(q, k, v)
+    want = jax.grad(
+        lambda q, k, v: jnp.sum(tae.attention(q, k, v, causal=True, kv_lengths=n) * c),
+        argnums=(0, 1, 2),
+    )(q, k, v)
     meshes = {"8": tae.make_mesh(8, "x"), "2x4": tae.make_mesh((2, 4), ("node", "gpu"))}
-    print(f"{'method':<6} {'mesh':<5} {'layout':<6} {'max|dq diff|':>13} {'max|dk diff|':>13} "
-          f"{'max|dv diff|':>13}")
+    print(
+        f"{'method':<6} {'mesh':<5} {'layout':<6} {'max|dq diff|':>13} {'max|dk diff|':>13} "
+        f"{'max|dv diff|':>13}"
+    )
     for name, decode in (("tree", tae.tree_decode), ("ring", tae.ring_decode)):
         for mesh_name, mesh in meshes.items():
             for layout in ("bthd", "bhtd"):
+
                 def loss(q, k, v, decode=decode, mesh=mesh, layout=layout):
                     if layout == "bhtd":
                         k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
@@ -41,8 +46,10 @@ def main():
 
                 got = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
                 diffs = [float(jnp.abs(g - w).max()) for g, w in zip(got, want, strict=True)]
-                print(f"{name:<6} {mesh_name:<5} {layout:<6} "
-                      + " ".join(f"{d:>13.2e}" for d in diffs))
+                print(
+                    f"{name:<6} {mesh_name:<5} {layout:<6} "
+                    + " ".join(f"{d:>13.2e}" for d in diffs)
+                )
 
 
 if __name__ == "__main__":

@@ -36,23 +36,35 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the rows and the measured links here")
     args = ap.parse_args(argv)
     mesh = make_mesh(8, "x")
-    problem = benchmark.Problem(batch=args.batch, q_heads=args.q_heads, kv_heads=args.kv_heads,
-                                head_dim=args.head_dim)
-    steps = 2 + len(args.seq_lens) * len(calibrate.PATTERN_METHODS)
-    with tqdm(total=steps, desc="validate patterns", unit="step", file=sys.stderr,
-              disable=None) as bar:
+    problem = benchmark.Problem(
+        batch=args.batch, q_heads=args.q_heads, kv_heads=args.kv_heads, head_dim=args.head_dim
+    )
+    steps = 2 + len(args.seq_lens) * len(benchmark.PATTERNS)
+    with tqdm(
+        total=steps, desc="validate patterns", unit="step", file=sys.stderr, disable=None
+    ) as bar:
+
         def progress(what):
             bar.set_postfix_str(what)
             bar.update()
 
-        cal, rows = calibrate.validate_patterns(mesh, args.seq_lens, problem=problem,
-                                                repeats=args.repeats, progress=progress)
+        cal, rows = calibrate.validate_patterns(
+            mesh, args.seq_lens, problem=problem, repeats=args.repeats, progress=progress
+        )
     print(calibrate.patterns_table(cal, rows))
     if args.json:
         links = {k: {"alpha_s": v.alpha_s, "beta_Bps": v.beta_Bps} for k, v in cal.links.items()}
         with open(args.json, "w") as f:
-            json.dump({"overhead_s": cal.overhead_s, "mem_Bps": cal.mem_Bps, "links": links,
-                       "patterns": rows}, f, indent=1)
+            json.dump(
+                {
+                    "overhead_s": cal.overhead_s,
+                    "mem_Bps": cal.mem_Bps,
+                    "links": links,
+                    "patterns": rows,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

@@ -24,11 +24,16 @@ jax.config.update("jax_enable_x64", True)
 
 # Derandomised in CI so that a failure reproduces; random locally to explore more.
 settings.register_profile(
-    "ci", derandomize=True, deadline=None, print_blob=True,
+    "ci",
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile(
-    "dev", deadline=None, suppress_health_check=[HealthCheck.too_slow],
+    "dev",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
@@ -82,8 +87,10 @@ def pytest_collection_modifyitems(config, items):
 # The package's two messages for "JAX sees fewer devices than asked for" (make_mesh,
 # simulate_devices), in the exception's own text (a test of a subprocess puts the process's
 # stderr there; CLI tests run in-process are marked `cpu_only` instead).
-_TOO_FEW = re.compile(r"needs \d+ devices but JAX sees \d+|JAX is already initialised with \d+ "
-                      r"\w+ device\(s\), fewer than the \d+ requested")
+_TOO_FEW = re.compile(
+    r"needs \d+ devices but JAX sees \d+|JAX is already initialised with \d+ "
+    r"\w+ device\(s\), fewer than the \d+ requested"
+)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -91,8 +98,12 @@ def pytest_runtest_makereport(item, call):
     """On an accelerator, a test that failed because it asked for more devices than JAX
     sees is reported as skipped (the package's exact messages, nothing broader)."""
     report = yield
-    if (ON_ACCELERATOR and report.failed and call.excinfo is not None
-            and _TOO_FEW.search(str(call.excinfo.value))):
+    if (
+        ON_ACCELERATOR
+        and report.failed
+        and call.excinfo is not None
+        and _TOO_FEW.search(str(call.excinfo.value))
+    ):
         report.outcome = "skipped"
         report.longrepr = (str(item.path), (item.location[1] or 0) + 1, f"Skipped: {NEEDS_DEVICES}")
     return report
@@ -108,8 +119,9 @@ def padded(decoder):
         tk = k.shape[inputs.SEQ_AXIS[layout]]
         if tk % p:
             k, v, kv_lengths = tae.pad_cache(k, v, p, kv_lengths=kv_lengths, layout=layout)
-        return decoder(q, k, v, mesh=mesh, seq_axes=seq_axes, layout=layout,
-                       kv_lengths=kv_lengths, **kw)
+        return decoder(
+            q, k, v, mesh=mesh, seq_axes=seq_axes, layout=layout, kv_lengths=kv_lengths, **kw
+        )
 
     run.__name__ = decoder.__name__
     return run

@@ -36,12 +36,22 @@ LAYER_NAMES = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
-GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight",
-                "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 
 # Byte offsets of the float16 scales in one block of each randomly filled type.
-F16_FIELDS = {Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2],
-              Q.Q5_K: [0, 2], Q.Q6_K: [208]}
+F16_FIELDS = {
+    Q.Q5_0: [0],
+    Q.Q5_1: [0, 2],
+    Q.Q2_K: [80, 82],
+    Q.Q3_K: [108],
+    Q.Q4_K: [0, 2],
+    Q.Q5_K: [0, 2],
+    Q.Q6_K: [208],
+}
 
 
 def gguf_name(hf: str) -> str:
@@ -74,7 +84,7 @@ def dequantize_simple(raw: np.ndarray, qtype) -> np.ndarray:
     if qtype == Q.Q8_0:  # d, then 32 int8
         vals = d * blocks[:, 2:].view(np.int8)
     else:  # d (and m), then 16 bytes: value j in the low nibble of byte j, j + 16 in the high
-        qs = blocks[:, size - 16:]
+        qs = blocks[:, size - 16 :]
         nib = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float64)
         if qtype == Q.Q4_0:
             vals = d * (nib - 8)
@@ -91,11 +101,11 @@ def _random_blocks(shape: tuple[int, int], qtype, rng, std: float) -> np.ndarray
     n = shape[0] * shape[1] // block
     raw = rng.integers(0, 256, (n, size), dtype=np.uint8)
     for off in F16_FIELDS[qtype]:
-        raw[:, off:off + 2] = np.full((n, 1), 1.0, np.float16).view(np.uint8)
+        raw[:, off : off + 2] = np.full((n, 1), 1.0, np.float16).view(np.uint8)
     s = gguf.quants.dequantize(raw.reshape(shape[0], -1), qtype).std()
     for off in F16_FIELDS[qtype]:  # every value is linear in these scales
         scale = rng.uniform(0.5, 1.5, (n, 1)) * std / s
-        raw[:, off:off + 2] = scale.astype(np.float16).view(np.uint8)
+        raw[:, off : off + 2] = scale.astype(np.float16).view(np.uint8)
     return raw.reshape(shape[0], -1)
 
 
@@ -116,9 +126,18 @@ def encode(w: np.ndarray, qtype, rng) -> tuple[np.ndarray, np.ndarray]:
     return stored, gguf.quants.dequantize(stored, qtype).astype(np.float64)
 
 
-def write_gguf(path, config: dict, weights: dict[str, np.ndarray], types: dict | None = None,
-               *, seed: int = 0, tokenizer: dict | None = None, metadata=None,
-               skip_tensors=(), extra_tensors=None) -> dict[str, np.ndarray]:
+def write_gguf(
+    path,
+    config: dict,
+    weights: dict[str, np.ndarray],
+    types: dict | None = None,
+    *,
+    seed: int = 0,
+    tokenizer: dict | None = None,
+    metadata=None,
+    skip_tensors=(),
+    extra_tensors=None,
+) -> dict[str, np.ndarray]:
     """Write a llama GGUF file of `config` (a `llama_reference.tiny_config` dict) holding
     `weights` (Hugging Face names), each stored as `types[hf_name]` (default: F32 for norms,
     Q8_0 otherwise). Returns the float64 Hugging Face-layout weights the file holds.
@@ -175,8 +194,7 @@ def write_gguf(path, config: dict, weights: dict[str, np.ndarray], types: dict |
             # written independently: row 2i came from i, row 2i + 1 from D/2 + i)
             h = heads if name.endswith("attn_q.weight") else kv
             d = values.shape[0] // h
-            values = values.reshape(h, d // 2, 2, -1).transpose(0, 2, 1, 3).reshape(
-                values.shape)
+            values = values.reshape(h, d // 2, 2, -1).transpose(0, 2, 1, 3).reshape(values.shape)
         held[hf] = values
         raw = qtype not in (Q.F32, Q.F16)
         w.add_tensor(name, stored, raw_dtype=qtype if raw else None)
@@ -197,8 +215,15 @@ def byte_tokenizer(words=(), merges=(), pre="smollm", add_bos=False, template=No
 
     alphabet = sorted(ByteLevel.alphabet())
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *alphabet, *words]
-    out = {"tokens": tokens, "merges": list(merges), "pre": pre, "bos": 1, "eos": 2,
-           "add_bos": add_bos, "types": [3, 3, 3] + [1] * (len(tokens) - 3)}
+    out = {
+        "tokens": tokens,
+        "merges": list(merges),
+        "pre": pre,
+        "bos": 1,
+        "eos": 2,
+        "add_bos": add_bos,
+        "types": [3, 3, 3] + [1] * (len(tokens) - 3),
+    }
     if template is not None:
         out["chat_template"] = template
     return out

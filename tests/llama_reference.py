@@ -31,11 +31,17 @@ F64 = np.float64
 
 # --- configuration (LlamaConfig and the rope standardisation) ---------------------------------
 
+
 def standardize(config: dict) -> dict:
     """LlamaConfig's defaults and `standardize_rope_params`: a flat dict with `head_dim`,
     `num_key_value_heads` and `rope_parameters` filled in."""
-    c = {"rms_norm_eps": 1e-6, "tie_word_embeddings": False, "max_position_embeddings": 2048,
-         "rope_theta": 10000.0, **{k: v for k, v in config.items() if v is not None}}
+    c = {
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 2048,
+        "rope_theta": 10000.0,
+        **{k: v for k, v in config.items() if v is not None},
+    }
     if c.get("head_dim") is None:
         c["head_dim"] = c["hidden_size"] // c["num_attention_heads"]
     c.setdefault("num_key_value_heads", c["num_attention_heads"])
@@ -49,6 +55,7 @@ def standardize(config: dict) -> dict:
 
 
 # --- modeling_rope_utils.py ---------------------------------------------------------------------
+
 
 def compute_default_rope_parameters(config):
     base = config["rope_parameters"]["rope_theta"]
@@ -72,23 +79,28 @@ def _compute_llama3_parameters(config):
     wavelen = 2 * math.pi / inv_freq
     inv_freq_llama = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
     smooth_factor = (old_context_len / wavelen - low_freq_factor) / (
-        high_freq_factor - low_freq_factor)
+        high_freq_factor - low_freq_factor
+    )
     smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + (
-        smooth_factor * inv_freq_llama)
+        smooth_factor * inv_freq_llama
+    )
     is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
     inv_freq_llama = np.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
     return inv_freq_llama, attention_factor
 
 
-ROPE_INIT_FUNCTIONS = {"default": compute_default_rope_parameters,
-                       "llama3": _compute_llama3_parameters}
+ROPE_INIT_FUNCTIONS = {
+    "default": compute_default_rope_parameters,
+    "llama3": _compute_llama3_parameters,
+}
 
 
 # --- modeling_llama.py --------------------------------------------------------------------------
 
+
 def LlamaRMSNorm(weight, eps, hidden_states):
     hidden_states = hidden_states.astype(F64)
-    variance = np.mean(hidden_states ** 2, axis=-1, keepdims=True)
+    variance = np.mean(hidden_states**2, axis=-1, keepdims=True)
     hidden_states = hidden_states * (1.0 / np.sqrt(variance + eps))
     return weight * hidden_states
 
@@ -96,7 +108,8 @@ def LlamaRMSNorm(weight, eps, hidden_states):
 def LlamaRotaryEmbedding(config, position_ids):
     """`forward(x, position_ids)`: cos and sin `[batch, seq, head_dim]`."""
     inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[config["rope_parameters"]["rope_type"]](
-        config)
+        config
+    )
     freqs = position_ids[..., None].astype(F64) * inv_freq
     emb = np.concatenate((freqs, freqs), axis=-1)
     cos = np.cos(emb) * attention_scaling
@@ -106,7 +119,7 @@ def LlamaRotaryEmbedding(config, position_ids):
 
 def rotate_half(x):
     x1 = x[..., : x.shape[-1] // 2]
-    x2 = x[..., x.shape[-1] // 2:]
+    x2 = x[..., x.shape[-1] // 2 :]
     return np.concatenate((-x2, x1), axis=-1)
 
 
@@ -137,8 +150,9 @@ def repeat_kv(hidden_states, n_rep):
     batch, num_key_value_heads, slen, head_dim = hidden_states.shape
     if n_rep == 1:
         return hidden_states
-    hidden_states = np.broadcast_to(hidden_states[:, :, None, :, :],
-                                    (batch, num_key_value_heads, n_rep, slen, head_dim))
+    hidden_states = np.broadcast_to(
+        hidden_states[:, :, None, :, :], (batch, num_key_value_heads, n_rep, slen, head_dim)
+    )
     return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
 
 
@@ -172,22 +186,32 @@ def eager_attention_forward(num_key_value_groups, query, key, value, attention_m
 def LlamaAttention(config, w, prefix, hidden_states, position_embeddings, attention_mask):
     head_dim = config["head_dim"]
     num_key_value_groups = config["num_attention_heads"] // config["num_key_value_heads"]
-    scaling = head_dim ** -0.5
+    scaling = head_dim**-0.5
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, head_dim)
 
-    query_states = linear(w[prefix + "q_proj.weight"], hidden_states).reshape(
-        hidden_shape).transpose(0, 2, 1, 3)
-    key_states = linear(w[prefix + "k_proj.weight"], hidden_states).reshape(
-        hidden_shape).transpose(0, 2, 1, 3)
-    value_states = linear(w[prefix + "v_proj.weight"], hidden_states).reshape(
-        hidden_shape).transpose(0, 2, 1, 3)
+    query_states = (
+        linear(w[prefix + "q_proj.weight"], hidden_states)
+        .reshape(hidden_shape)
+        .transpose(0, 2, 1, 3)
+    )
+    key_states = (
+        linear(w[prefix + "k_proj.weight"], hidden_states)
+        .reshape(hidden_shape)
+        .transpose(0, 2, 1, 3)
+    )
+    value_states = (
+        linear(w[prefix + "v_proj.weight"], hidden_states)
+        .reshape(hidden_shape)
+        .transpose(0, 2, 1, 3)
+    )
 
     cos, sin = position_embeddings
     query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
 
-    attn_output, _ = eager_attention_forward(num_key_value_groups, query_states, key_states,
-                                             value_states, attention_mask, scaling)
+    attn_output, _ = eager_attention_forward(
+        num_key_value_groups, query_states, key_states, value_states, attention_mask, scaling
+    )
     attn_output = attn_output.reshape(*input_shape, -1)
     return linear(w[prefix + "o_proj.weight"], attn_output)
 
@@ -197,13 +221,13 @@ def LlamaDecoderLayer(config, w, i, hidden_states, attention_mask, position_embe
     eps = config["rms_norm_eps"]
     residual = hidden_states
     hidden_states = LlamaRMSNorm(w[prefix + "input_layernorm.weight"], eps, hidden_states)
-    hidden_states = LlamaAttention(config, w, prefix + "self_attn.", hidden_states,
-                                   position_embeddings, attention_mask)
+    hidden_states = LlamaAttention(
+        config, w, prefix + "self_attn.", hidden_states, position_embeddings, attention_mask
+    )
     hidden_states = residual + hidden_states
 
     residual = hidden_states
-    hidden_states = LlamaRMSNorm(w[prefix + "post_attention_layernorm.weight"], eps,
-                                 hidden_states)
+    hidden_states = LlamaRMSNorm(w[prefix + "post_attention_layernorm.weight"], eps, hidden_states)
     hidden_states = LlamaMLP(w, prefix + "mlp.", hidden_states)
     return residual + hidden_states
 
@@ -222,16 +246,18 @@ def LlamaModel(config, w, input_ids):
     hidden_states = inputs_embeds
     position_embeddings = LlamaRotaryEmbedding(config, position_ids)
     for i in range(config["num_hidden_layers"]):
-        hidden_states = LlamaDecoderLayer(config, w, i, hidden_states, causal_mask,
-                                          position_embeddings)
+        hidden_states = LlamaDecoderLayer(
+            config, w, i, hidden_states, causal_mask, position_embeddings
+        )
     return LlamaRMSNorm(w["model.norm.weight"], config["rms_norm_eps"], hidden_states)
 
 
 def LlamaForCausalLM(config, w, input_ids):
     """Logits `[batch, seq, vocab]` (float64) of `input_ids [batch, seq]`."""
     hidden_states = LlamaModel(config, w, np.asarray(input_ids))
-    lm_head = (w["model.embed_tokens.weight"] if config["tie_word_embeddings"]
-               else w["lm_head.weight"])
+    lm_head = (
+        w["model.embed_tokens.weight"] if config["tie_word_embeddings"] else w["lm_head.weight"]
+    )
     return linear(lm_head, hidden_states)
 
 
@@ -251,10 +277,11 @@ def teacher_forced(config, w, prompt, generated):
     """Logits `[len(generated), vocab]` at each generated position, given the tokens the
     package generated (so that a disagreement shows in logits, not only in tokens)."""
     ids = np.array([list(prompt) + list(generated)])
-    return LlamaForCausalLM(config, w, ids)[0, len(prompt) - 1: len(prompt) - 1 + len(generated)]
+    return LlamaForCausalLM(config, w, ids)[0, len(prompt) - 1 : len(prompt) - 1 + len(generated)]
 
 
 # --- checkpoints on disk ------------------------------------------------------------------------
+
 
 def read_checkpoint(path) -> tuple[dict, dict[str, np.ndarray]]:
     """(standardised config, float64 weights by Hugging Face name) of a checkpoint folder."""
@@ -275,11 +302,17 @@ def weight_shapes(config) -> dict[str, tuple[int, ...]]:
     shapes = {"model.embed_tokens.weight": (c["vocab_size"], d), "model.norm.weight": (d,)}
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        shapes |= {p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
-                   p + "self_attn.q_proj.weight": (qd, d), p + "self_attn.k_proj.weight": (kd, d),
-                   p + "self_attn.v_proj.weight": (kd, d), p + "self_attn.o_proj.weight": (d, qd),
-                   p + "mlp.gate_proj.weight": (h, d), p + "mlp.up_proj.weight": (h, d),
-                   p + "mlp.down_proj.weight": (d, h)}
+        shapes |= {
+            p + "input_layernorm.weight": (d,),
+            p + "post_attention_layernorm.weight": (d,),
+            p + "self_attn.q_proj.weight": (qd, d),
+            p + "self_attn.k_proj.weight": (kd, d),
+            p + "self_attn.v_proj.weight": (kd, d),
+            p + "self_attn.o_proj.weight": (d, qd),
+            p + "mlp.gate_proj.weight": (h, d),
+            p + "mlp.up_proj.weight": (h, d),
+            p + "mlp.down_proj.weight": (d, h),
+        }
     if not c["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (c["vocab_size"], d)
     return shapes
@@ -324,27 +357,59 @@ def write_checkpoint(path, config, weights, dtype="float32", shards=1, extra=Non
         save_file({n: tensors[n] for n in part}, str(path / file), metadata={"format": "pt"})
         weight_map |= dict.fromkeys(part, file)
     total = sum(t.nbytes for t in tensors.values())
-    (path / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    (path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+    )
     return path
 
 
-def tiny_config(*, tied=False, llama3=False, rope_spelling="v4", head_dim=None, vocab=64,
-                dim=32, layers=2, heads=4, kv_heads=2, hidden=64, theta=10000.0, eps=1e-5):
+def tiny_config(
+    *,
+    tied=False,
+    llama3=False,
+    rope_spelling="v4",
+    head_dim=None,
+    vocab=64,
+    dim=32,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    hidden=64,
+    theta=10000.0,
+    eps=1e-5,
+):
     """A config.json for a tiny Llama. `rope_spelling`: "v4" (`rope_theta` + `rope_scaling`)
     or "v5" (`rope_parameters`). llama3 scaling uses original_max_position_embeddings 16, so
     that positions of a short test already fall in all three frequency bands."""
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-              "vocab_size": vocab, "hidden_size": dim, "intermediate_size": hidden,
-              "num_hidden_layers": layers, "num_attention_heads": heads,
-              "num_key_value_heads": kv_heads, "hidden_act": "silu", "rms_norm_eps": eps,
-              "tie_word_embeddings": tied, "max_position_embeddings": 128,
-              "bos_token_id": 1, "eos_token_id": 2}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab,
+        "hidden_size": dim,
+        "intermediate_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "hidden_act": "silu",
+        "rms_norm_eps": eps,
+        "tie_word_embeddings": tied,
+        "max_position_embeddings": 128,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
     if head_dim is not None:
         config["head_dim"] = head_dim
-    rope = ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-             "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
-            if llama3 else None)
+    rope = (
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        }
+        if llama3
+        else None
+    )
     if rope_spelling == "v5":
         config["rope_parameters"] = {"rope_type": "default", **(rope or {}), "rope_theta": theta}
     else:
@@ -362,7 +427,6 @@ def write_tokenizer(path, vocab):
     tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
     tok.add_special_tokens(["<unk>", "<s>", "</s>"])
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A",
-                                                       special_tokens=[("<s>", 1)])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     tok.save(str(Path(path) / "tokenizer.json"))
     return tok

@@ -44,8 +44,9 @@ def test_matches_jax_dot_product_attention():
 
 def test_single_key():
     q, k, v = rand_qkv(3, Tk=1)
-    np.testing.assert_allclose(tae.attention(q, k, v), jnp.repeat(v, 2, axis=2)[:, :1].repeat(3, 1),
-                               **tol(q.dtype))
+    np.testing.assert_allclose(
+        tae.attention(q, k, v), jnp.repeat(v, 2, axis=2)[:, :1].repeat(3, 1), **tol(q.dtype)
+    )
 
 
 def test_zero_length_sequence_gives_zeros_and_no_nan():

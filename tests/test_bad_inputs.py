@@ -28,8 +28,22 @@ from conftest import NEEDS_DEVICES, ON_ACCELERATOR
 
 import tree_attention_edu as tae
 from tree_attention_edu.core import decode, devices, kernels, merges, states
-from tree_attention_edu.llama import checkpoint, model
-from tree_attention_edu.perf import costmodel, introspect
+from tree_attention_edu.llama import cache as llama_cache
+from tree_attention_edu.llama import checkpoint, hf_config, model
+from tree_attention_edu.llama import config as llama_config
+from tree_attention_edu.llama import forward as llama_forward
+from tree_attention_edu.llama import generator as llama_generator
+from tree_attention_edu.llama import layers as llama_layers
+from tree_attention_edu.perf import (
+    costmodel,
+    crossover,
+    formulas,
+    introspect,
+    links,
+    paper,
+    patterns,
+    predict,
+)
 from tree_attention_edu.theory import bayes
 from tree_attention_edu.theory import hopfield as hf
 
@@ -90,12 +104,14 @@ def key():
 
 # --- q/k/v attention ---------------------------------------------------------------------------
 
+
 def qkv_cases(target, call, *, with_v=True, chunk=False) -> list[Case]:
     """`call(q, k, v, **kw)` (or `call(q, k, **kw)`) for a function of the attention inputs.
 
     The values of `kv_lengths` are not checked anywhere (that would differ under `jit`): they
     are clamped, which `test_jit_native` checks. `chunk` is kept for the callers' reading."""
     del chunk
+
     def c(q=Q, k=K, v=V, **kw):
         return (lambda: call(q, k, v, **kw)) if with_v else (lambda: call(q, k, **kw))
 
@@ -105,22 +121,55 @@ def qkv_cases(target, call, *, with_v=True, chunk=False) -> list[Case]:
         case(target, "rank", "k", c(k=K[0]), ValueError, "k"),
         case(target, "dtype", "q-int", c(q=Q.astype(np.int32)), TypeError, "q"),
         case(target, "dtype", "k-int", c(k=K.astype(np.int32)), TypeError, "k"),
-        case(target, "dtype", "kv_lengths-float", c(kv_lengths=LENGTHS.astype(F32)), TypeError,
-             "kv_lengths"),
+        case(
+            target,
+            "dtype",
+            "kv_lengths-float",
+            c(kv_lengths=LENGTHS.astype(F32)),
+            TypeError,
+            "kv_lengths",
+        ),
         case(target, "type", "q-list", c(q=Q.tolist()), TypeError, "q"),
         case(target, "type", "k-none", c(k=None), TypeError, "k"),
         case(target, "type", "scale-str", c(scale="0.5"), TypeError, "scale"),
-        case(target, "type", "scale-traced",
-             lambda: jax.jit(lambda s: c(scale=s)())(0.5), TypeError, "scale"),
-        case(target, "type", "kv_lengths-list", c(kv_lengths=LENGTHS.tolist()), TypeError,
-             "kv_lengths"),
+        case(
+            target,
+            "type",
+            "scale-traced",
+            lambda: jax.jit(lambda s: c(scale=s)())(0.5),
+            TypeError,
+            "scale",
+        ),
+        case(
+            target,
+            "type",
+            "kv_lengths-list",
+            c(kv_lengths=LENGTHS.tolist()),
+            TypeError,
+            "kv_lengths",
+        ),
         case(target, "shape", "batch", c(q=Q[:1]), ValueError, *qk),
         case(target, "shape", "head_dim", c(q=Q[..., :3]), ValueError, *qk),
-        case(target, "shape", "heads-not-a-multiple",
-             c(q=np.zeros((B, TQ, 3, D), F32), k=np.zeros((B, TK, 2, D), F32),
-               v=np.zeros((B, TK, 2, DV), F32)), ValueError, *qk),
-        case(target, "shape", "kv_lengths", c(kv_lengths=np.array([1, 2, 3], np.int32)),
-             ValueError, "kv_lengths"),
+        case(
+            target,
+            "shape",
+            "heads-not-a-multiple",
+            c(
+                q=np.zeros((B, TQ, 3, D), F32),
+                k=np.zeros((B, TK, 2, D), F32),
+                v=np.zeros((B, TK, 2, DV), F32),
+            ),
+            ValueError,
+            *qk,
+        ),
+        case(
+            target,
+            "shape",
+            "kv_lengths",
+            c(kv_lengths=np.array([1, 2, 3], np.int32)),
+            ValueError,
+            "kv_lengths",
+        ),
         case(target, "range", "scale-nan", c(scale=float("nan")), ValueError, "scale"),
         case(target, "range", "head_dim-0", c(q=Q[..., :0], k=K[..., :0]), ValueError, *qk),
     ]
@@ -147,6 +196,7 @@ def like_output_cases(target, call, name) -> list[Case]:
 
 def decoder_cases(target) -> list[Case]:
     """A sequence-parallel decoder: the attention inputs plus mesh arguments."""
+
     def c(**kw):
         kw = dict(mesh=mesh()) | kw
         return lambda: target(Q, K, V, **kw)
@@ -155,19 +205,21 @@ def decoder_cases(target) -> list[Case]:
         *qkv_cases(target, lambda q, k, v, **kw: target(q, k, v, mesh=mesh(), **kw)),
         case(target, "type", "mesh", c(mesh="x"), TypeError, "mesh"),
         case(target, "type", "seq_axes-int", c(seq_axes=5), TypeError, "seq_axes"),
-        case(target, "range", "seq_axes-repeated", c(seq_axes=("x", "x")), ValueError,
-             "seq_axes"),
+        case(target, "range", "seq_axes-repeated", c(seq_axes=("x", "x")), ValueError, "seq_axes"),
         case(target, "range", "seq_axes-unknown", c(seq_axes="y"), ValueError, "seq_axes"),
-        case(target, "range", "local_kernel", c(local_kernel="cuda"), ValueError,
-             "local_kernel"),
+        case(target, "range", "local_kernel", c(local_kernel="cuda"), ValueError, "local_kernel"),
         case(target, "range", "layout", c(layout="thd"), ValueError, "layout"),
     ]
 
 
 def attention_family() -> list[Case]:
     cases = []
-    for fn in (tae.attention, tae.attention_from_energy, tae.value_covariance,
-               tae.value_covariance_formula):
+    for fn in (
+        tae.attention,
+        tae.attention_from_energy,
+        tae.value_covariance,
+        tae.value_covariance_formula,
+    ):
         cases += qkv_cases(fn, fn)
     for fn in (attention_module.weights, tae.posterior):
         cases += qkv_cases(fn, fn, with_v=False)
@@ -182,14 +234,15 @@ def attention_family() -> list[Case]:
     cases += [
         case(me, "range", "tol", lambda: me(Q, K, V, tol=-1.0), ValueError, "tol"),
         case(me, "type", "tol", lambda: me(Q, K, V, tol="1e-8"), TypeError, "tol"),
-        case(me, "range", "max_newton", lambda: me(Q, K, V, max_newton=0), ValueError,
-             "max_newton"),
-        case(me, "type", "max_newton", lambda: me(Q, K, V, max_newton=2.5), TypeError,
-             "max_newton"),
+        case(
+            me, "range", "max_newton", lambda: me(Q, K, V, max_newton=0), ValueError, "max_newton"
+        ),
+        case(
+            me, "type", "max_newton", lambda: me(Q, K, V, max_newton=2.5), TypeError, "max_newton"
+        ),
         case(me, "type", "seed", lambda: me(Q, K, V, seed="0"), TypeError, "seed"),
     ]
     return cases
-
 
 
 def bayes_family() -> list[Case]:
@@ -199,8 +252,9 @@ def bayes_family() -> list[Case]:
     cases += qkv_cases(sp_, sp_)
     cases += [
         case(sp_, "range", "tol", lambda: sp_(Q, K, V, tol=0.0), ValueError, "tol"),
-        case(sp_, "type", "max_newton", lambda: sp_(Q, K, V, max_newton=2.5), TypeError,
-             "max_newton"),
+        case(
+            sp_, "type", "max_newton", lambda: sp_(Q, K, V, max_newton=2.5), TypeError, "max_newton"
+        ),
         case(sp_, "range", "seed", lambda: sp_(Q, K, V, seed=-1), ValueError, "seed"),
     ]
     gh = bayes.gamma_hessian
@@ -210,12 +264,16 @@ def bayes_family() -> list[Case]:
         cases += qkv_cases(fn, lambda q, k, v, fn=fn, **kw: fn(OUT, q, k, v, **kw))
         cases += like_output_cases(fn, lambda z, fn=fn: fn(z, Q, K, V), "z")
         cases += [
-            case(fn, "range", "tol", lambda fn=fn: fn(OUT, Q, K, V, tol=-1.0), ValueError,
-                 "tol"),
-            case(fn, "type", "tol", lambda fn=fn: fn(OUT, Q, K, V, tol="1e-9"), TypeError,
-                 "tol"),
-            case(fn, "range", "max_newton", lambda fn=fn: fn(OUT, Q, K, V, max_newton=0),
-                 ValueError, "max_newton"),
+            case(fn, "range", "tol", lambda fn=fn: fn(OUT, Q, K, V, tol=-1.0), ValueError, "tol"),
+            case(fn, "type", "tol", lambda fn=fn: fn(OUT, Q, K, V, tol="1e-9"), TypeError, "tol"),
+            case(
+                fn,
+                "range",
+                "max_newton",
+                lambda fn=fn: fn(OUT, Q, K, V, max_newton=0),
+                ValueError,
+                "max_newton",
+            ),
         ]
     sd = bayes.saddlepoint_density
     cases += qkv_cases(sd, lambda q, k, v, **kw: sd(OUT, 4, q, k, v, **kw))
@@ -229,10 +287,12 @@ def bayes_family() -> list[Case]:
     cases += [
         case(sm, "type", "key-int", lambda: sm(0, 4, 8, Q, K, V), TypeError, "key"),
         case(sm, "range", "n", lambda: sm(key(), 0, 8, Q, K, V), ValueError, "n"),
-        case(sm, "type", "num_samples", lambda: sm(key(), 4, "8", Q, K, V), TypeError,
-             "num_samples"),
-        case(sm, "range", "num_samples", lambda: sm(key(), 4, -1, Q, K, V), ValueError,
-             "num_samples"),
+        case(
+            sm, "type", "num_samples", lambda: sm(key(), 4, "8", Q, K, V), TypeError, "num_samples"
+        ),
+        case(
+            sm, "range", "num_samples", lambda: sm(key(), 4, -1, Q, K, V), ValueError, "num_samples"
+        ),
     ]
     tp = bayes.tilted_posterior
     cases += qkv_cases(tp, lambda q, k, v, **kw: tp(OUT, q, k, v, **kw))
@@ -247,26 +307,58 @@ def bayes_family() -> list[Case]:
 
 # --- partial states ----------------------------------------------------------------------------
 
+
 def _state(**parts):
     return STATE._replace(**parts)
 
 
 def states_family() -> list[Case]:
-    cs, tr, sr, fin, ids = (tae.combine, tae.tree_reduce, tae.sequential_reduce, tae.finalize,
-                            tae.identity_state)
+    cs, tr, sr, fin, ids = (
+        tae.combine,
+        tae.tree_reduce,
+        tae.sequential_reduce,
+        tae.finalize,
+        tae.identity_state,
+    )
     other_shape = _state(out=OUT[:1], lse=STATE.lse[:1])
     cases = [
         case(cs, "type", "a", lambda: cs("a", STATE), TypeError, "a"),
         case(cs, "type", "b", lambda: cs(STATE, 5), TypeError, "b"),
         case(cs, "shape", "a-vs-b", lambda: cs(STATE, other_shape), ValueError, "a", "b"),
-        case(cs, "shape", "out-vs-lse", lambda: cs(_state(lse=STATE.lse[..., :1]), STATE),
-             ValueError, "a"),
-        case(cs, "rank", "a", lambda: cs(_state(out=OUT[0], lse=STATE.lse[0]), STATE),
-             ValueError, "a", "b"),
-        case(cs, "dtype", "int", lambda: cs(_state(out=OUT.astype(np.int32)), STATE), TypeError,
-             "a", "b"),
-        case(cs, "shape", "lse_lo-vs-lse", lambda: cs(_state(lse_lo=STATE.lse[..., :1]), STATE),
-             ValueError, "a"),
+        case(
+            cs,
+            "shape",
+            "out-vs-lse",
+            lambda: cs(_state(lse=STATE.lse[..., :1]), STATE),
+            ValueError,
+            "a",
+        ),
+        case(
+            cs,
+            "rank",
+            "a",
+            lambda: cs(_state(out=OUT[0], lse=STATE.lse[0]), STATE),
+            ValueError,
+            "a",
+            "b",
+        ),
+        case(
+            cs,
+            "dtype",
+            "int",
+            lambda: cs(_state(out=OUT.astype(np.int32)), STATE),
+            TypeError,
+            "a",
+            "b",
+        ),
+        case(
+            cs,
+            "shape",
+            "lse_lo-vs-lse",
+            lambda: cs(_state(lse_lo=STATE.lse[..., :1]), STATE),
+            ValueError,
+            "a",
+        ),
         case(ids, "range", "batch", lambda: ids(-1, 1, 2, 3), ValueError, "batch"),
         case(ids, "type", "q_len", lambda: ids(2, 1.5, 2, 3), TypeError, "q_len"),
         case(ids, "type", "v_dim", lambda: ids(2, 1, 2, "3"), TypeError, "v_dim"),
@@ -274,83 +366,167 @@ def states_family() -> list[Case]:
         case(fin, "type", "state", lambda: fin("state"), TypeError, "state"),
         case(fin, "type", "dtype", lambda: fin(STATE, "banana"), TypeError, "dtype"),
         case(fin, "dtype", "int", lambda: fin(STATE, jnp.int32), TypeError, "dtype"),
-        case(tr, "type", "generator", lambda: tr(s for s in [STATE, STATE]), TypeError,
-             "states"),
+        case(tr, "type", "generator", lambda: tr(s for s in [STATE, STATE]), TypeError, "states"),
         case(tr, "type", "states-int", lambda: tr(5), TypeError, "states"),
         case(tr, "range", "empty", lambda: tr([]), ValueError, "states"),
-        case(tr, "range", "branching", lambda: tr([STATE], branching=1), ValueError,
-             "branching"),
-        case(tr, "type", "branching", lambda: tr([STATE], branching=2.5), TypeError,
-             "branching"),
+        case(tr, "range", "branching", lambda: tr([STATE], branching=1), ValueError, "branching"),
+        case(tr, "type", "branching", lambda: tr([STATE], branching=2.5), TypeError, "branching"),
         case(tr, "type", "op", lambda: tr([STATE, STATE], op=5), TypeError, "op"),
         case(sr, "type", "generator", lambda: sr(s for s in [STATE]), TypeError, "states"),
         case(sr, "range", "empty", lambda: sr([]), ValueError, "states"),
         case(sr, "type", "op", lambda: sr([STATE, STATE], op=5), TypeError, "op"),
-        case(merges.allreduce_combine, "type", "state",
-             lambda: merges.allreduce_combine("state", ("x",)), TypeError, "state"),
-        case(merges.allreduce_combine, "type", "axes",
-             lambda: merges.allreduce_combine(STATE, 5), TypeError, "axes"),
-        *[c for fn in (merges.allgather_combine, merges.all_to_all_combine,
-                       merges.reduce_scatter_combine, merges.one_pass_combine)
-          for c in (case(fn, "type", "state", lambda fn=fn: fn("state", ("x",)), TypeError,
-                         "state"),
-                    case(fn, "type", "axes", lambda fn=fn: fn(STATE, "x"), TypeError, "axes"))],
+        case(
+            merges.allreduce_combine,
+            "type",
+            "state",
+            lambda: merges.allreduce_combine("state", ("x",)),
+            TypeError,
+            "state",
+        ),
+        case(
+            merges.allreduce_combine,
+            "type",
+            "axes",
+            lambda: merges.allreduce_combine(STATE, 5),
+            TypeError,
+            "axes",
+        ),
+        *[
+            c
+            for fn in (
+                merges.allgather_combine,
+                merges.all_to_all_combine,
+                merges.reduce_scatter_combine,
+                merges.one_pass_combine,
+            )
+            for c in (
+                case(fn, "type", "state", lambda fn=fn: fn("state", ("x",)), TypeError, "state"),
+                case(fn, "type", "axes", lambda fn=fn: fn(STATE, "x"), TypeError, "axes"),
+            )
+        ],
         *merge_helper_cases(),
-        case(states.merge_stacked, "type", "stacked",
-             lambda: states.merge_stacked([STATE, STATE]), TypeError, "stacked"),
-        case(cs, "type", "lse-list", lambda: cs(_state(lse=STATE.lse.tolist()), STATE),
-             TypeError, "a.lse"),
+        case(
+            states.merge_stacked,
+            "type",
+            "stacked",
+            lambda: states.merge_stacked([STATE, STATE]),
+            TypeError,
+            "stacked",
+        ),
+        case(
+            cs,
+            "type",
+            "lse-list",
+            lambda: cs(_state(lse=STATE.lse.tolist()), STATE),
+            TypeError,
+            "a.lse",
+        ),
         # A merge is a collective: outside shard_map (or over an axis the enclosing
         # shard_map lacks) it is refused by name, not with JAX's unbound-axis NameError.
-        *[case(fn, "range", "outside-shard_map", lambda fn=fn: fn(STATE, ("x",)), ValueError,
-               "axes") for fn in merges.MERGES.values()],
-        case(merges.allreduce_combine, "range", "unknown-axis",
-             lambda: jax.shard_map(lambda o: merges.allreduce_combine(
-                 _state(out=o), ("y",)).out, mesh=mesh(), in_specs=jax.P(),
-                 out_specs=jax.P())(OUT), ValueError, "axes"),
+        *[
+            case(
+                fn,
+                "range",
+                "outside-shard_map",
+                lambda fn=fn: fn(STATE, ("x",)),
+                ValueError,
+                "axes",
+            )
+            for fn in merges.MERGES.values()
+        ],
+        case(
+            merges.allreduce_combine,
+            "range",
+            "unknown-axis",
+            lambda: jax.shard_map(
+                lambda o: merges.allreduce_combine(_state(out=o), ("y",)).out,
+                mesh=mesh(),
+                in_specs=jax.P(),
+                out_specs=jax.P(),
+            )(OUT),
+            ValueError,
+            "axes",
+        ),
     ]
     ch = tae.chunk_states
     cases += qkv_cases(ch, lambda q, k, v, **kw: ch(q, k, v, [TK], **kw))
     cases += [
-        case(ch, "range", "chunk_sizes-sum", lambda: ch(Q, K, V, [3, 4]), ValueError,
-             "chunk_sizes"),
-        case(ch, "range", "chunk_sizes-negative", lambda: ch(Q, K, V, [-1, TK + 1]), ValueError,
-             "chunk_sizes"),
+        case(
+            ch, "range", "chunk_sizes-sum", lambda: ch(Q, K, V, [3, 4]), ValueError, "chunk_sizes"
+        ),
+        case(
+            ch,
+            "range",
+            "chunk_sizes-negative",
+            lambda: ch(Q, K, V, [-1, TK + 1]),
+            ValueError,
+            "chunk_sizes",
+        ),
         case(ch, "type", "chunk_sizes-str", lambda: ch(Q, K, V, "ab"), TypeError, "chunk_sizes"),
-        case(ch, "type", "chunk_sizes-float", lambda: ch(Q, K, V, [2.5, 5.5]), TypeError,
-             "chunk_sizes"),
+        case(
+            ch,
+            "type",
+            "chunk_sizes-float",
+            lambda: ch(Q, K, V, [2.5, 5.5]),
+            TypeError,
+            "chunk_sizes",
+        ),
     ]
     cases += qkv_cases(tae.local_state, tae.local_state, chunk=True)
     ls = tae.local_state
-    cases += [case(ls, kind, f"kv_offset={bad!r}", lambda bad=bad: ls(Q, K, V, kv_offset=bad),
-                   exc, "kv_offset")
-              for kind, bad, exc in (("type", 1.5, TypeError), ("type", "8", TypeError),
-                                     ("shape", np.array([1, 2]), TypeError),
-                                     ("type", True, TypeError),
-                                     ("range", 2**40, ValueError))]
+    cases += [
+        case(
+            ls,
+            kind,
+            f"kv_offset={bad!r}",
+            lambda bad=bad: ls(Q, K, V, kv_offset=bad),
+            exc,
+            "kv_offset",
+        )
+        for kind, bad, exc in (
+            ("type", 1.5, TypeError),
+            ("type", "8", TypeError),
+            ("shape", np.array([1, 2]), TypeError),
+            ("type", True, TypeError),
+            ("range", 2**40, ValueError),
+        )
+    ]
     return cases
 
 
 def merge_helper_cases() -> list[Case]:
-    hp, ow, sp = merges.heads_per_device, merges.one_pass_window, merges.set_auto_policy
+    hp, ow = merges.heads_per_device, merges.one_pass_window
     return [
         case(hp, "range", "p-0", lambda: hp(8, 0), ValueError, "p"),
         case(hp, "type", "q_heads-float", lambda: hp(8.0, 2), TypeError, "q_heads"),
         case(ow, "range", "p-0", lambda: ow(jnp.float32, 0), ValueError, "p"),
         case(ow, "range", "p-negative", lambda: ow(jnp.float32, -3), ValueError, "p"),
-        case(ow, "range", "out_max-nan", lambda: ow(jnp.float32, 8, out_max=float("nan")),
-             ValueError, "out_max"),
-        case(ow, "range", "out_max-0", lambda: ow(jnp.float32, 8, out_max=0), ValueError,
-             "out_max"),
-        case(ow, "range", "out_min-negative", lambda: ow(jnp.float32, 8, out_min=-1),
-             ValueError, "out_min"),
+        case(
+            ow,
+            "range",
+            "out_max-nan",
+            lambda: ow(jnp.float32, 8, out_max=float("nan")),
+            ValueError,
+            "out_max",
+        ),
+        case(
+            ow, "range", "out_max-0", lambda: ow(jnp.float32, 8, out_max=0), ValueError, "out_max"
+        ),
+        case(
+            ow,
+            "range",
+            "out_min-negative",
+            lambda: ow(jnp.float32, 8, out_min=-1),
+            ValueError,
+            "out_min",
+        ),
         case(ow, "dtype", "int32", lambda: ow(jnp.int32, 8), TypeError, "dtype"),
         case(ow, "type", "p-float", lambda: ow(jnp.float32, 8.0), TypeError, "p"),
-        case(sp, "type", "not-callable", lambda: sp(42), TypeError, "policy"),
     ]
 
 
 # --- devices, kernels, decoders ----------------------------------------------------------------
+
 
 def devices_family() -> list[Case]:
     mm, sd = tae.make_mesh, tae.simulate_devices
@@ -364,18 +540,43 @@ def devices_family() -> list[Case]:
         case(mm, "range", "shape-0", lambda: mm((0,), "x"), ValueError, "shape"),
         case(mm, "range", "shape-too-many-devices", lambda: mm(16, "x"), ValueError, "shape"),
         case(mm, "rank", "shape-empty", lambda: mm((), ()), ValueError, "shape"),
-        case(mm, "shape", "one-name-per-axis", lambda: mm((2, 4), "x"), ValueError, "shape",
-             "axis_names"),
-        case(mm, "range", "axis_names-repeated", lambda: mm((2, 2), ("a", "a")), ValueError,
-             "axis_names"),
+        case(
+            mm,
+            "shape",
+            "one-name-per-axis",
+            lambda: mm((2, 4), "x"),
+            ValueError,
+            "shape",
+            "axis_names",
+        ),
+        case(
+            mm,
+            "range",
+            "axis_names-repeated",
+            lambda: mm((2, 2), ("a", "a")),
+            ValueError,
+            "axis_names",
+        ),
         case(mm, "type", "axis_names-int", lambda: mm(8, 5), TypeError, "axis_names"),
-        case(mm, "dtype", "devices-ints", lambda: mm(2, "x", devices=[0, 1]), TypeError,
-             "devices"),
+        case(mm, "dtype", "devices-ints", lambda: mm(2, "x", devices=[0, 1]), TypeError, "devices"),
         case(mm, "type", "devices-int", lambda: mm(2, "x", devices=5), TypeError, "devices"),
-        case(mm, "range", "devices-repeated", lambda: mm(2, "x", devices=[jax.devices()[0]] * 2),
-             ValueError, "devices"),
-        case(mm, "range", "devices-too-few", lambda: mm(2, "x", devices=jax.devices()[:1]),
-             ValueError, "shape", "devices"),
+        case(
+            mm,
+            "range",
+            "devices-repeated",
+            lambda: mm(2, "x", devices=[jax.devices()[0]] * 2),
+            ValueError,
+            "devices",
+        ),
+        case(
+            mm,
+            "range",
+            "devices-too-few",
+            lambda: mm(2, "x", devices=jax.devices()[:1]),
+            ValueError,
+            "shape",
+            "devices",
+        ),
         *pad_cache_cases(),
     ]
 
@@ -389,10 +590,22 @@ def pad_cache_cases() -> list[Case]:
         case(pc, "type", "multiple", lambda: pc(K, V, 2.5), TypeError, "multiple"),
         case(pc, "range", "multiple", lambda: pc(K, V, 0), ValueError, "multiple"),
         case(pc, "range", "layout", lambda: pc(K, V, 8, layout="thd"), ValueError, "layout"),
-        case(pc, "shape", "kv_lengths", lambda: pc(K, V, 8, kv_lengths=np.ones(3, np.int32)),
-             ValueError, "kv_lengths"),
-        case(pc, "dtype", "kv_lengths", lambda: pc(K, V, 8, kv_lengths=np.ones(B, F32)),
-             TypeError, "kv_lengths"),
+        case(
+            pc,
+            "shape",
+            "kv_lengths",
+            lambda: pc(K, V, 8, kv_lengths=np.ones(3, np.int32)),
+            ValueError,
+            "kv_lengths",
+        ),
+        case(
+            pc,
+            "dtype",
+            "kv_lengths",
+            lambda: pc(K, V, 8, kv_lengths=np.ones(B, F32)),
+            TypeError,
+            "kv_lengths",
+        ),
     ]
 
 
@@ -409,28 +622,58 @@ def kernels_family() -> list[Case]:
         case(xs, "range", "layout", lambda: xs(Q, K, V, layout="thd"), ValueError, "layout"),
         # kv_head_window (start, count): a start past the heads, a count of 0 or above Hkv,
         # a float start or count, and malformed pairs: named errors, never a clamp.
-        *[case(xs, kind, f"kv_head_window={w!r}",
-               lambda w=w: xs(Q[:, :, :1], K, V, kv_head_window=w), exc, "kv_head_window")
-          for kind, w, exc in (("range", (1, 1), ValueError), ("range", (-1, 1), ValueError),
-                               ("range", (0, 2), ValueError), ("range", (0, 0), ValueError),
-                               ("type", (0.5, 1), TypeError), ("type", (0, 1.0), TypeError),
-                               ("type", (0,), TypeError), ("type", [0, 1], TypeError),
-                               ("type", (np.zeros(2, np.int32), 1), TypeError),
-                               ("type", (jnp.float32(0), 1), TypeError))],
+        *[
+            case(
+                xs,
+                kind,
+                f"kv_head_window={w!r}",
+                lambda w=w: xs(Q[:, :, :1], K, V, kv_head_window=w),
+                exc,
+                "kv_head_window",
+            )
+            for kind, w, exc in (
+                ("range", (1, 1), ValueError),
+                ("range", (-1, 1), ValueError),
+                ("range", (0, 2), ValueError),
+                ("range", (0, 0), ValueError),
+                ("type", (0.5, 1), TypeError),
+                ("type", (0, 1.0), TypeError),
+                ("type", (0,), TypeError),
+                ("type", [0, 1], TypeError),
+                ("type", (np.zeros(2, np.int32), 1), TypeError),
+                ("type", (jnp.float32(0), 1), TypeError),
+            )
+        ],
         case(tl, "rank", "x", lambda: tl(K[0], "bthd", "bhtd"), ValueError, "x"),
         case(tl, "type", "x", lambda: tl(K.tolist(), "bthd", "bhtd"), TypeError, "x"),
         case(tl, "range", "src", lambda: tl(K, "thd", "bhtd"), ValueError, "src"),
         case(tl, "range", "dst", lambda: tl(K, "bthd", "thd"), ValueError, "dst"),
-        case(rs, "range", "name", lambda: rs("cuda", **auto), ValueError, "name",
-             "local_kernel"),
-        case(rs, "range", "layout", lambda: rs("auto", **auto, layout="thd"), ValueError,
-             "layout"),
-        case(rs, "dtype", "dtype", lambda: rs("auto", **(auto | dict(dtype="banana"))), TypeError,
-             "dtype"),
-        case(rs, "range", "head_dim", lambda: rs("auto", **(auto | dict(head_dim=0))), ValueError,
-             "head_dim"),
-        case(rs, "type", "head_dim", lambda: rs("auto", **(auto | dict(head_dim="4"))), TypeError,
-             "head_dim"),
+        case(rs, "range", "name", lambda: rs("cuda", **auto), ValueError, "name", "local_kernel"),
+        case(rs, "range", "layout", lambda: rs("auto", **auto, layout="thd"), ValueError, "layout"),
+        case(
+            rs,
+            "dtype",
+            "dtype",
+            lambda: rs("auto", **(auto | dict(dtype="banana"))),
+            TypeError,
+            "dtype",
+        ),
+        case(
+            rs,
+            "range",
+            "head_dim",
+            lambda: rs("auto", **(auto | dict(head_dim=0))),
+            ValueError,
+            "head_dim",
+        ),
+        case(
+            rs,
+            "type",
+            "head_dim",
+            lambda: rs("auto", **(auto | dict(head_dim="4"))),
+            TypeError,
+            "head_dim",
+        ),
         case(fs, "rank", "q", lambda: fs(Q[0], K, V), ValueError, "q"),
         case(fs, "dtype", "q", lambda: fs(Q.astype(np.int32), K, V), TypeError, "q"),
         case(fs, "shape", "batch", lambda: fs(Q[:1], K, V), ValueError, "q", "k"),
@@ -438,49 +681,117 @@ def kernels_family() -> list[Case]:
         case(fs, "range", "layout", lambda: fs(Q, K, V, layout="bhtd"), ValueError, "layout"),
         *qkv_cases(cs, cs_xla, chunk=True),
         case(cs, "shape", "v_dim", lambda: cs_xla(Q, K, V), ValueError, "v"),
-        case(cs, "range", "implementation", lambda: cs(Q, K, VD, implementation="triton"),
-             ValueError, "implementation"),
+        case(
+            cs,
+            "range",
+            "implementation",
+            lambda: cs(Q, K, VD, implementation="triton"),
+            ValueError,
+            "implementation",
+        ),
         case(cs, "type", "causal", lambda: cs_xla(Q, K, VD, causal="yes"), TypeError, "causal"),
-        case(cs, "range", "layout", lambda: cs_xla(Q, K, VD, layout="thd"), ValueError,
-             "layout"),
+        case(cs, "range", "layout", lambda: cs_xla(Q, K, VD, layout="thd"), ValueError, "layout"),
         case(cs, "range", "cudnn-off-a-gpu", lambda: cs(Q, K, VD), ValueError, "local_kernel"),
-        case(cs, "dtype", "float64",  # its softmax is float32 on both implementations
-             lambda: cs_xla(*(x.astype(np.float64) for x in (Q, K, VD))), ValueError,
-             "q", "k", "v"),
-        case(rs, "range", "cudnn-off-a-gpu", lambda: rs("cudnn", **auto), ValueError,
-             "local_kernel"),
-        case(kernels.cudnn.head_dim_limit, "type", "capability-str",
-             lambda: kernels.cudnn.head_dim_limit("9.0"), TypeError, "capability"),
-        case(xs, "type", "kv_offset-float", lambda: xs(Q, K, V, kv_offset=1.5), TypeError,
-             "kv_offset"),
-        case(cs, "type", "kv_offset-str", lambda: cs_xla(Q, K, VD, kv_offset="8"), TypeError,
-             "kv_offset"),
+        case(
+            cs,
+            "dtype",
+            "float64",  # its softmax is float32 on both implementations
+            lambda: cs_xla(*(x.astype(np.float64) for x in (Q, K, VD))),
+            ValueError,
+            "q",
+            "k",
+            "v",
+        ),
+        case(
+            rs, "range", "cudnn-off-a-gpu", lambda: rs("cudnn", **auto), ValueError, "local_kernel"
+        ),
+        case(
+            kernels.cudnn.head_dim_limit,
+            "type",
+            "capability-str",
+            lambda: kernels.cudnn.head_dim_limit("9.0"),
+            TypeError,
+            "capability",
+        ),
+        case(
+            xs,
+            "type",
+            "kv_offset-float",
+            lambda: xs(Q, K, V, kv_offset=1.5),
+            TypeError,
+            "kv_offset",
+        ),
+        case(
+            cs,
+            "type",
+            "kv_offset-str",
+            lambda: cs_xla(Q, K, VD, kv_offset="8"),
+            TypeError,
+            "kv_offset",
+        ),
     ]
 
 
 def decode_family() -> list[Case]:
     fe = tae.tree_decode_from_energy
     td, te = tae.tree_decode, tae.tree_energy
-    return [*decoder_cases(td), *decoder_cases(tae.ring_decode),
-            *decoder_cases(tae.ring_decode_pass_q), *decoder_cases(fe),
-            case(td, "range", "merge", lambda: td(Q, K, V, mesh=mesh(), merge="ring"),
-                 ValueError, "merge"),
-            case(td, "type", "merge-list", lambda: td(Q, K, V, mesh=mesh(), merge=["auto"]),
-                 TypeError, "merge"),
-            case(td, "type", "merge-array",
-                 lambda: td(Q, K, V, mesh=mesh(), merge=np.array(["allreduce"])), TypeError,
-                 "merge"),
-            *qkv_cases(te, lambda q, k, v, **kw: te(q, k, v, OUT, mesh=mesh(), **kw)),
-            *like_output_cases(te, lambda z: te(Q, K, V, z, mesh=mesh()), "zeta"),
-            case(te, "type", "mesh", lambda: te(Q, K, V, OUT, mesh="x"), TypeError, "mesh"),
-            case(te, "range", "layout", lambda: te(Q, K, V, OUT, mesh=mesh(), layout="thd"),
-                 ValueError, "layout"),
-            case(fe, "range", "local_kernel-cudnn",
-                 lambda: fe(Q, K, V, mesh=mesh(), local_kernel="cudnn"), ValueError,
-                 "local_kernel"),
-            case(fe, "range", "local_kernel-flash",
-                 lambda: fe(Q, K, V, mesh=mesh(), local_kernel="flash"), ValueError,
-                 "local_kernel")]
+    return [
+        *decoder_cases(td),
+        *decoder_cases(tae.ring_decode),
+        *decoder_cases(tae.ring_decode_pass_q),
+        *decoder_cases(fe),
+        case(
+            td,
+            "range",
+            "merge",
+            lambda: td(Q, K, V, mesh=mesh(), merge="ring"),
+            ValueError,
+            "merge",
+        ),
+        case(
+            td,
+            "type",
+            "merge-list",
+            lambda: td(Q, K, V, mesh=mesh(), merge=["auto"]),
+            TypeError,
+            "merge",
+        ),
+        case(
+            td,
+            "type",
+            "merge-array",
+            lambda: td(Q, K, V, mesh=mesh(), merge=np.array(["allreduce"])),
+            TypeError,
+            "merge",
+        ),
+        *qkv_cases(te, lambda q, k, v, **kw: te(q, k, v, OUT, mesh=mesh(), **kw)),
+        *like_output_cases(te, lambda z: te(Q, K, V, z, mesh=mesh()), "zeta"),
+        case(te, "type", "mesh", lambda: te(Q, K, V, OUT, mesh="x"), TypeError, "mesh"),
+        case(
+            te,
+            "range",
+            "layout",
+            lambda: te(Q, K, V, OUT, mesh=mesh(), layout="thd"),
+            ValueError,
+            "layout",
+        ),
+        case(
+            fe,
+            "range",
+            "local_kernel-cudnn",
+            lambda: fe(Q, K, V, mesh=mesh(), local_kernel="cudnn"),
+            ValueError,
+            "local_kernel",
+        ),
+        case(
+            fe,
+            "range",
+            "local_kernel-flash",
+            lambda: fe(Q, K, V, mesh=mesh(), local_kernel="flash"),
+            ValueError,
+            "local_kernel",
+        ),
+    ]
 
 
 def introspect_family() -> list[Case]:
@@ -496,16 +807,25 @@ def introspect_family() -> list[Case]:
         case(st, "type", "mesh", lambda: st("x", 64), TypeError, "mesh"),
         case(st, "type", "kv_len-float", lambda: st(mesh(), 64.0), TypeError, "kv_len"),
         case(st, "range", "kv_len-not-multiple", lambda: st(mesh(), 60), ValueError, "kv_len"),
-        case(st, "range", "q_heads-0", lambda: st(mesh(), 64, q_heads=0), ValueError,
-             "q_heads"),
-        case(st, "shape", "heads-not-grouped", lambda: st(mesh(), 64, q_heads=6, kv_heads=4),
-             ValueError, "q_heads"),
-        case(st, "dtype", "dtype-int", lambda: st(mesh(), 64, dtype=np.int32), TypeError,
-             "dtype"),
-        case(st, "range", "seq_axes-unknown", lambda: st(mesh(), 64, seq_axes="y"), ValueError,
-             "seq_axes"),
-        case(st, "range", "layout", lambda: st(mesh(), 64, layout="tbhd"), ValueError,
-             "layout"),
+        case(st, "range", "q_heads-0", lambda: st(mesh(), 64, q_heads=0), ValueError, "q_heads"),
+        case(
+            st,
+            "shape",
+            "heads-not-grouped",
+            lambda: st(mesh(), 64, q_heads=6, kv_heads=4),
+            ValueError,
+            "q_heads",
+        ),
+        case(st, "dtype", "dtype-int", lambda: st(mesh(), 64, dtype=np.int32), TypeError, "dtype"),
+        case(
+            st,
+            "range",
+            "seq_axes-unknown",
+            lambda: st(mesh(), 64, seq_axes="y"),
+            ValueError,
+            "seq_axes",
+        ),
+        case(st, "range", "layout", lambda: st(mesh(), 64, layout="tbhd"), ValueError, "layout"),
     ]
 
 
@@ -525,75 +845,135 @@ def hopfield_family() -> list[Case]:
         case(mk, "type", "dim", lambda: mk(key(), 4, 2.5), TypeError, "dim"),
         case(mk, "range", "value_dim-0", lambda: mk(key(), 4, 8, 0), ValueError, "value_dim"),
         case(mk, "type", "key-int", lambda: mk(0, 4, 8), TypeError, "key"),
-        case(mk, "rank", "key-batch", lambda: mk(jax.random.split(key()), 4, 8), ValueError,
-             "key"),
+        case(mk, "rank", "key-batch", lambda: mk(jax.random.split(key()), 4, 8), ValueError, "key"),
         case(mk, "dtype", "key-float", lambda: mk(np.zeros(2, F32), 4, 8), TypeError, "key"),
-        case(mk, "shape", "key-legacy-3", lambda: mk(np.zeros(3, np.uint32), 4, 8), TypeError,
-             "key"),
+        case(
+            mk, "shape", "key-legacy-3", lambda: mk(np.zeros(3, np.uint32), 4, 8), TypeError, "key"
+        ),
         case(nq, "range", "flip", lambda: nq(key(), MEM, ints, 0.7), ValueError, "flip"),
-        case(nq, "range", "flip-nan", lambda: nq(key(), MEM, ints, float("nan")), ValueError,
-             "flip"),
+        case(
+            nq, "range", "flip-nan", lambda: nq(key(), MEM, ints, float("nan")), ValueError, "flip"
+        ),
         case(nq, "type", "flip-str", lambda: nq(key(), MEM, ints, "0.1"), TypeError, "flip"),
-        case(nq, "dtype", "indices-float", lambda: nq(key(), MEM, IDX.astype(F32), 0.1),
-             TypeError, "indices"),
-        case(nq, "rank", "indices", lambda: nq(key(), MEM, ints[None], 0.1), ValueError,
-             "indices"),
-        case(nq, "type", "memory-tuple", lambda: nq(key(), tuple(MEM), ints, 0.1), TypeError,
-             "memory"),
-        case(nq, "shape", "memory-values", lambda: nq(key(), MEM._replace(values=MEM.values[:3]),
-                                                      ints, 0.1), ValueError, "memory"),
+        case(
+            nq,
+            "dtype",
+            "indices-float",
+            lambda: nq(key(), MEM, IDX.astype(F32), 0.1),
+            TypeError,
+            "indices",
+        ),
+        case(nq, "rank", "indices", lambda: nq(key(), MEM, ints[None], 0.1), ValueError, "indices"),
+        case(
+            nq,
+            "type",
+            "memory-tuple",
+            lambda: nq(key(), tuple(MEM), ints, 0.1),
+            TypeError,
+            "memory",
+        ),
+        case(
+            nq,
+            "shape",
+            "memory-values",
+            lambda: nq(key(), MEM._replace(values=MEM.values[:3]), ints, 0.1),
+            ValueError,
+            "memory",
+        ),
         case(rt, "type", "beta-str", lambda: rt(XI, MEM, "8"), TypeError, "beta"),
         case(rt, "range", "beta-negative", lambda: rt(XI, MEM, -1.0), ValueError, "beta"),
         case(rt, "range", "beta-nan", lambda: rt(XI, MEM, float("nan")), ValueError, "beta"),
-        case(rt, "type", "beta-traced", lambda: jax.jit(lambda b: rt(XI, MEM, b))(8.0),
-             TypeError, "beta"),
+        case(
+            rt,
+            "type",
+            "beta-traced",
+            lambda: jax.jit(lambda b: rt(XI, MEM, b))(8.0),
+            TypeError,
+            "beta",
+        ),
         case(rt, "rank", "queries", lambda: rt(XI[0], MEM, 8.0), ValueError, "queries"),
         case(rt, "shape", "queries-dim", lambda: rt(XI[:, :5], MEM, 8.0), ValueError, "queries"),
-        case(rt, "dtype", "queries-int", lambda: rt(XI.astype(np.int32), MEM, 8.0), TypeError,
-             "queries"),
-        case(rt, "dtype", "memory-int", lambda: rt(XI, MEM._replace(keys=MEM.keys.astype(int)),
-                                                   8.0), TypeError, "memory"),
-        case(rt, "rank", "memory-keys", lambda: rt(XI, MEM._replace(keys=MEM.keys[0]), 8.0),
-             ValueError, "memory"),
+        case(
+            rt,
+            "dtype",
+            "queries-int",
+            lambda: rt(XI.astype(np.int32), MEM, 8.0),
+            TypeError,
+            "queries",
+        ),
+        case(
+            rt,
+            "dtype",
+            "memory-int",
+            lambda: rt(XI, MEM._replace(keys=MEM.keys.astype(int)), 8.0),
+            TypeError,
+            "memory",
+        ),
+        case(
+            rt,
+            "rank",
+            "memory-keys",
+            lambda: rt(XI, MEM._replace(keys=MEM.keys[0]), 8.0),
+            ValueError,
+            "memory",
+        ),
         case(rt, "type", "mesh", lambda: rt(XI, MEM, 8.0, mesh="x"), TypeError, "mesh"),
         case(rd, "shape", "out", lambda: rd(np.ones((3, 6), F32), MEM, ints), ValueError, "out"),
         case(rd, "rank", "out", lambda: rd(np.ones(6, F32), MEM, ints), ValueError, "out"),
-        case(rd, "dtype", "out", lambda: rd(np.ones((2, 6), np.int32), MEM, ints), TypeError,
-             "out"),
-        case(rd, "type", "memory", lambda: rd(np.ones((2, 6), F32), None, ints), TypeError,
-             "memory"),
+        case(
+            rd, "dtype", "out", lambda: rd(np.ones((2, 6), np.int32), MEM, ints), TypeError, "out"
+        ),
+        case(
+            rd, "type", "memory", lambda: rd(np.ones((2, 6), F32), None, ints), TypeError, "memory"
+        ),
     ]
     for fn in (en, st):
         cases += [
             case(fn, "rank", "xi", lambda fn=fn: fn(XI, MEM.keys, 8.0), ValueError, "xi"),
-            case(fn, "shape", "xi-dim", lambda fn=fn: fn(XI[0, :5], MEM.keys, 8.0), ValueError,
-                 "xi"),
-            case(fn, "dtype", "xi-int", lambda fn=fn: fn(XI[0].astype(int), MEM.keys, 8.0),
-                 TypeError, "xi"),
-            case(fn, "rank", "keys", lambda fn=fn: fn(XI[0], MEM.keys[0], 8.0), ValueError,
-                 "keys"),
-            case(fn, "range", "beta-0", lambda fn=fn: fn(XI[0], MEM.keys, 0.0), ValueError,
-                 "beta"),
-            case(fn, "type", "beta-str", lambda fn=fn: fn(XI[0], MEM.keys, "8"), TypeError,
-                 "beta"),
+            case(
+                fn, "shape", "xi-dim", lambda fn=fn: fn(XI[0, :5], MEM.keys, 8.0), ValueError, "xi"
+            ),
+            case(
+                fn,
+                "dtype",
+                "xi-int",
+                lambda fn=fn: fn(XI[0].astype(int), MEM.keys, 8.0),
+                TypeError,
+                "xi",
+            ),
+            case(fn, "rank", "keys", lambda fn=fn: fn(XI[0], MEM.keys[0], 8.0), ValueError, "keys"),
+            case(fn, "range", "beta-0", lambda fn=fn: fn(XI[0], MEM.keys, 0.0), ValueError, "beta"),
+            case(fn, "type", "beta-str", lambda fn=fn: fn(XI[0], MEM.keys, "8"), TypeError, "beta"),
         ]
     cases += [
         case(ag, "range", "sizes-0", lambda: ag(key(), [16, 0], [1.0]), ValueError, "sizes"),
         case(ag, "type", "sizes-int", lambda: ag(key(), 16, [1.0]), TypeError, "sizes"),
         case(ag, "dtype", "sizes-float", lambda: ag(key(), [16.5], [1.0]), TypeError, "sizes"),
         case(ag, "range", "betas-empty", lambda: ag(key(), [16], []), ValueError, "betas"),
-        case(ag, "range", "betas-negative", lambda: ag(key(), [16], [-1.0]), ValueError,
-             "betas"),
+        case(ag, "range", "betas-negative", lambda: ag(key(), [16], [-1.0]), ValueError, "betas"),
         case(ag, "range", "flip", lambda: ag(key(), [16], [1.0], flip=0.9), ValueError, "flip"),
-        case(ag, "range", "queries", lambda: ag(key(), [16], [1.0], queries=0), ValueError,
-             "queries"),
+        case(
+            ag, "range", "queries", lambda: ag(key(), [16], [1.0], queries=0), ValueError, "queries"
+        ),
         case(ag, "type", "key", lambda: ag(1, [16], [1.0]), TypeError, "key"),
         case(ag, "type", "mesh", lambda: ag(key(), [16], [1.0], mesh="x"), TypeError, "mesh"),
-        case(ag, "rank", "sizes-2d", lambda: ag(key(), np.ones((1, 1), int), [1.0]), ValueError,
-             "sizes"),
+        case(
+            ag,
+            "rank",
+            "sizes-2d",
+            lambda: ag(key(), np.ones((1, 1), int), [1.0]),
+            ValueError,
+            "sizes",
+        ),
         case(ag, "range", "dim-0", lambda: ag(key(), [16], [1.0], dim=0), ValueError, "dim"),
-        case(ag, "shape", "key-batch", lambda: ag(jax.random.split(key()), [16], [1.0]),
-             ValueError, "key"),
+        case(
+            ag,
+            "shape",
+            "key-batch",
+            lambda: ag(jax.random.split(key()), [16], [1.0]),
+            ValueError,
+            "key",
+        ),
     ]
     return cases
 
@@ -601,8 +981,9 @@ def hopfield_family() -> list[Case]:
 # --- the model ---------------------------------------------------------------------------------
 
 CFG = model.Config(vocab=16, dim=8, layers=1, q_heads=2, kv_heads=1, head_dim=4, hidden=8)
-CACHE = model.KVCache(((np.zeros((1, 1, 8, 4), F32), np.zeros((1, 1, 8, 4), F32)),),
-                      np.zeros((1,), np.int32))
+CACHE = model.KVCache(
+    ((np.zeros((1, 1, 8, 4), F32), np.zeros((1, 1, 8, 4), F32)),), np.zeros((1,), np.int32)
+)
 
 
 @functools.cache
@@ -635,13 +1016,24 @@ def model_family() -> list[Case]:
     one = np.zeros((1, 1, 1, 4), F32)
 
     def write(**kw):
-        kw = dict(cache_k=kv, cache_v=kv, k=one, v=one, start=np.zeros(1, np.int32),
-                  mesh=mesh()) | kw
+        kw = (
+            dict(cache_k=kv, cache_v=kv, k=one, v=one, start=np.zeros(1, np.int32), mesh=mesh())
+            | kw
+        )
         return lambda: model.write(**kw)
 
     def fwd(**kw):
-        kw = dict(params=params(), cfg=CFG, tokens=np.zeros((1, 1), np.int32), cache=CACHE,
-                  attend=lambda *a: None, mesh=mesh()) | kw
+        kw = (
+            dict(
+                params=params(),
+                cfg=CFG,
+                tokens=np.zeros((1, 1), np.int32),
+                cache=CACHE,
+                attend=lambda *a: None,
+                mesh=mesh(),
+            )
+            | kw
+        )
         return lambda: model.forward(**kw)
 
     x4, pos = np.zeros((1, 2, 1, 4), F32), np.zeros((1, 2), np.int32)
@@ -659,117 +1051,259 @@ def model_family() -> list[Case]:
         case(g, "type", "prompt-int", gen(prompts=[5]), TypeError, "prompts"),
         case(g, "dtype", "token-float", gen(prompts=[[1.5]]), TypeError, "prompts"),
         case(g, "rank", "prompt-nested", gen(prompts=[[[1, 2]]]), ValueError, "prompts"),
-        case(g, "range", "temperature-negative", gen(temperature=-1.0), ValueError,
-             "temperature"),
-        case(g, "range", "temperature-nan", gen(temperature=float("nan")), ValueError,
-             "temperature"),
-        case(g, "range", "temperature-inf", gen(temperature=float("inf")), ValueError,
-             "temperature"),
+        case(g, "range", "temperature-negative", gen(temperature=-1.0), ValueError, "temperature"),
+        case(
+            g, "range", "temperature-nan", gen(temperature=float("nan")), ValueError, "temperature"
+        ),
+        case(
+            g, "range", "temperature-inf", gen(temperature=float("inf")), ValueError, "temperature"
+        ),
         case(g, "type", "temperature-str", gen(temperature="1"), TypeError, "temperature"),
         case(g, "range", "capacity-0", gen(capacity=0), ValueError, "capacity"),
         case(g, "type", "capacity-float", gen(capacity=8.0), TypeError, "capacity"),
-        case(g, "shape", "prompt-longer-than-capacity", gen(prompts=[[1] * 9], capacity=8),
-             ValueError, "capacity"),
-        case(g, "shape", "new-tokens-do-not-fit", gen(new_tokens=9, capacity=8), ValueError,
-             "capacity"),
+        case(
+            g,
+            "shape",
+            "prompt-longer-than-capacity",
+            gen(prompts=[[1] * 9], capacity=8),
+            ValueError,
+            "capacity",
+        ),
+        case(
+            g,
+            "shape",
+            "new-tokens-do-not-fit",
+            gen(new_tokens=9, capacity=8),
+            ValueError,
+            "capacity",
+        ),
         case(g, "range", "new_tokens-0", gen(new_tokens=0), ValueError, "new_tokens"),
         case(g, "range", "new_tokens-negative", gen(new_tokens=-3), ValueError, "new_tokens"),
         case(g, "type", "new_tokens-float", gen(new_tokens=2.5), TypeError, "new_tokens"),
         case(g, "type", "new_tokens-bool", gen(new_tokens=True), TypeError, "new_tokens"),
         case(g, "type", "key-int", gen(key=0), TypeError, "key"),
-        case(g, "rank", "key-batch", gen(key=jax.random.split(jax.random.key(0))), ValueError,
-             "key"),
+        case(
+            g, "rank", "key-batch", gen(key=jax.random.split(jax.random.key(0))), ValueError, "key"
+        ),
         case(g, "type", "progress", gen(progress="yes"), TypeError, "progress"),
         case(p, "range", "no-prompts", pre(prompts=()), ValueError, "prompts"),
         case(p, "range", "token", pre(prompts=([99],)), ValueError, "prompts"),
-        case(p, "shape", "capacity", pre(capacity=2, prompts=([1] * 5,)), ValueError,
-             "capacity"),
+        case(p, "shape", "capacity", pre(capacity=2, prompts=([1] * 5,)), ValueError, "capacity"),
         case(p, "type", "capacity", pre(capacity="8"), TypeError, "capacity"),
         case(p, "type", "progress", pre(progress=1), TypeError, "progress"),
-        case(Gen.step, "type", "cache", lambda: generator().step("cache", np.zeros(1, np.int32)),
-             TypeError, "cache"),
-        case(Gen.step, "range", "temperature", lambda: generator().step(
-            CACHE, np.zeros(1, np.int32), temperature=-1.0), ValueError, "temperature"),
-        case(Gen.step, "type", "key", lambda: generator().step(CACHE, np.zeros(1, np.int32),
-                                                               key=0), TypeError, "key"),
-        case(Gen.teacher_force, "type", "cache", lambda: generator().teacher_force(
-            (1, 2), np.zeros((1, 1), np.int32)), TypeError, "cache"),
-        case(Gen.teacher_force, "rank", "tokens", lambda: generator().teacher_force(
-            CACHE, np.zeros(1, np.int32)), ValueError, "tokens"),
-        case(Gen.teacher_force, "dtype", "tokens", lambda: generator().teacher_force(
-            CACHE, np.zeros((1, 1), F32)), TypeError, "tokens"),
-        case(Gen.teacher_force, "shape", "tokens-batch", lambda: generator().teacher_force(
-            CACHE, np.zeros((2, 1), np.int32)), ValueError, "tokens"),
+        case(
+            Gen.step,
+            "type",
+            "cache",
+            lambda: generator().step("cache", np.zeros(1, np.int32)),
+            TypeError,
+            "cache",
+        ),
+        case(
+            Gen.step,
+            "range",
+            "temperature",
+            lambda: generator().step(CACHE, np.zeros(1, np.int32), temperature=-1.0),
+            ValueError,
+            "temperature",
+        ),
+        case(
+            Gen.step,
+            "type",
+            "key",
+            lambda: generator().step(CACHE, np.zeros(1, np.int32), key=0),
+            TypeError,
+            "key",
+        ),
+        case(
+            Gen.teacher_force,
+            "type",
+            "cache",
+            lambda: generator().teacher_force((1, 2), np.zeros((1, 1), np.int32)),
+            TypeError,
+            "cache",
+        ),
+        case(
+            Gen.teacher_force,
+            "rank",
+            "tokens",
+            lambda: generator().teacher_force(CACHE, np.zeros(1, np.int32)),
+            ValueError,
+            "tokens",
+        ),
+        case(
+            Gen.teacher_force,
+            "dtype",
+            "tokens",
+            lambda: generator().teacher_force(CACHE, np.zeros((1, 1), F32)),
+            TypeError,
+            "tokens",
+        ),
+        case(
+            Gen.teacher_force,
+            "shape",
+            "tokens-batch",
+            lambda: generator().teacher_force(CACHE, np.zeros((2, 1), np.int32)),
+            ValueError,
+            "tokens",
+        ),
         case(Gen, "type", "params", new(params=[1]), TypeError, "params"),
-        case(Gen, "shape", "params-of-another-config",
-             new(cfg=model.Config(vocab=32, dim=8, layers=1, q_heads=2, kv_heads=1, head_dim=4,
-                                  hidden=8)), ValueError, "params"),
+        case(
+            Gen,
+            "shape",
+            "params-of-another-config",
+            new(
+                cfg=model.Config(
+                    vocab=32, dim=8, layers=1, q_heads=2, kv_heads=1, head_dim=4, hidden=8
+                )
+            ),
+            ValueError,
+            "params",
+        ),
         case(Gen, "range", "params-missing", new(params={}), ValueError, "params"),
         case(Gen, "type", "cfg", new(cfg={}), TypeError, "cfg"),
         case(Gen, "type", "mesh", new(mesh=None), TypeError, "mesh"),
         case(Gen, "range", "method", new(method="star"), ValueError, "method"),
-        case(Gen, "range", "prefill_method", new(prefill_method="flash"), ValueError,
-             "prefill_method"),
+        case(
+            Gen,
+            "range",
+            "prefill_method",
+            new(prefill_method="flash"),
+            ValueError,
+            "prefill_method",
+        ),
         case(Gen, "range", "prefill_chunk", new(prefill_chunk=0), ValueError, "prefill_chunk"),
-        case(Gen, "range", "prefill_method-single-for-a-sharded-cache",
-             new(method="tree", prefill_method="single"), ValueError, "prefill_method"),
-        case(Gen.step, "type", "tokens", lambda: generator().step(CACHE, [1]), TypeError,
-             "tokens"),
-        case(Gen.step, "rank", "tokens", lambda: generator().step(
-            CACHE, np.zeros((1, 1), np.int32)), ValueError, "tokens"),
-        case(Gen.step, "dtype", "tokens", lambda: generator().step(CACHE, np.zeros(1, F32)),
-             TypeError, "tokens"),
-        case(Gen.step, "shape", "tokens-batch", lambda: generator().step(
-            CACHE, np.zeros(2, np.int32)), ValueError, "tokens"),
+        case(
+            Gen,
+            "range",
+            "prefill_method-single-for-a-sharded-cache",
+            new(method="tree", prefill_method="single"),
+            ValueError,
+            "prefill_method",
+        ),
+        case(Gen.step, "type", "tokens", lambda: generator().step(CACHE, [1]), TypeError, "tokens"),
+        case(
+            Gen.step,
+            "rank",
+            "tokens",
+            lambda: generator().step(CACHE, np.zeros((1, 1), np.int32)),
+            ValueError,
+            "tokens",
+        ),
+        case(
+            Gen.step,
+            "dtype",
+            "tokens",
+            lambda: generator().step(CACHE, np.zeros(1, F32)),
+            TypeError,
+            "tokens",
+        ),
+        case(
+            Gen.step,
+            "shape",
+            "tokens-batch",
+            lambda: generator().step(CACHE, np.zeros(2, np.int32)),
+            ValueError,
+            "tokens",
+        ),
         case(Gen, "type", "prefill_chunk", new(prefill_chunk=2.5), TypeError, "prefill_chunk"),
         # the model's parts
         case(pk, "type", "params-list", lambda: pk([1], CFG), TypeError, "params"),
-        case(pk, "range", "params-already-packed",
-             lambda: pk(pk(params(), CFG), CFG), ValueError, "params"),
+        case(
+            pk,
+            "range",
+            "params-already-packed",
+            lambda: pk(pk(params(), CFG), CFG),
+            ValueError,
+            "params",
+        ),
         case(pk, "type", "cfg", lambda: pk(params(), "tiny"), TypeError, "cfg"),
-        case(ap, "type", "cache", lambda: ap((kv, kv), [(one, one)], mesh()), TypeError,
-             "cache"),
+        case(ap, "type", "cache", lambda: ap((kv, kv), [(one, one)], mesh()), TypeError, "cache"),
         case(ap, "type", "new", lambda: ap(CACHE, one, mesh()), TypeError, "new"),
-        case(ap, "shape", "new-layers", lambda: ap(CACHE, [(one, one)] * 2, mesh()),
-             ValueError, "new"),
-        case(ap, "shape", "new-head_dim", lambda: ap(CACHE, [(one[..., :2], one)], mesh()),
-             ValueError, "k"),
+        case(
+            ap,
+            "shape",
+            "new-layers",
+            lambda: ap(CACHE, [(one, one)] * 2, mesh()),
+            ValueError,
+            "new",
+        ),
+        case(
+            ap,
+            "shape",
+            "new-head_dim",
+            lambda: ap(CACHE, [(one[..., :2], one)], mesh()),
+            ValueError,
+            "k",
+        ),
         case(ap, "type", "mesh", lambda: ap(CACHE, [(one, one)], None), TypeError, "mesh"),
         case(C, "range", "vocab", lambda: C(vocab=0), ValueError, "vocab"),
         case(C, "type", "dim", lambda: C(dim=2.5), TypeError, "dim"),
         case(C, "shape", "heads", lambda: C(q_heads=3, kv_heads=2), ValueError, "q_heads"),
         case(C, "shape", "head_dim-odd", lambda: C(head_dim=5), ValueError, "head_dim"),
         case(C, "range", "rope_theta", lambda: C(rope_theta=0.0), ValueError, "rope_theta"),
-        case(C, "range", "rope_theta-at-most-1", lambda: C(rope_theta=1e-300), ValueError,
-             "rope_theta"),
-        case(C, "range", "init_scale-overflows", lambda: C(init_scale=1e30), ValueError,
-             "init_scale"),
-        case(Gen, "dtype", "params-int", lambda: Gen(jax.tree.map(
-            lambda x: x.astype(np.int32), params()), CFG, mesh()), TypeError, "params"),
+        case(
+            C,
+            "range",
+            "rope_theta-at-most-1",
+            lambda: C(rope_theta=1e-300),
+            ValueError,
+            "rope_theta",
+        ),
+        case(
+            C, "range", "init_scale-overflows", lambda: C(init_scale=1e30), ValueError, "init_scale"
+        ),
+        case(
+            Gen,
+            "dtype",
+            "params-int",
+            lambda: Gen(jax.tree.map(lambda x: x.astype(np.int32), params()), CFG, mesh()),
+            TypeError,
+            "params",
+        ),
         case(C, "range", "norm_eps", lambda: C(norm_eps=-1.0), ValueError, "norm_eps"),
-        case(C, "range", "init_scale", lambda: C(init_scale=float("nan")), ValueError,
-             "init_scale"),
-        case(C, "type", "tie_embeddings", lambda: C(tie_embeddings="no"), TypeError,
-             "tie_embeddings"),
+        case(
+            C, "range", "init_scale", lambda: C(init_scale=float("nan")), ValueError, "init_scale"
+        ),
+        case(
+            C, "type", "tie_embeddings", lambda: C(tie_embeddings="no"), TypeError, "tie_embeddings"
+        ),
         case(ip, "type", "cfg", lambda: ip({}, key()), TypeError, "cfg"),
         case(ip, "type", "key", lambda: ip(CFG, 0), TypeError, "key"),
-        case(ip, "shape", "key-batch", lambda: ip(CFG, jax.random.split(key())), ValueError,
-             "key"),
-        case(rn, "rank", "x", lambda: rn(np.float32(1.0), np.ones(1, F32), 1e-5), ValueError,
-             "x"),
-        case(rn, "dtype", "x", lambda: rn(np.ones((2, 4), np.int32), np.ones(4, F32), 1e-5),
-             TypeError, "x"),
-        case(rn, "shape", "gain", lambda: rn(np.ones((2, 4), F32), np.ones(3, F32), 1e-5),
-             ValueError, "gain"),
-        case(rn, "range", "eps", lambda: rn(np.ones((2, 4), F32), np.ones(4, F32), -1.0),
-             ValueError, "eps"),
+        case(ip, "shape", "key-batch", lambda: ip(CFG, jax.random.split(key())), ValueError, "key"),
+        case(rn, "rank", "x", lambda: rn(np.float32(1.0), np.ones(1, F32), 1e-5), ValueError, "x"),
+        case(
+            rn,
+            "dtype",
+            "x",
+            lambda: rn(np.ones((2, 4), np.int32), np.ones(4, F32), 1e-5),
+            TypeError,
+            "x",
+        ),
+        case(
+            rn,
+            "shape",
+            "gain",
+            lambda: rn(np.ones((2, 4), F32), np.ones(3, F32), 1e-5),
+            ValueError,
+            "gain",
+        ),
+        case(
+            rn,
+            "range",
+            "eps",
+            lambda: rn(np.ones((2, 4), F32), np.ones(4, F32), -1.0),
+            ValueError,
+            "eps",
+        ),
         case(rn, "type", "x", lambda: rn([[1.0]], np.ones(1, F32), 1e-5), TypeError, "x"),
         case(ro, "rank", "x", lambda: ro(x4[0], pos, 1e4), ValueError, "x"),
         case(ro, "dtype", "x", lambda: ro(x4.astype(np.int32), pos, 1e4), TypeError, "x"),
         case(ro, "shape", "positions", lambda: ro(x4, pos[:, :1], 1e4), ValueError, "positions"),
         case(ro, "shape", "x-odd-head_dim", lambda: ro(x4[..., :3], pos, 1e4), ValueError, "x"),
-        case(ro, "dtype", "positions", lambda: ro(x4, pos.astype(F32), 1e4), TypeError,
-             "positions"),
+        case(
+            ro, "dtype", "positions", lambda: ro(x4, pos.astype(F32), 1e4), TypeError, "positions"
+        ),
         case(ro, "range", "theta", lambda: ro(x4, pos, 0.0), ValueError, "theta"),
         case(ro, "type", "theta", lambda: ro(x4, pos, "1e4"), TypeError, "theta"),
         case(cs, "type", "mesh", lambda: cs("x"), TypeError, "mesh"),
@@ -788,22 +1322,51 @@ def model_family() -> list[Case]:
         case(wr, "type", "mesh", write(mesh="x"), TypeError, "mesh"),
         case(fw, "rank", "tokens", fwd(tokens=np.zeros(1, np.int32)), ValueError, "tokens"),
         case(fw, "dtype", "tokens", fwd(tokens=np.zeros((1, 1), F32)), TypeError, "tokens"),
-        case(fw, "shape", "tokens-batch", fwd(tokens=np.zeros((2, 1), np.int32)), ValueError,
-             "tokens"),
+        case(
+            fw,
+            "shape",
+            "tokens-batch",
+            fwd(tokens=np.zeros((2, 1), np.int32)),
+            ValueError,
+            "tokens",
+        ),
         case(fw, "type", "attend", fwd(attend=5), TypeError, "attend"),
         case(fw, "type", "cache", fwd(cache=(1, 2)), TypeError, "cache"),
         case(fw, "type", "params", fwd(params=[1]), TypeError, "params"),
-        case(sa, "range", "temperature", lambda: sa(np.zeros((1, 4), F32), key(), -1.0),
-             ValueError, "temperature"),
-        case(sa, "type", "temperature", lambda: sa(np.zeros((1, 4), F32), key(), "1"),
-             TypeError, "temperature"),
-        case(sa, "rank", "logits", lambda: sa(np.zeros(4, F32), key(), 0.0), ValueError,
-             "logits"),
-        case(sa, "dtype", "logits", lambda: sa(np.zeros((1, 4), np.int32), key(), 0.0),
-             TypeError, "logits"),
+        case(
+            sa,
+            "range",
+            "temperature",
+            lambda: sa(np.zeros((1, 4), F32), key(), -1.0),
+            ValueError,
+            "temperature",
+        ),
+        case(
+            sa,
+            "type",
+            "temperature",
+            lambda: sa(np.zeros((1, 4), F32), key(), "1"),
+            TypeError,
+            "temperature",
+        ),
+        case(sa, "rank", "logits", lambda: sa(np.zeros(4, F32), key(), 0.0), ValueError, "logits"),
+        case(
+            sa,
+            "dtype",
+            "logits",
+            lambda: sa(np.zeros((1, 4), np.int32), key(), 0.0),
+            TypeError,
+            "logits",
+        ),
         case(sa, "type", "key", lambda: sa(np.zeros((1, 4), F32), 0, 1.0), TypeError, "key"),
-        case(sa, "shape", "key-batch",
-             lambda: sa(np.zeros((1, 4), F32), jax.random.split(key()), 1.0), ValueError, "key"),
+        case(
+            sa,
+            "shape",
+            "key-batch",
+            lambda: sa(np.zeros((1, 4), F32), jax.random.split(key()), 1.0),
+            ValueError,
+            "key",
+        ),
     ]
 
 
@@ -816,10 +1379,14 @@ SHAPE = costmodel.ModelShape(2, 16, 4, 2, 4, 32, 64)
 COST_CALLS = (
     (costmodel.reduction_steps, dict(n=16, p=4, branching=2)),
     (costmodel.tree_depth, dict(p=4, branching=2)),
-    (costmodel.tree_payload_bytes, dict(batch=1, q_len=1, q_heads=2, v_dim=4, itemsize=4,
-                                        levels=1)),
-    (costmodel.ring_payload_bytes, dict(batch=1, kv_len=64, kv_heads=2, head_dim=4, v_dim=4,
-                                        p=4, itemsize=4)),
+    (
+        costmodel.tree_payload_bytes,
+        dict(batch=1, q_len=1, q_heads=2, v_dim=4, itemsize=4, levels=1),
+    ),
+    (
+        costmodel.ring_payload_bytes,
+        dict(batch=1, kv_len=64, kv_heads=2, head_dim=4, v_dim=4, p=4, itemsize=4),
+    ),
     (costmodel.paper_volume_tree, dict(b=1, n_h=2, d_h=4, p=4)),
     (costmodel.paper_volume_ring, dict(b=1, t=8, n_h=2, d_h=4, p=4)),
     (costmodel.paper_memory_tree, dict(b=1, t=8, n_h=2, d_h=4)),
@@ -828,44 +1395,158 @@ COST_CALLS = (
     (costmodel.peak_memory_ring, dict(batch=1, t=8, n_h=2, d_h=4, itemsize=2)),
     (costmodel.Link, dict(alpha_s=1e-6, beta_Bps=1e9)),
     (costmodel.Link.send, dict(self=LINK, nbytes=1e3)),
-    (costmodel.Topology, dict(nodes=2, devices_per_node=4, intra=LINK, inter=LINK, mem_Bps=1e12,
-                              flops=1e15, overhead_s=0.0, overlap=True)),
+    (
+        costmodel.Topology,
+        dict(
+            nodes=2,
+            devices_per_node=4,
+            intra=LINK,
+            inter=LINK,
+            mem_Bps=1e12,
+            flops=1e15,
+            overhead_s=0.0,
+            overlap=True,
+        ),
+    ),
     (costmodel.Topology.with_devices, dict(self=TOPO, p=4)),
     (costmodel.ring_allreduce_time, dict(nbytes=1e3, p=4, link=LINK)),
     (costmodel.tree_allreduce_time, dict(nbytes=1e3, p=4, link=LINK)),
     (costmodel.allreduce_time, dict(nbytes=1e3, p=4, link=LINK)),
     (costmodel.hierarchical_allreduce_time, dict(nbytes=1e3, topo=TOPO)),
-    (costmodel.local_decode_time, dict(batch=1, kv_len=64, kv_heads=2, head_dim=4, v_dim=4,
-                                       q_heads=4, topo=TOPO, itemsize=2, q_len=1)),
-    (costmodel.predict_tree, dict(seq_len=1024, topo=TOPO, batch=1, q_heads=4, kv_heads=2,
-                                  head_dim=8, itemsize=2, q_len=1, stat_itemsize=4)),
-    (costmodel.predict_ring, dict(seq_len=1024, topo=TOPO, batch=1, q_heads=4, kv_heads=2,
-                                  head_dim=8, itemsize=2, q_len=1, overlap=True)),
-    (costmodel.kv_read_bytes, dict(batch=1, kv_len=64, kv_heads=2, head_dim=4, v_dim=4,
-                                   itemsize=2)),
+    (
+        costmodel.local_decode_time,
+        dict(
+            batch=1,
+            kv_len=64,
+            kv_heads=2,
+            head_dim=4,
+            v_dim=4,
+            q_heads=4,
+            topo=TOPO,
+            itemsize=2,
+            q_len=1,
+        ),
+    ),
+    (
+        costmodel.predict_tree,
+        dict(
+            seq_len=1024,
+            topo=TOPO,
+            batch=1,
+            q_heads=4,
+            kv_heads=2,
+            head_dim=8,
+            itemsize=2,
+            q_len=1,
+            stat_itemsize=4,
+        ),
+    ),
+    (
+        costmodel.predict_ring,
+        dict(
+            seq_len=1024,
+            topo=TOPO,
+            batch=1,
+            q_heads=4,
+            kv_heads=2,
+            head_dim=8,
+            itemsize=2,
+            q_len=1,
+            overlap=True,
+        ),
+    ),
+    (
+        costmodel.kv_read_bytes,
+        dict(batch=1, kv_len=64, kv_heads=2, head_dim=4, v_dim=4, itemsize=2),
+    ),
     (costmodel.decode_flops, dict(batch=1, kv_len=64, q_heads=4, head_dim=4, v_dim=4, q_len=1)),
     (costmodel.decode_intensity, dict(group=4, itemsize=2, q_len=1)),
     (costmodel.paper_microbenchmark, dict(seq_len=1024, p=4, topo=TOPO)),
-    (costmodel.ModelShape, dict(layers=2, dim=16, q_heads=4, kv_heads=2, head_dim=4, hidden=32,
-                                vocab=64, tie_embeddings=False, itemsize=2)),
+    (
+        costmodel.ModelShape,
+        dict(
+            layers=2,
+            dim=16,
+            q_heads=4,
+            kv_heads=2,
+            head_dim=4,
+            hidden=32,
+            vocab=64,
+            tie_embeddings=False,
+            itemsize=2,
+        ),
+    ),
     (costmodel.generation_time, dict(seq_len=1024, topo=TOPO, model=SHAPE, tokens=2)),
     # merge patterns; `pattern`, `kind`, `ps`, ... have their own cases below
     (costmodel.padded_heads, dict(q_heads=4, p=8)),
     (costmodel.pass_q_heads, dict(q_heads=4, kv_heads=2, p=8)),
-    (costmodel.ring_collectives, dict(batch=1, kv_len=64, kv_heads=2, head_dim=4, v_dim=4, p=4,
-                                      itemsize=4)),
-    (costmodel.pass_q_collectives, dict(batch=1, q_len=1, q_heads=4, kv_heads=2, head_dim=4,
-                                        v_dim=4, p=4, itemsize=2, stat_itemsize=4)),
+    (
+        costmodel.ring_collectives,
+        dict(batch=1, kv_len=64, kv_heads=2, head_dim=4, v_dim=4, p=4, itemsize=4),
+    ),
+    (
+        costmodel.pass_q_collectives,
+        dict(
+            batch=1,
+            q_len=1,
+            q_heads=4,
+            kv_heads=2,
+            head_dim=4,
+            v_dim=4,
+            p=4,
+            itemsize=2,
+            stat_itemsize=4,
+        ),
+    ),
     (costmodel.allgather_time, dict(nbytes=1e3, p=4, link=LINK)),
     (costmodel.reduce_scatter_time, dict(nbytes=1e3, p=4, link=LINK)),
     (costmodel.all_to_all_time, dict(nbytes=1e3, p=4, link=LINK)),
-    (costmodel.predict_pass_q_ring, dict(seq_len=1024, topo=TOPO, batch=1, q_heads=4,
-                                         kv_heads=2, head_dim=8, v_dim=8, itemsize=2, q_len=1,
-                                         stat_itemsize=4, overlap=True)),
-    (costmodel.predict_all, dict(seq_len=1024, topo=TOPO, batch=1, q_heads=4, kv_heads=2,
-                                 head_dim=8, v_dim=8, itemsize=2, q_len=1, stat_itemsize=4)),
-    (costmodel.best_merge, dict(seq_len=1024, topo=TOPO, batch=1, q_heads=4, kv_heads=2,
-                                head_dim=8, v_dim=8, itemsize=2, q_len=1, stat_itemsize=4)),
+    (
+        costmodel.predict_pass_q_ring,
+        dict(
+            seq_len=1024,
+            topo=TOPO,
+            batch=1,
+            q_heads=4,
+            kv_heads=2,
+            head_dim=8,
+            v_dim=8,
+            itemsize=2,
+            q_len=1,
+            stat_itemsize=4,
+            overlap=True,
+        ),
+    ),
+    (
+        costmodel.predict_all,
+        dict(
+            seq_len=1024,
+            topo=TOPO,
+            batch=1,
+            q_heads=4,
+            kv_heads=2,
+            head_dim=8,
+            v_dim=8,
+            itemsize=2,
+            q_len=1,
+            stat_itemsize=4,
+        ),
+    ),
+    (
+        costmodel.best_merge,
+        dict(
+            seq_len=1024,
+            topo=TOPO,
+            batch=1,
+            q_heads=4,
+            kv_heads=2,
+            head_dim=8,
+            v_dim=8,
+            itemsize=2,
+            q_len=1,
+            stat_itemsize=4,
+        ),
+    ),
 )
 
 
@@ -875,12 +1556,19 @@ def _bad_values(name, good) -> list[tuple[str, object, type[Exception]]]:
         return [("type", "yes", TypeError)]
     if isinstance(good, int):
         low = 1 if name == "branching" else 0  # branching must be >= 2, sizes >= 1
-        return [("range", low, ValueError), ("range", -1, ValueError),
-                ("range", 10**400, ValueError),  # beyond float range: the formulas divide
-                ("type", 2.5, TypeError), ("type", str(good), TypeError)]
+        return [
+            ("range", low, ValueError),
+            ("range", -1, ValueError),
+            ("range", 10**400, ValueError),  # beyond float range: the formulas divide
+            ("type", 2.5, TypeError),
+            ("type", str(good), TypeError),
+        ]
     if isinstance(good, float):
-        return [("range", -1.0, ValueError), ("range", float("nan"), ValueError),
-                ("type", str(good), TypeError)]
+        return [
+            ("range", -1.0, ValueError),
+            ("range", float("nan"), ValueError),
+            ("type", str(good), TypeError),
+        ]
     return [("type", "nvlink", TypeError)]  # a Link or a Topology
 
 
@@ -893,16 +1581,27 @@ def costmodel_family() -> list[Case]:
             for kind, bad, exc in _bad_values(name, value):
                 kw = good | {name: bad}
                 shown = "10**400" if bad == 10**400 else repr(bad)
-                cases.append(case(fn, kind, f"{name}={shown}", lambda fn=fn, kw=kw: fn(**kw),
-                                  exc, name))
+                cases.append(
+                    case(fn, kind, f"{name}={shown}", lambda fn=fn, kw=kw: fn(**kw), exc, name)
+                )
     for fn, good in COST_CALLS:
         if {"q_heads", "kv_heads"} <= set(good):
             kw = good | dict(q_heads=4, kv_heads=3)
-            cases.append(case(fn, "shape", "heads", lambda fn=fn, kw=kw: fn(**kw), ValueError,
-                              "q_heads", "kv_heads"))
+            cases.append(
+                case(
+                    fn,
+                    "shape",
+                    "heads",
+                    lambda fn=fn, kw=kw: fn(**kw),
+                    ValueError,
+                    "q_heads",
+                    "kv_heads",
+                )
+            )
     wd = costmodel.Topology.with_devices
-    cases.append(case(wd, "shape", "not-whole-nodes", lambda: TOPO.with_devices(6), ValueError,
-                      "p"))
+    cases.append(
+        case(wd, "shape", "not-whole-nodes", lambda: TOPO.with_devices(6), ValueError, "p")
+    )
     return cases + merge_pattern_cases()
 
 
@@ -914,66 +1613,145 @@ def merge_pattern_cases() -> list[Case]:
     shape = dict(batch=1, q_len=1, q_heads=4, v_dim=8, p=4)
     out = []
     for fn in (mc, mr):
-        out += [case(fn, "range", "pattern-ring", lambda fn=fn: fn("ring", **shape), ValueError,
-                     "pattern"),
-                case(fn, "type", "pattern-int", lambda fn=fn: fn(3, **shape), TypeError,
-                     "pattern"),
-                case(fn, "range", "p-0", lambda fn=fn: fn("allgather", **shape | dict(p=0)),
-                     ValueError, "p"),
-                case(fn, "type", "v_dim-float",
-                     lambda fn=fn: fn("allgather", **shape | dict(v_dim=2.5)), TypeError,
-                     "v_dim")]
+        out += [
+            case(
+                fn,
+                "range",
+                "pattern-ring",
+                lambda fn=fn: fn("ring", **shape),
+                ValueError,
+                "pattern",
+            ),
+            case(fn, "type", "pattern-int", lambda fn=fn: fn(3, **shape), TypeError, "pattern"),
+            case(
+                fn,
+                "range",
+                "p-0",
+                lambda fn=fn: fn("allgather", **shape | dict(p=0)),
+                ValueError,
+                "p",
+            ),
+            case(
+                fn,
+                "type",
+                "v_dim-float",
+                lambda fn=fn: fn("allgather", **shape | dict(v_dim=2.5)),
+                TypeError,
+                "v_dim",
+            ),
+        ]
     out += [
-        case(mc, "type", "fallback-int", lambda: mc("one_pass", **shape, fallback=1), TypeError,
-             "fallback"),
+        case(
+            mc,
+            "type",
+            "fallback-int",
+            lambda: mc("one_pass", **shape, fallback=1),
+            TypeError,
+            "fallback",
+        ),
         case(pm, "range", "pattern-psum", lambda: pm("psum", 1024, TOPO), ValueError, "pattern"),
         case(pm, "type", "pattern-none", lambda: pm(None, 1024, TOPO), TypeError, "pattern"),
         case(pm, "type", "topo-link", lambda: pm("allreduce", 1024, LINK), TypeError, "topo"),
         case(pm, "range", "seq_len-0", lambda: pm("allreduce", 0, TOPO), ValueError, "seq_len"),
-        case(pm, "shape", "heads", lambda: pm("allreduce", 1024, TOPO, q_heads=4, kv_heads=3),
-             ValueError, "q_heads"),
-        case(pm, "range", "v_dim-0", lambda: pm("allreduce", 1024, TOPO, v_dim=0), ValueError,
-             "v_dim"),
+        case(
+            pm,
+            "shape",
+            "heads",
+            lambda: pm("allreduce", 1024, TOPO, q_heads=4, kv_heads=3),
+            ValueError,
+            "q_heads",
+        ),
+        case(
+            pm,
+            "range",
+            "v_dim-0",
+            lambda: pm("allreduce", 1024, TOPO, v_dim=0),
+            ValueError,
+            "v_dim",
+        ),
         case(ct, "range", "kind-broadcast", lambda: ct("broadcast", 8, TOPO), ValueError, "kind"),
-        case(ct, "range", "nbytes-negative", lambda: ct("all-gather", -1, TOPO), ValueError,
-             "nbytes"),
+        case(
+            ct, "range", "nbytes-negative", lambda: ct("all-gather", -1, TOPO), ValueError, "nbytes"
+        ),
         case(ct, "type", "topo-str", lambda: ct("all-gather", 8, "nvlink"), TypeError, "topo"),
-        case(cts, "range", "kind", lambda: cts([("gather", 8, 1)], TOPO), ValueError,
-             "collectives"),
+        case(
+            cts, "range", "kind", lambda: cts([("gather", 8, 1)], TOPO), ValueError, "collectives"
+        ),
         case(cts, "type", "topo", lambda: cts([("all-gather", 8, 1)], None), TypeError, "topo"),
         case(cb, "type", "collectives", lambda: cb(5), TypeError, "collectives"),
-        case(bm, "range", "patterns-unknown", lambda: bm(1024, TOPO, patterns=("psum",)),
-             ValueError, "patterns"),
-        case(bm, "range", "patterns-empty", lambda: bm(1024, TOPO, patterns=()), ValueError,
-             "patterns"),
+        case(
+            bm,
+            "range",
+            "patterns-unknown",
+            lambda: bm(1024, TOPO, patterns=("psum",)),
+            ValueError,
+            "patterns",
+        ),
+        case(
+            bm,
+            "range",
+            "patterns-empty",
+            lambda: bm(1024, TOPO, patterns=()),
+            ValueError,
+            "patterns",
+        ),
         case(cm_, "type", "topo", lambda: cm_("dgx"), TypeError, "topo"),
         case(cm_, "range", "ps-0", lambda: cm_(ps=(0,)), ValueError, "ps"),
         case(cm_, "type", "ps-str", lambda: cm_(ps="8"), TypeError, "ps"),
-        case(cm_, "shape", "batch_heads-not-multiple", lambda: cm_(batch_heads=(24,)),
-             ValueError, "batch_heads"),
+        case(
+            cm_,
+            "shape",
+            "batch_heads-not-multiple",
+            lambda: cm_(batch_heads=(24,)),
+            ValueError,
+            "batch_heads",
+        ),
         case(cm_, "range", "patterns", lambda: cm_(patterns=("ring",)), ValueError, "patterns"),
-        case(costmodel.Topology, "type", "measured",
-             lambda: costmodel.Topology(1, 4, LINK, LINK, 1e12, 1e15, measured=[]), TypeError,
-             "measured"),
-        case(costmodel.Topology, "range", "measured-kind",
-             lambda: costmodel.Topology(1, 4, LINK, LINK, 1e12, 1e15,
-                                        measured=(("broadcast", LINK),)), ValueError,
-             "measured"),
+        case(
+            costmodel.Topology,
+            "type",
+            "measured",
+            lambda: costmodel.Topology(1, 4, LINK, LINK, 1e12, 1e15, measured=[]),
+            TypeError,
+            "measured",
+        ),
+        case(
+            costmodel.Topology,
+            "range",
+            "measured-kind",
+            lambda: costmodel.Topology(
+                1, 4, LINK, LINK, 1e12, 1e15, measured=(("broadcast", LINK),)
+            ),
+            ValueError,
+            "measured",
+        ),
     ]
     return out
 
 
-CASES = (attention_family() + states_family() + devices_family() + kernels_family()
-         + decode_family() + introspect_family() + hopfield_family() + model_family()
-         + costmodel_family())
+CASES = (
+    attention_family()
+    + states_family()
+    + devices_family()
+    + kernels_family()
+    + decode_family()
+    + introspect_family()
+    + hopfield_family()
+    + model_family()
+    + costmodel_family()
+)
 CASES = CASES + bayes_family()
 
 
 def checkpoint_family() -> list[Case]:
     """Hugging Face checkpoints: paths, dtypes, configs; nothing is read or written
     (a path that does not exist, or a check that fails before the folder is touched)."""
-    ic, lc, lt, sc = (checkpoint.inspect_checkpoint, checkpoint.load_checkpoint,
-                      checkpoint.load_tokenizer, checkpoint.save_checkpoint)
+    ic, lc, lt, sc = (
+        checkpoint.inspect_checkpoint,
+        checkpoint.load_checkpoint,
+        checkpoint.load_tokenizer,
+        checkpoint.save_checkpoint,
+    )
     cf, ct, rs = checkpoint.config_from_hf, checkpoint.config_to_hf, model.RopeScaling
     nowhere = "/nonexistent/checkpoint"
     other = model.Config(vocab=32, dim=8, layers=1, q_heads=2, kv_heads=1, head_dim=4, hidden=8)
@@ -989,37 +1767,93 @@ def checkpoint_family() -> list[Case]:
         case(lt, "type", "path-float", lambda: lt(3.5), TypeError, "path"),
         case(lt, "range", "path-missing", lambda: lt(nowhere), ValueError, "path"),
         case(sc, "type", "path-int", lambda: sc(5, params(), CFG), TypeError, "path"),
-        case(sc, "range", "path-a-file", lambda: sc(__file__, params(), CFG), ValueError,
-             "path"),
-        case(sc, "range", "path-unwritable", lambda: sc("/proc/checkpoint", params(), CFG),
-             ValueError, "path"),
+        case(sc, "range", "path-a-file", lambda: sc(__file__, params(), CFG), ValueError, "path"),
+        case(
+            sc,
+            "range",
+            "path-unwritable",
+            lambda: sc("/proc/checkpoint", params(), CFG),
+            ValueError,
+            "path",
+        ),
         case(sc, "type", "cfg", lambda: sc(nowhere, params(), {}), TypeError, "cfg"),
-        case(sc, "shape", "params-of-another-config", lambda: sc(nowhere, params(), other),
-             ValueError, "params"),
-        case(sc, "dtype", "dtype-int", lambda: sc(nowhere, params(), CFG, dtype=np.int32),
-             TypeError, "dtype"),
-        case(sc, "range", "max_shard_bytes-0",
-             lambda: sc(nowhere, params(), CFG, max_shard_bytes=0), ValueError,
-             "max_shard_bytes"),
-        case(sc, "type", "max_shard_bytes-float",
-             lambda: sc(nowhere, params(), CFG, max_shard_bytes=1.5), TypeError,
-             "max_shard_bytes"),
+        case(
+            sc,
+            "shape",
+            "params-of-another-config",
+            lambda: sc(nowhere, params(), other),
+            ValueError,
+            "params",
+        ),
+        case(
+            sc,
+            "dtype",
+            "dtype-int",
+            lambda: sc(nowhere, params(), CFG, dtype=np.int32),
+            TypeError,
+            "dtype",
+        ),
+        case(
+            sc,
+            "range",
+            "max_shard_bytes-0",
+            lambda: sc(nowhere, params(), CFG, max_shard_bytes=0),
+            ValueError,
+            "max_shard_bytes",
+        ),
+        case(
+            sc,
+            "type",
+            "max_shard_bytes-float",
+            lambda: sc(nowhere, params(), CFG, max_shard_bytes=1.5),
+            TypeError,
+            "max_shard_bytes",
+        ),
         case(cf, "type", "config-list", lambda: cf([]), TypeError, "config"),
         case(cf, "range", "config-empty", lambda: cf({}), ValueError, "config.json"),
-        case(cf, "shape", "heads", lambda: cf({"num_attention_heads": 4, "num_key_value_heads": 3,
-                                                "hidden_size": 32}), ValueError, "config.json"),
+        case(
+            cf,
+            "shape",
+            "heads",
+            lambda: cf({"num_attention_heads": 4, "num_key_value_heads": 3, "hidden_size": 32}),
+            ValueError,
+            "config.json",
+        ),
         case(cf, "type", "where", lambda: cf({}, 5), TypeError, "where"),
         case(ct, "type", "cfg", lambda: ct("tiny"), TypeError, "cfg"),
         case(rs, "range", "factor", lambda: rs(factor=0.5), ValueError, "factor"),
-        case(rs, "range", "high_freq_factor", lambda: rs(high_freq_factor=0.5), ValueError,
-             "high_freq_factor"),
-        case(rs, "type", "original_max_position_embeddings",
-             lambda: rs(original_max_position_embeddings=1.5), TypeError,
-             "original_max_position_embeddings"),
-        case(model.Config, "type", "rope_scaling", lambda: model.Config(rope_scaling=8.0),
-             TypeError, "rope_scaling"),
-        case(model.rope, "type", "scaling", lambda: model.rope(x4, pos, 1e4, scaling=8.0),
-             TypeError, "scaling"),
+        case(
+            rs,
+            "range",
+            "high_freq_factor",
+            lambda: rs(high_freq_factor=0.5),
+            ValueError,
+            "high_freq_factor",
+        ),
+        case(
+            rs,
+            "type",
+            "original_max_position_embeddings",
+            lambda: rs(original_max_position_embeddings=1.5),
+            TypeError,
+            "original_max_position_embeddings",
+        ),
+        case(
+            model.Config,
+            "type",
+            "rope_scaling",
+            lambda: model.Config(rope_scaling=8.0),
+            TypeError,
+            "rope_scaling",
+        ),
+        case(
+            model.rope,
+            "type",
+            "scaling",
+            lambda: model.rope(x4, pos, 1e4, scaling=8.0),
+            TypeError,
+            "scaling",
+        ),
     ]
 
 
@@ -1043,8 +1877,12 @@ def perf_theory_family() -> list[Case]:
     sb, ms, cs = introspect.shape_bytes, introspect.memory_stats, introspect.collective_stats
     prob = benchmark.Problem(seq_len=64, q_heads=2, kv_heads=2, head_dim=8)
     small = dict(q_heads=2, kv_heads=2, head_dim=8)
-    bP, lr, fl, msz = benchmark.Problem, calibrate.local_rates, calibrate.fit_link, \
-        calibrate.message_sizes
+    bP, lr, fl, msz = (
+        benchmark.Problem,
+        calibrate.local_rates,
+        calibrate.fit_link,
+        calibrate.message_sizes,
+    )
     mt, mts, mf = benchmark.median_time, benchmark.median_times, benchmark.method_fns
     return [
         # theory.symbolic: sizes are positive ints, sums are over at least one term
@@ -1055,117 +1893,288 @@ def perf_theory_family() -> list[Case]:
         case(sy.lse, "type", "xs-int", lambda: sy.lse(5), TypeError, "xs"),
         case(sy.symbols, "range", "n-negative", lambda: sy.symbols(-1, 2), ValueError, "n"),
         case(sy.symbols, "type", "d-str", lambda: sy.symbols(2, "1"), TypeError, "d"),
-        case(sy.gradient_is_attention, "range", "n-0", lambda: sy.gradient_is_attention(0),
-             ValueError, "n"),
-        case(sy.gradient_is_attention, "type", "n-float",
-             lambda: sy.gradient_is_attention(2.5), TypeError, "n"),
+        case(
+            sy.gradient_is_attention,
+            "range",
+            "n-0",
+            lambda: sy.gradient_is_attention(0),
+            ValueError,
+            "n",
+        ),
+        case(
+            sy.gradient_is_attention,
+            "type",
+            "n-float",
+            lambda: sy.gradient_is_attention(2.5),
+            TypeError,
+            "n",
+        ),
         case(cmc, "range", "sizes-zero", lambda: cmc((0, 0)), ValueError, "sizes"),
         case(cmc, "shape", "sizes-three", lambda: cmc((1, 2, 3)), ValueError, "sizes"),
         case(cmc, "type", "sizes-int", lambda: cmc(2), TypeError, "sizes"),
-        case(sy.third_cumulant, "range", "n-negative", lambda: sy.third_cumulant(-1),
-             ValueError, "n"),
-        case(sy.third_cumulant, "type", "n-float", lambda: sy.third_cumulant(1.5), TypeError,
-             "n"),
+        case(
+            sy.third_cumulant, "range", "n-negative", lambda: sy.third_cumulant(-1), ValueError, "n"
+        ),
+        case(sy.third_cumulant, "type", "n-float", lambda: sy.third_cumulant(1.5), TypeError, "n"),
         case(s_mean, "range", "j-out-of-range", lambda: s_mean(s2, v2, 5), ValueError, "j"),
         case(s_mean, "type", "j-float", lambda: s_mean(s2, v2, 0.5), TypeError, "j"),
         case(s_mean, "range", "s-empty", lambda: s_mean([], [], 0), ValueError, "s"),
-        case(sy.energy_expr, "shape", "v-rows", lambda: sy.energy_expr(s2, v2[:1], [s2[0]]),
-             ValueError, "v"),
-        case(sy.energy_expr, "type", "v-str", lambda: sy.energy_expr(s2, "v", [s2[0]]),
-             TypeError, "v"),
+        case(
+            sy.energy_expr,
+            "shape",
+            "v-rows",
+            lambda: sy.energy_expr(s2, v2[:1], [s2[0]]),
+            ValueError,
+            "v",
+        ),
+        case(
+            sy.energy_expr,
+            "type",
+            "v-str",
+            lambda: sy.energy_expr(s2, "v", [s2[0]]),
+            TypeError,
+            "v",
+        ),
         # hopfield: a traced beta is refused under jit as a bad one is eagerly
-        case(en, "type", "beta-traced-negative",
-             lambda: jax.jit(lambda b: en(XI[0], MEM.keys, b))(-2.0), TypeError, "beta"),
-        case(en, "type", "beta-traced-zero",
-             lambda: jax.jit(lambda b: en(XI[0], MEM.keys, b))(0.0), TypeError, "beta"),
-        case(st, "type", "beta-traced-negative",
-             lambda: jax.jit(lambda b: st(XI[0], MEM.keys, b))(-1.0), TypeError, "beta"),
-        case(rt, "range", "beta-overflows-float32", lambda: rt(XI, MEM, 1e39), ValueError,
-             "beta"),
-        case(en, "range", "beta-overflows-float32", lambda: en(XI[0], MEM.keys, 1e39),
-             ValueError, "beta"),
-        case(bayes.stationary_point, "range", "seed-2**70",
-             lambda: bayes.stationary_point(Q, K, V, seed=2**70), ValueError, "seed"),
+        case(
+            en,
+            "type",
+            "beta-traced-negative",
+            lambda: jax.jit(lambda b: en(XI[0], MEM.keys, b))(-2.0),
+            TypeError,
+            "beta",
+        ),
+        case(
+            en,
+            "type",
+            "beta-traced-zero",
+            lambda: jax.jit(lambda b: en(XI[0], MEM.keys, b))(0.0),
+            TypeError,
+            "beta",
+        ),
+        case(
+            st,
+            "type",
+            "beta-traced-negative",
+            lambda: jax.jit(lambda b: st(XI[0], MEM.keys, b))(-1.0),
+            TypeError,
+            "beta",
+        ),
+        case(rt, "range", "beta-overflows-float32", lambda: rt(XI, MEM, 1e39), ValueError, "beta"),
+        case(
+            en,
+            "range",
+            "beta-overflows-float32",
+            lambda: en(XI[0], MEM.keys, 1e39),
+            ValueError,
+            "beta",
+        ),
+        case(
+            bayes.stationary_point,
+            "range",
+            "seed-2**70",
+            lambda: bayes.stationary_point(Q, K, V, seed=2**70),
+            ValueError,
+            "seed",
+        ),
         # the cost model
-        case(costmodel.paper_microbenchmark, "range", "p-more-than-seq_len",
-             lambda: costmodel.paper_microbenchmark(1024, 10**6), ValueError, "p"),
-        case(costmodel.predict_ring, "range", "seq_len-fewer-than-devices",
-             lambda: costmodel.predict_ring(4, TOPO), ValueError, "seq_len"),
-        case(costmodel.predict_tree, "type", "seq_len-sympy",
-             lambda: costmodel.predict_tree(sympy.Symbol("n", positive=True, integer=True),
-                                            TOPO), TypeError, "seq_len"),
-        case(cts, "shape", "entry-short", lambda: cts([("all-reduce",)], TOPO), TypeError,
-             "collectives"),
-        case(cb, "shape", "entry-pair", lambda: cb([("all-reduce", 10)]), TypeError,
-             "collectives"),
-        case(cb, "range", "entry-negative", lambda: cb([("all-reduce", -10, 1)]), ValueError,
-             "collectives"),
-        case(cb, "range", "entry-kind", lambda: cb([("psum", 10, 1)]), ValueError,
-             "collectives"),
-        case(costmodel.ring_allreduce_time, "range", "nbytes=10**400",
-             lambda: costmodel.ring_allreduce_time(10**400, 8, LINK), ValueError, "nbytes"),
-        case(costmodel.Link, "range", "beta_Bps=10**400", lambda: costmodel.Link(1e-6, 10**400),
-             ValueError, "beta_Bps"),
+        case(
+            costmodel.paper_microbenchmark,
+            "range",
+            "p-more-than-seq_len",
+            lambda: costmodel.paper_microbenchmark(1024, 10**6),
+            ValueError,
+            "p",
+        ),
+        case(
+            costmodel.predict_ring,
+            "range",
+            "seq_len-fewer-than-devices",
+            lambda: costmodel.predict_ring(4, TOPO),
+            ValueError,
+            "seq_len",
+        ),
+        case(
+            costmodel.predict_tree,
+            "type",
+            "seq_len-sympy",
+            lambda: costmodel.predict_tree(sympy.Symbol("n", positive=True, integer=True), TOPO),
+            TypeError,
+            "seq_len",
+        ),
+        case(
+            cts,
+            "shape",
+            "entry-short",
+            lambda: cts([("all-reduce",)], TOPO),
+            TypeError,
+            "collectives",
+        ),
+        case(cb, "shape", "entry-pair", lambda: cb([("all-reduce", 10)]), TypeError, "collectives"),
+        case(
+            cb,
+            "range",
+            "entry-negative",
+            lambda: cb([("all-reduce", -10, 1)]),
+            ValueError,
+            "collectives",
+        ),
+        case(cb, "range", "entry-kind", lambda: cb([("psum", 10, 1)]), ValueError, "collectives"),
+        case(
+            costmodel.ring_allreduce_time,
+            "range",
+            "nbytes=10**400",
+            lambda: costmodel.ring_allreduce_time(10**400, 8, LINK),
+            ValueError,
+            "nbytes",
+        ),
+        case(
+            costmodel.Link,
+            "range",
+            "beta_Bps=10**400",
+            lambda: costmodel.Link(1e-6, 10**400),
+            ValueError,
+            "beta_Bps",
+        ),
         case(am, "type", "problem-str", lambda: am("problem"), TypeError, "problem"),
-        case(am, "dtype", "problem-dtype", lambda: am(mp._replace(dtype="floaty")), TypeError,
-             "problem"),
-        case(am, "range", "problem-axis_sizes", lambda: am(mp._replace(axis_sizes=())),
-             ValueError, "problem"),
+        case(
+            am,
+            "dtype",
+            "problem-dtype",
+            lambda: am(mp._replace(dtype="floaty")),
+            TypeError,
+            "problem",
+        ),
+        case(
+            am,
+            "range",
+            "problem-axis_sizes",
+            lambda: am(mp._replace(axis_sizes=())),
+            ValueError,
+            "problem",
+        ),
         # introspect
         case(sb, "range", "shape_text-size", lambda: sb("f32[abc]"), ValueError, "shape_text"),
-        case(sb, "range", "shape_text-type", lambda: sb("floaty[8]"), ValueError,
-             "shape_text"),
-        case(sb, "range", "shape_text-not-a-shape", lambda: sb("hello"), ValueError,
-             "shape_text"),
+        case(sb, "range", "shape_text-type", lambda: sb("floaty[8]"), ValueError, "shape_text"),
+        case(sb, "range", "shape_text-not-a-shape", lambda: sb("hello"), ValueError, "shape_text"),
         case(ms, "type", "args-str", lambda: ms(lambda a: a, "x"), TypeError, "args"),
-        case(cs, "type", "args-nested-str", lambda: cs(lambda a: a, {"a": "x"}), TypeError,
-             "args"),
+        case(cs, "type", "args-nested-str", lambda: cs(lambda a: a, {"a": "x"}), TypeError, "args"),
         # benchmark and calibrate
-        case(benchmark.device_read_gbs, "range", "nbytes-0",
-             lambda: benchmark.device_read_gbs(0), ValueError, "nbytes"),
-        case(benchmark.device_read_gbs, "range", "nbytes-negative",
-             lambda: benchmark.device_read_gbs(-1), ValueError, "nbytes"),
-        case(benchmark.device_read_gbs, "type", "nbytes-float",
-             lambda: benchmark.device_read_gbs(1.5), TypeError, "nbytes"),
-        case(benchmark.DeviceReader, "type", "device-str",
-             lambda: benchmark.DeviceReader(4096, device="cpu"), TypeError, "device"),
+        case(
+            benchmark.device_read_gbs,
+            "range",
+            "nbytes-0",
+            lambda: benchmark.device_read_gbs(0),
+            ValueError,
+            "nbytes",
+        ),
+        case(
+            benchmark.device_read_gbs,
+            "range",
+            "nbytes-negative",
+            lambda: benchmark.device_read_gbs(-1),
+            ValueError,
+            "nbytes",
+        ),
+        case(
+            benchmark.device_read_gbs,
+            "type",
+            "nbytes-float",
+            lambda: benchmark.device_read_gbs(1.5),
+            TypeError,
+            "nbytes",
+        ),
+        case(
+            benchmark.DeviceReader,
+            "type",
+            "device-str",
+            lambda: benchmark.DeviceReader(4096, device="cpu"),
+            TypeError,
+            "device",
+        ),
         case(msz, "range", "points-0", lambda: msz([1024], 0), ValueError, "points"),
         case(msz, "range", "block_bytes-empty", lambda: msz([], 6), ValueError, "block_bytes"),
         case(msz, "type", "block_bytes-int", lambda: msz(1024), TypeError, "block_bytes"),
         case(lr, "range", "kernel_s-0", lambda: lr(prob, 8, 0.0, 1.0), ValueError, "kernel_s"),
         case(lr, "range", "devices-0", lambda: lr(prob, 0, 1.0, 1.0), ValueError, "devices"),
         case(lr, "type", "problem-str", lambda: lr("p", 8, 1.0, 1.0), TypeError, "problem"),
-        case(fl, "range", "points-negative", lambda: fl([(1, -1e-6), (10**6, -1e-3)]),
-             ValueError, "points"),
-        case(fl, "range", "points-nan", lambda: fl([(1, float("nan")), (10**6, float("nan"))]),
-             ValueError, "points"),
-        case(fl, "range", "points-inf", lambda: fl([(1, float("inf")), (10**6, float("inf"))]),
-             ValueError, "points"),
-        case(fl, "shape", "points-triples", lambda: fl([(1, 1e-6, 0), (10**6, 1e-3, 0)]),
-             TypeError, "points"),
+        case(
+            fl,
+            "range",
+            "points-negative",
+            lambda: fl([(1, -1e-6), (10**6, -1e-3)]),
+            ValueError,
+            "points",
+        ),
+        case(
+            fl,
+            "range",
+            "points-nan",
+            lambda: fl([(1, float("nan")), (10**6, float("nan"))]),
+            ValueError,
+            "points",
+        ),
+        case(
+            fl,
+            "range",
+            "points-inf",
+            lambda: fl([(1, float("inf")), (10**6, float("inf"))]),
+            ValueError,
+            "points",
+        ),
+        case(
+            fl,
+            "shape",
+            "points-triples",
+            lambda: fl([(1, 1e-6, 0), (10**6, 1e-3, 0)]),
+            TypeError,
+            "points",
+        ),
         case(fl, "type", "points-int", lambda: fl(5), TypeError, "points"),
         case(mf, "type", "names-str", lambda: mf(mesh(), 64, "tree"), TypeError, "names"),
-        case(mf, "range", "names-unknown", lambda: mf(mesh(), 64, ["tre"]), ValueError,
-             "names"),
+        case(mf, "range", "names-unknown", lambda: mf(mesh(), 64, ["tre"]), ValueError, "names"),
         case(mt, "range", "repeats-0", lambda: mt(lambda: 1, repeats=0), ValueError, "repeats"),
         case(mt, "type", "fn-int", lambda: mt(42), TypeError, "fn"),
-        case(mts, "type", "calls-not-callable", lambda: mts({"a": (42, ())}), TypeError,
-             "calls"),
+        case(mts, "type", "calls-not-callable", lambda: mts({"a": (42, ())}), TypeError, "calls"),
         case(mts, "range", "calls-empty", lambda: mts({}), ValueError, "calls"),
-        case(bP, "range", "seq_len-negative", lambda: bP(seq_len=-1, **small), ValueError,
-             "seq_len"),
-        case(bP, "type", "head_dim-float", lambda: bP(seq_len=64, q_heads=2, kv_heads=2,
-                                                      head_dim=1.5), TypeError, "head_dim"),
-        case(bP, "range", "batch-0", lambda: bP(seq_len=64, batch=0, **small), ValueError,
-             "batch"),
+        case(
+            bP, "range", "seq_len-negative", lambda: bP(seq_len=-1, **small), ValueError, "seq_len"
+        ),
+        case(
+            bP,
+            "type",
+            "head_dim-float",
+            lambda: bP(seq_len=64, q_heads=2, kv_heads=2, head_dim=1.5),
+            TypeError,
+            "head_dim",
+        ),
+        case(bP, "range", "batch-0", lambda: bP(seq_len=64, batch=0, **small), ValueError, "batch"),
         case(bP, "dtype", "dtype-unknown", lambda: bP(dtype="floaty"), TypeError, "dtype"),
         case(bP, "shape", "heads", lambda: bP(q_heads=2, kv_heads=3), ValueError, "q_heads"),
-        case(benchmark.make_inputs, "range", "seed-2**70",
-             lambda: benchmark.make_inputs(prob, 2**70), ValueError, "seed"),
-        case(benchmark.make_inputs, "type", "problem-dict",
-             lambda: benchmark.make_inputs({}), TypeError, "problem"),
-        case(benchmark.run, "type", "methods-str",
-             lambda: benchmark.run(mesh(), prob, methods="tree"), TypeError, "methods"),
+        case(
+            benchmark.make_inputs,
+            "range",
+            "seed-2**70",
+            lambda: benchmark.make_inputs(prob, 2**70),
+            ValueError,
+            "seed",
+        ),
+        case(
+            benchmark.make_inputs,
+            "type",
+            "problem-dict",
+            lambda: benchmark.make_inputs({}),
+            TypeError,
+            "problem",
+        ),
+        case(
+            benchmark.run,
+            "type",
+            "methods-str",
+            lambda: benchmark.run(mesh(), prob, methods="tree"),
+            TypeError,
+            "methods",
+        ),
     ]
 
 
@@ -1194,41 +2203,121 @@ def test_values_without_value_dims_are_refused_naming_v(fn):
 
 # --- the table is complete ---------------------------------------------------------------------
 
-MODULES = (attention_module, states, merges, energy_module, bayes, devices, kernels,
-           kernels.xla, kernels.cudnn, kernels.flash, kernels.common, decode, introspect,
-           costmodel, model, hf, checkpoint)
+MODULES = (
+    attention_module,
+    states,
+    merges,
+    energy_module,
+    bayes,
+    devices,
+    kernels,
+    kernels.xla,
+    kernels.cudnn,
+    kernels.flash,
+    kernels.common,
+    decode,
+    introspect,
+    formulas,
+    links,
+    patterns,
+    predict,
+    paper,
+    crossover,
+    llama_config,
+    llama_layers,
+    llama_cache,
+    llama_forward,
+    llama_generator,
+    hf_config,
+    hf,
+    checkpoint,
+)
 
 NOT_VALIDATED = {
     # The definition's pieces, only ever called on validated arrays.
     "reference": {"grouped_scores", "grouped_values", "scaled_scores"},
-    "energy": {"energy_terms",  # unchecked by design: `energy` checks, then calls it
-               "value_moments"},  # moments of weights the callers computed
-    "states": {"AttentionState",  # a container; the functions that take one check it
-               "from_parts",  # builds a state from a kernel's internal sums
-               "lse_weight", "state_weight", "weighted_out",  # pieces of every merge
-               "check_state"},  # the check itself
-    "merges": {"check_axes", "shared_max", "psum_inner_first", "global_lse", "pack", "unpack",
-               "pad_heads",  # pieces of the merges, inside shard_map on validated states
-               "MergeProblem", "resolve_merge"},  # the auto policy's plumbing
-    "devices": {"mesh_devices", "axis_size", "shard_index", "ring_permutation",
-                "varying_like", "resolve_mesh", "is_explicit", "check_seq_axes",
-                "check_divisible"},  # helpers of make_mesh/decode, which check
+    "energy": {
+        "energy_terms",  # unchecked by design: `energy` checks, then calls it
+        "value_moments",
+    },  # moments of weights the callers computed
+    "states": {
+        "AttentionState",  # a container; the functions that take one check it
+        "from_parts",  # builds a state from a kernel's internal sums
+        "lse_weight",
+        "state_weight",
+        "weighted_out",  # pieces of every merge
+        "check_state",  # the check itself
+        "combine_core",
+        "identity_core",
+    },  # the decoders' unchecked forms
+    "merges": {
+        "check_axes",
+        "shared_max",
+        "psum_inner_first",
+        "global_lse",
+        "pack",
+        "unpack",
+        "pad_heads",  # pieces of the merges, inside shard_map on validated states
+        "MergeProblem",
+        "resolve_merge",
+        "default_policy",  # the auto policy's plumbing
+        "allreduce_core",
+        "allgather_core",
+        "reduce_scatter_core",
+        "all_to_all_core",
+        "one_pass_core",
+    },  # the decoders' unchecked forms
+    "devices": {
+        "mesh_devices",
+        "axis_size",
+        "shard_index",
+        "ring_permutation",
+        "varying_like",
+        "resolve_mesh",
+        "is_explicit",
+        "check_seq_axes",
+        "check_divisible",
+    },  # helpers of make_mesh/decode, which check
     "kernels": {"check_name"},  # the check itself
-    "flash": {"installed", "version_reason", "available", "unsupported_reason",
-              "layout_reason", "forward_only"},  # helpers of resolve and flash_state
-    "cudnn": {"cuda_capability", "unsupported_reason"},  # helpers of resolve
-    "common": {"default_backend"},
-    "decode": {"Plan", "kv_spec", "make_plan",  # the decoders' own planning, which checks
-               "pass_q_blocks"},  # sizes of validated shapes
+    "flash": {
+        "installed",
+        "version_reason",
+        "available",
+        "unsupported_reason",
+        "layout_reason",
+        "forward_only",  # helpers of resolve and flash_state
+        "flash_core",
+    },  # the decoders' unchecked form
+    "cudnn": {
+        "cuda_capability",
+        "unsupported_reason",  # helpers of resolve
+        "cudnn_core",
+    },  # the decoders' unchecked form
+    "common": {"default_backend", "swap_layout"},  # swap_layout: to_layout's unchecked form
+    "xla": {"xla_core"},  # the decoders' unchecked form
+    "decode": {
+        "Plan",
+        "kv_spec",
+        "make_plan",  # the decoders' own planning, which checks
+        "pass_q_blocks",
+    },  # sizes of validated shapes
     "introspect": {"Collective", "CollectiveStats", "MemoryStats"},  # results, not inputs
-    "costmodel": {"Prediction"},  # a result
-    "model": {"swiglu",  # one block of forward, on the model's own activations
-              "KVCache", "Generation", "ShardStats",  # containers; their producers check
-              "check_config", "check_params", "check_prompts"},  # the checks themselves
+    "predict": {"Prediction"},  # a result
+    "paper": {"Microbenchmark"},  # a result
+    "config": {"check_config", "check_params"},  # the checks themselves
+    "layers": {"swiglu", "project_qkv"},  # blocks of forward, on the model's own activations
+    "cache": {"KVCache", "check_mesh"},  # a container (its producers check); a check
+    "forward": {"ShardStats", "attend_fn", "trunk", "forward_with_shard_stats", "unembed"},
+    # ShardStats: a container; the rest: forward's pieces, on checked arrays
+    "generator": {"Generation", "check_prompts"},  # a container; the check itself
+    "hf_config": {"read_json", "not_hf_json"},  # the loaders' file reading and its error
     "hopfield": {"Memory"},  # a container; every function taking one checks it
-    "checkpoint": {"TensorInfo", "CheckpointInfo",  # results, not inputs
-                   "aligned_empty",  # the loaders' allocation, of checked shapes
-                   "check_weight_dtype"},  # the check itself
+    "checkpoint": {
+        "TensorInfo",
+        "CheckpointInfo",  # results, not inputs
+        "aligned_empty",  # the loaders' allocation, of checked shapes
+        "check_weight_dtype",
+    },  # the check itself
 }
 """Public names of the listed modules that have no cases, and why. `symbolic` (sympy, no
 arrays), `plots` (figures from plain data) and the tools (`benchmark`, `calibrate`, `cli`,
@@ -1259,9 +2348,11 @@ def test_table_covers_every_public_function():
             if obj not in covered:
                 missing.append(f"{short}.{name}")
             if inspect.isclass(obj):  # and the public methods of a covered class
-                missing += [f"{short}.{name}.{m}" for m, f in vars(obj).items()
-                            if inspect.isfunction(f) and not m.startswith("_")
-                            and f not in covered]
+                missing += [
+                    f"{short}.{name}.{m}"
+                    for m, f in vars(obj).items()
+                    if inspect.isfunction(f) and not m.startswith("_") and f not in covered
+                ]
     assert missing == [], f"public functions without bad-input cases: {missing}"
 
 
@@ -1271,9 +2362,9 @@ FEWER_KINDS = {
     # no range to check, only shapes and dtypes.
     "states.combine": "an lse's value is data (a +inf lse gives NaN, as the sums do)",
     "hopfield.retrieved": "indices are clamped by JAX's indexing, eagerly and under jit",
-    "model.forward": "token ids are clamped by JAX's indexing; Generator checks prompts",
-    "model.write": "positions outside the cache are dropped",
-    "model.Generator.teacher_force": "token ids are not inspected, as in forward",
+    "forward.forward": "token ids are clamped by JAX's indexing; Generator checks prompts",
+    "cache.write": "positions outside the cache are dropped",
+    "generator.Generator.teacher_force": "token ids are not inspected, as in forward",
 }
 
 
@@ -1284,8 +2375,11 @@ def test_array_functions_cover_every_kind():
     for c in CASES:
         kinds.setdefault(_name(c.target), set()).add(c.kind)
     assert [t for t, k in kinds.items() if "type" not in k] == []
-    partial = {t: sorted(set(KINDS) - k) for t, k in kinds.items()
-               if "rank" in k and set(KINDS) - k and t not in FEWER_KINDS}
+    partial = {
+        t: sorted(set(KINDS) - k)
+        for t, k in kinds.items()
+        if "rank" in k and set(KINDS) - k and t not in FEWER_KINDS
+    }
     assert partial == {}
 
 

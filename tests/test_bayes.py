@@ -43,12 +43,19 @@ def np_rows(q, k, v, *, scale=None, causal=False, kv_lengths=None):
 
 def np_conjugate(s, vals, z):
     """max_ζ z·ζ − logsumexp(s + vals ζ) by scipy's BFGS from ζ = 0: `(value, ζ)`."""
+
     def neg(zeta):
         logits = s + vals @ zeta
         p = np.exp(logits - logsumexp(logits))
         return logsumexp(logits) - z @ zeta, p @ vals - z
-    res = optimize.minimize(neg, np.zeros(vals.shape[1]), jac=True, method="BFGS",
-                            options=dict(gtol=1e-12, maxiter=1000))
+
+    res = optimize.minimize(
+        neg,
+        np.zeros(vals.shape[1]),
+        jac=True,
+        method="BFGS",
+        options=dict(gtol=1e-12, maxiter=1000),
+    )
     return -res.fun, res.x
 
 
@@ -99,8 +106,9 @@ def test_map_estimate_is_a_deprecated_alias(monkeypatch):
     with pytest.warns(DeprecationWarning, match="not a MAP estimate"):
         tae.map_estimate(q, k, v, scale=0.5, tol=1e-9, max_newton=3, seed=2)
     assert seen["a"] == (q, k, v)
-    assert seen["kw"] == dict(scale=0.5, causal=False, kv_lengths=None, tol=1e-9,
-                              max_newton=3, seed=2)
+    assert seen["kw"] == dict(
+        scale=0.5, causal=False, kv_lengths=None, tol=1e-9, max_newton=3, seed=2
+    )
     assert "not correct" in tae.map_estimate.__doc__
 
 
@@ -145,8 +153,9 @@ def test_gamma_hessian_is_indefinite_for_any_data(kw):
     want = np.block([[-cov, eye], [eye, np.zeros_like(cov)]])
     np.testing.assert_allclose(hess, want, atol=1e-12)
     c = np.linalg.eigvalsh(cov)
-    closed = np.sort(np.concatenate([(-c + np.sqrt(c**2 + 4)) / 2,
-                                     (-c - np.sqrt(c**2 + 4)) / 2], -1), -1)
+    closed = np.sort(
+        np.concatenate([(-c + np.sqrt(c**2 + 4)) / 2, (-c - np.sqrt(c**2 + 4)) / 2], -1), -1
+    )
     np.testing.assert_allclose(eig, closed, atol=1e-12)
 
 
@@ -156,8 +165,9 @@ def test_gamma_is_unbounded_in_both_directions():
     att = tae.attention(q, k, v)
     zeta = 0.1 * jnp.ones_like(att)
     g = [float(tae.log_likelihood(att + t * zeta, zeta, q, k, v)) for t in (0, 1e3, 1e6)]
-    np.testing.assert_allclose(np.diff(g) / np.array([1e3, 1e6 - 1e3]),
-                               float(jnp.sum(zeta * zeta)), rtol=1e-9)
+    np.testing.assert_allclose(
+        np.diff(g) / np.array([1e3, 1e6 - 1e3]), float(jnp.sum(zeta * zeta)), rtol=1e-9
+    )
     assert tae.log_likelihood(att - 1e6 * zeta, zeta, q, k, v) < -1e4
 
 
@@ -255,16 +265,23 @@ def test_rate_function_is_the_minimum_kl():
     q, k, v = rand_qkv(12, Dv=2)
     z = inside_hull(jax.random.key(5), q, k, v)
     rate = bayes.rate_function(z, q, k, v)
-    np.testing.assert_allclose(bayes.min_kl_with_mean(z, q, k, v), rate, rtol=1e-10,
-                               atol=1e-13)
+    np.testing.assert_allclose(bayes.min_kl_with_mean(z, q, k, v), rate, rtol=1e-10, atol=1e-13)
     s, vals = np_rows(q, k, v)[0, 0, 0]
     p = np.exp(s - logsumexp(s))
     target = np.asarray(z[0, 0, 0])
-    cons = [dict(type="eq", fun=lambda x: x.sum() - 1),
-            dict(type="eq", fun=lambda x: x @ vals - target)]
+    cons = [
+        dict(type="eq", fun=lambda x: x.sum() - 1),
+        dict(type="eq", fun=lambda x: x @ vals - target),
+    ]
     kl = lambda x: float(np.sum(x * (np.log(np.maximum(x, 1e-300)) - np.log(p))))  # noqa: E731
-    res = optimize.minimize(kl, p, method="SLSQP", bounds=[(0, 1)] * len(p), constraints=cons,
-                            options=dict(ftol=1e-14, maxiter=500))
+    res = optimize.minimize(
+        kl,
+        p,
+        method="SLSQP",
+        bounds=[(0, 1)] * len(p),
+        constraints=cons,
+        options=dict(ftol=1e-14, maxiter=500),
+    )
     assert res.success
     np.testing.assert_allclose(res.fun, rate[0, 0, 0], rtol=1e-5)
 
@@ -277,8 +294,12 @@ def test_tilted_posterior_has_mean_z():
     np.testing.assert_allclose(tilted.sum(-1), 1.0, rtol=1e-13)
     mean = jnp.einsum("bhqk,bkhv->bqhv", tilted, jnp.repeat(v, 2, axis=2))
     np.testing.assert_allclose(mean, z, atol=1e-10)
-    np.testing.assert_allclose(bayes.tilted_posterior(jnp.zeros_like(z), q, k, v),
-                               tae.posterior(q, k), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(
+        bayes.tilted_posterior(jnp.zeros_like(z), q, k, v),
+        tae.posterior(q, k),
+        rtol=1e-13,
+        atol=1e-15,
+    )
 
 
 def test_sample_means_follow_the_rate_function():
@@ -332,8 +353,9 @@ def test_attention_is_the_bayes_estimate_under_squared_loss(kw):
     risk = bayes.posterior_risk(z, q, k, v, **kw)
     bias = np.sum((np.asarray(z) - att) ** 2, -1)
     visible = np.isfinite(np_attention_state(q, k, v, **kw)[1])
-    np.testing.assert_allclose(np.asarray(risk)[visible],
-                               (np.trace(cov, axis1=-2, axis2=-1) + bias)[visible], rtol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(risk)[visible], (np.trace(cov, axis1=-2, axis2=-1) + bias)[visible], rtol=1e-12
+    )
     at_mean = bayes.posterior_risk(jnp.asarray(att), q, k, v, **kw)
     at_map = bayes.posterior_risk(bayes.hard_attention(q, k, v, **kw), q, k, v, **kw)
     assert (np.asarray(at_mean) <= np.asarray(at_map) + 1e-12).all()
@@ -378,8 +400,9 @@ def test_posterior_is_normalised_and_its_mean_is_attention():
     np.testing.assert_allclose(w[1].sum(-1), 1.0, **tol(q.dtype))
     np.testing.assert_array_equal(w[0], 0.0)  # no memory visible: an empty posterior
     mean = jnp.einsum("bhqk,bkhv->bqhv", w, jnp.repeat(v, 2, axis=2))
-    np.testing.assert_allclose(mean, np_attention(q, k, v, kv_lengths=lengths, causal=True),
-                               **tol(q.dtype))
+    np.testing.assert_allclose(
+        mean, np_attention(q, k, v, kv_lengths=lengths, causal=True), **tol(q.dtype)
+    )
 
 
 def test_log_evidence_is_energy_minus_log_n():

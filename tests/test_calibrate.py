@@ -2,6 +2,7 @@
 
 import pytest
 
+from tree_attention_edu.core.names import MERGE_NAMES
 from tree_attention_edu.perf import benchmark, calibrate, costmodel
 
 
@@ -36,8 +37,15 @@ def test_fit_link_needs_both_regimes():
 
 
 def test_predict_uses_the_problem():
-    topo = costmodel.Topology(1, 8, costmodel.Link(1e-4, 1e9), costmodel.Link(1e-4, 1e9),
-                              mem_Bps=1e9, flops=float("inf"), overlap=False)
+    topo = costmodel.Topology(
+        1,
+        8,
+        costmodel.Link(1e-4, 1e9),
+        costmodel.Link(1e-4, 1e9),
+        mem_Bps=1e9,
+        flops=float("inf"),
+        overlap=False,
+    )
     from tree_attention_edu.perf.benchmark import Problem
 
     prob = Problem(seq_len=8192, q_heads=4, kv_heads=4, head_dim=32)
@@ -50,24 +58,34 @@ def test_predict_uses_the_problem():
 def _measured_topology():
     ppermute, measured = costmodel.Link(1e-4, 1e9), costmodel.Link(2e-4, 5e8)
     return costmodel.Topology(
-        1, 8, ppermute, ppermute, mem_Bps=1e9, flops=float("inf"), overhead_s=1e-3,
-        overlap=False, measured=tuple((k, measured) for k in calibrate.COLLECTIVE_KIND.values()))
+        1,
+        8,
+        ppermute,
+        ppermute,
+        mem_Bps=1e9,
+        flops=float("inf"),
+        overhead_s=1e-3,
+        overlap=False,
+        measured=tuple((k, measured) for k in calibrate.COLLECTIVE_KIND.values()),
+    )
 
 
 def test_predict_covers_every_pattern_and_ring():
     from tree_attention_edu.perf.benchmark import Problem
 
-    topo, prob = _measured_topology(), Problem(seq_len=8192, q_heads=4, kv_heads=4,
-                                               head_dim=32)
-    assert benchmark.PATTERNS == (*costmodel.MERGES, "ring", "ring_pass_q")
+    topo, prob = _measured_topology(), Problem(seq_len=8192, q_heads=4, kv_heads=4, head_dim=32)
+    assert benchmark.PATTERNS == (*MERGE_NAMES, "ring", "ring_pass_q")
     shape = dict(batch=1, q_heads=4, kv_heads=4, head_dim=32, itemsize=4, q_len=1)
-    for m in costmodel.MERGES:
+    for m in MERGE_NAMES:
         assert calibrate.predict(m, 8192, topo, prob) == costmodel.predict_merge(
-            m, 8192, topo, **shape, stat_itemsize=4)
-    assert calibrate.predict("tree", 8192, topo, prob) == calibrate.predict("allreduce", 8192,
-                                                                            topo, prob)
-    assert calibrate.predict("ring_pass_q", 8192, topo, prob) == \
-        costmodel.predict_pass_q_ring(8192, topo, **shape)
+            m, 8192, topo, **shape, stat_itemsize=4
+        )
+    assert calibrate.predict("tree", 8192, topo, prob) == calibrate.predict(
+        "allreduce", 8192, topo, prob
+    )
+    assert calibrate.predict("ring_pass_q", 8192, topo, prob) == costmodel.predict_pass_q_ring(
+        8192, topo, **shape
+    )
     # A measured collective is priced as measured: one all-gather is alpha + n/beta.
     ag = calibrate.predict("allgather", 8192, topo, prob)
     nbytes = 8 * 4 * 34 * 4
@@ -90,13 +108,21 @@ def test_micro_benchmarks_span_the_pattern_messages():
 
 
 def test_patterns_table():
-    cal = calibrate.Calibration(1e-3, costmodel.Link(1e-4, 1e9), costmodel.Link(1e-4, 1e9),
-                                1e9, _measured_topology(), {},
-                                {"all-gather": costmodel.Link(2e-4, 5e8)})
-    rows = [dict(name="allgather", devices=8, seq_len=8192, median_s=0.1, predicted_s=0.12,
-                 rel_err=0.2),
-            dict(name="ring", devices=8, seq_len=8192, median_s=0.5, predicted_s=0.35,
-                 rel_err=-0.3)]
+    cal = calibrate.Calibration(
+        1e-3,
+        costmodel.Link(1e-4, 1e9),
+        costmodel.Link(1e-4, 1e9),
+        1e9,
+        _measured_topology(),
+        {},
+        {"all-gather": costmodel.Link(2e-4, 5e8)},
+    )
+    rows = [
+        dict(
+            name="allgather", devices=8, seq_len=8192, median_s=0.1, predicted_s=0.12, rel_err=0.2
+        ),
+        dict(name="ring", devices=8, seq_len=8192, median_s=0.5, predicted_s=0.35, rel_err=-0.3),
+    ]
     text = calibrate.patterns_table(cal, rows)
     assert "all-gather alpha 200 us, beta 0.50 GB/s" in text
     assert "worst |rel err| 30% (ring, Tk=8192" in text

@@ -33,8 +33,11 @@ from tree_attention_edu.llama import checkpoint, model
 CHECKPOINTS = {
     "f32-untied": (dict(), "float32", 1),
     "bf16-untied-llama3": (dict(llama3=True), "bfloat16", 1),
-    "f32-tied-llama3-sharded": (dict(tied=True, llama3=True, rope_spelling="v5", head_dim=16),
-                                "float32", 3),
+    "f32-tied-llama3-sharded": (
+        dict(tied=True, llama3=True, rope_spelling="v5", head_dim=16),
+        "float32",
+        3,
+    ),
     "bf16-tied-sharded": (dict(tied=True, kv_heads=1, rope_spelling="v5"), "bfloat16", 2),
 }
 # The dtype each is loaded as for the reference test: float32 (bf16 converted, the default),
@@ -67,8 +70,14 @@ def generate(checkpoints, mesh8, mesh2x4):
             params, cfg = checkpoint.load_checkpoint(checkpoints[name], dtype=dtype, mesh=m)
             # Ring prefill passes every shard around the ring per chunk and layer (slow, and
             # tested in test_model.py); ring decoding after tree prefill is what is timed.
-            gen = model.Generator(params, cfg, m, method, prefill_chunk=CHUNK,
-                                  prefill_method="tree" if method == "ring" else None)
+            gen = model.Generator(
+                params,
+                cfg,
+                m,
+                method,
+                prefill_chunk=CHUNK,
+                prefill_method="tree" if method == "ring" else None,
+            )
             done[key] = gen.generate(PROMPTS, NEW, key=jax.random.key(0))
         return done[key]
 
@@ -112,8 +121,12 @@ def test_dtypes_and_placement(checkpoints, mesh8):
     """bf16 weights become float32 by default, stay bf16 when asked (LOAD_DTYPE decodes one
     checkpoint so), and are placed replicated."""
     f32, bf16 = checkpoints["f32-tied-llama3-sharded"], checkpoints["bf16-tied-sharded"]
-    for path, dtype, want in ((bf16, None, jnp.bfloat16), (f32, None, jnp.float32),
-                              (bf16, jnp.float32, jnp.float32), (f32, jnp.bfloat16, jnp.bfloat16)):
+    for path, dtype, want in (
+        (bf16, None, jnp.bfloat16),
+        (f32, None, jnp.float32),
+        (bf16, jnp.float32, jnp.float32),
+        (f32, jnp.bfloat16, jnp.bfloat16),
+    ):
         params, _ = checkpoint.load_checkpoint(path, dtype=dtype)
         assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(want)}, (path, dtype)
     params, cfg = checkpoint.load_checkpoint(bf16, mesh=mesh8)
@@ -128,13 +141,24 @@ def test_dtypes_and_placement(checkpoints, mesh8):
 def test_config_is_read_as_transformers_reads_it(checkpoints):
     info = checkpoint.inspect_checkpoint(checkpoints["f32-tied-llama3-sharded"])
     assert info.cfg == model.Config(
-        vocab=64, dim=32, layers=2, q_heads=4, kv_heads=2, head_dim=16, hidden=64,
-        rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=True,
-        rope_scaling=model.RopeScaling(8.0, 1.0, 4.0, 16))
+        vocab=64,
+        dim=32,
+        layers=2,
+        q_heads=4,
+        kv_heads=2,
+        head_dim=16,
+        hidden=64,
+        rope_theta=10000.0,
+        norm_eps=1e-5,
+        tie_embeddings=True,
+        rope_scaling=model.RopeScaling(8.0, 1.0, 4.0, 16),
+    )
     assert len({t.file for t in info.tensors.values()}) == 3 and info.tokenizer is None
     assert len(info.tensors) == 1 + 9 * 2 + 1  # embedding, 9 per layer, final norm; tied
-    assert info.num_params == sum(np.prod(s) for s in ref.weight_shapes(
-        ref.tiny_config(tied=True, llama3=True, head_dim=16)).values())
+    assert info.num_params == sum(
+        np.prod(s)
+        for s in ref.weight_shapes(ref.tiny_config(tied=True, llama3=True, head_dim=16)).values()
+    )
     assert info.stored_bytes == 4 * info.num_params
     untied = checkpoint.inspect_checkpoint(checkpoints["bf16-untied-llama3"])
     assert untied.cfg.rope_scaling == model.RopeScaling(8.0, 1.0, 4.0, 16)
@@ -150,15 +174,18 @@ def test_save_writes_the_hugging_face_layout(checkpoints, tmp_path):
     params, cfg = checkpoint.load_checkpoint(src)
     files = checkpoint.save_checkpoint(tmp_path / "one", params, cfg)
     assert [f.name for f in files] == ["config.json", "model.safetensors"]
-    (want_config, want), (got_config, got) = ref.read_checkpoint(src), ref.read_checkpoint(
-        tmp_path / "one")
+    (want_config, want), (got_config, got) = (
+        ref.read_checkpoint(src),
+        ref.read_checkpoint(tmp_path / "one"),
+    )
     assert want.keys() == got.keys()
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
     assert got_config["rope_parameters"] == want_config["rope_parameters"]
 
-    files = checkpoint.save_checkpoint(tmp_path / "bf16", params, cfg, dtype=jnp.bfloat16,
-                                       max_shard_bytes=5_000)
+    files = checkpoint.save_checkpoint(
+        tmp_path / "bf16", params, cfg, dtype=jnp.bfloat16, max_shard_bytes=5_000
+    )
     assert files[-1].name == checkpoint.INDEX and len(files) > 4
     index = json.loads(files[-1].read_text())
     assert set(index["weight_map"]) == set(want)
@@ -181,9 +208,11 @@ def test_tokenizer(checkpoints, tmp_path):
 
 # --- malformed checkpoints: one clear message, before any weight is read ----------------------
 
+
 def _drop(name):
     def change(config, weights, extra):
         weights.pop(name)
+
     return change
 
 
@@ -194,51 +223,88 @@ def _config(**changes):
                 config.pop(key)
             else:
                 config[key] = value
+
     return change
 
 
 def _extra(name, make):
     def change(config, weights, extra):
         extra[name] = make(weights)
+
     return change
 
 
 Q = "model.layers.0.self_attn.q_proj.weight"
 K = "model.layers.0.self_attn.k_proj.weight"
 BROKEN = {
-    "heads-do-not-divide": (_config(num_key_value_heads=3), 1,
-                            r"num_attention_heads \(4\) must be a multiple of "
-                            r"num_key_value_heads \(3\)"),
-    "hidden-not-a-multiple-of-heads": (_config(hidden_size=30), 1,
-                                       r"hidden_size \(30\) is not a multiple of "
-                                       r"num_attention_heads \(4\)"),
+    "heads-do-not-divide": (
+        _config(num_key_value_heads=3),
+        1,
+        r"num_attention_heads \(4\) must be a multiple of "
+        r"num_key_value_heads \(3\)",
+    ),
+    "hidden-not-a-multiple-of-heads": (
+        _config(hidden_size=30),
+        1,
+        r"hidden_size \(30\) is not a multiple of "
+        r"num_attention_heads \(4\)",
+    ),
     "missing-key": (_config(hidden_size=None), 1, r"lacks \"hidden_size\""),
-    "bad-value": (_config(num_hidden_layers=0), 1,
-                  r"\"num_hidden_layers\" must be an int >= 1 and < 2\*\*53, got 0"),
+    "bad-value": (
+        _config(num_hidden_layers=0),
+        1,
+        r"\"num_hidden_layers\" must be an int >= 1 and < 2\*\*53, got 0",
+    ),
     "bad-type": (_config(rms_norm_eps="tiny"), 1, r"\"rms_norm_eps\" must be a finite number"),
     "another-model": (_config(model_type="gpt2"), 1, r"\"model_type\" is 'gpt2'"),
     "biases": (_config(attention_bias=True), 1, r"\"attention_bias\" is True"),
-    "rope-yarn": (_config(rope_scaling={"rope_type": "yarn", "factor": 4.0}), 1,
-                  r"\"rope_type\" is 'yarn'.*reads \"default\" and \"llama3\""),
-    "llama3-factor-below-1": (_config(rope_scaling={
-        "rope_type": "llama3", "factor": 0.5, "low_freq_factor": 1.0, "high_freq_factor": 4.0}),
-        1, r"`config.json` in .*: `factor` must be >= 1"),
-    "llama3-without-factor": (_config(rope_scaling={"rope_type": "llama3"}), 1,
-                              r"lacks \"factor\""),
-    "missing-tensor": (_drop("model.layers.1.mlp.up_proj.weight"), 1,
-                       r"`model.layers.1.mlp.up_proj.weight` is missing from the checkpoint "
-                       r".*shape \[64, 32\]"),
+    "rope-yarn": (
+        _config(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+        1,
+        r"\"rope_type\" is 'yarn'.*reads \"default\" and \"llama3\"",
+    ),
+    "llama3-factor-below-1": (
+        _config(
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 0.5,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+            }
+        ),
+        1,
+        r"`config.json` in .*: `factor` must be >= 1",
+    ),
+    "llama3-without-factor": (
+        _config(rope_scaling={"rope_type": "llama3"}),
+        1,
+        r"lacks \"factor\"",
+    ),
+    "missing-tensor": (
+        _drop("model.layers.1.mlp.up_proj.weight"),
+        1,
+        r"`model.layers.1.mlp.up_proj.weight` is missing from the checkpoint "
+        r".*shape \[64, 32\]",
+    ),
     "missing-lm-head": (_drop("lm_head.weight"), 2, r"`lm_head.weight` is missing"),
-    "unreadable-dtype": (_extra(Q, lambda w: w[Q].astype(np.int8)), 1,
-                         r"`model.layers.0.self_attn.q_proj.weight` in model.safetensors has "
-                         r"dtype I8, which the loader cannot read"),
+    "unreadable-dtype": (
+        _extra(Q, lambda w: w[Q].astype(np.int8)),
+        1,
+        r"`model.layers.0.self_attn.q_proj.weight` in model.safetensors has "
+        r"dtype I8, which the loader cannot read",
+    ),
     "uint8": (_extra(Q, lambda w: w[Q].astype(np.uint8)), 1, r"has dtype U8"),
-    "transposed": (_extra(K, lambda w: np.ascontiguousarray(w[K].T.astype(np.float32))), 1,
-                   r"has shape \[32, 16\], but config.json implies \[16, 32\]"),
-    "unexpected-tensor": (_extra("model.layers.0.self_attn.q_proj.bias",
-                                 lambda w: np.zeros(32, np.float32)), 1,
-                          r"`model.layers.0.self_attn.q_proj.bias` in model.safetensors is not "
-                          r"a weight"),
+    "transposed": (
+        _extra(K, lambda w: np.ascontiguousarray(w[K].T.astype(np.float32))),
+        1,
+        r"has shape \[32, 16\], but config.json implies \[16, 32\]",
+    ),
+    "unexpected-tensor": (
+        _extra("model.layers.0.self_attn.q_proj.bias", lambda w: np.zeros(32, np.float32)),
+        1,
+        r"`model.layers.0.self_attn.q_proj.bias` in model.safetensors is not "
+        r"a weight",
+    ),
 }
 
 
@@ -281,13 +347,19 @@ def test_malformed_files_fail_clearly(tmp_path):
         checkpoint.load_checkpoint(path)
     path = fresh("corrupt")
     (path / "model.safetensors").write_bytes(b"not a safetensors file")
-    with pytest.raises(ValueError, match=r"`model.safetensors` in .* is not a readable "
-                                         r"safetensors file"):
+    with pytest.raises(
+        ValueError,
+        match=r"`model.safetensors` in .* is not a readable "
+        r"safetensors file",
+    ):
         checkpoint.load_checkpoint(path)
     path = fresh("lost-shard", files=2)
     (path / "model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(ValueError, match=r"lists the shard 'model-00002-of-00002.safetensors', "
-                                         r"which is not there"):
+    with pytest.raises(
+        ValueError,
+        match=r"lists the shard 'model-00002-of-00002.safetensors', "
+        r"which is not there",
+    ):
         checkpoint.load_checkpoint(path)
     path = fresh("index-disagrees", files=2)
     index = json.loads((path / checkpoint.INDEX).read_text())
@@ -312,43 +384,73 @@ def test_hostile_folders_fail_clearly(tmp_path):
 
     outside = fresh("outside")
     (tmp_path / "elsewhere.safetensors").write_bytes(
-        (outside / "model-00001-of-00002.safetensors").read_bytes())
-    for shard in ("../elsewhere.safetensors", str(tmp_path / "elsewhere.safetensors"),
-                  "sub/../../elsewhere.safetensors"):
+        (outside / "model-00001-of-00002.safetensors").read_bytes()
+    )
+    for shard in (
+        "../elsewhere.safetensors",
+        str(tmp_path / "elsewhere.safetensors"),
+        "sub/../../elsewhere.safetensors",
+    ):
         index = json.loads((outside / checkpoint.INDEX).read_text())
-        index["weight_map"] = {k: (shard if v.startswith("model-00001") else v)
-                               for k, v in index["weight_map"].items()}
+        index["weight_map"] = {
+            k: (shard if v.startswith("model-00001") else v) for k, v in index["weight_map"].items()
+        }
         (outside / checkpoint.INDEX).write_text(json.dumps(index))
-        with pytest.raises(ValueError, match=r"lists the shard .*, which is not a file name "
-                                             r"inside the checkpoint folder"):
+        with pytest.raises(
+            ValueError,
+            match=r"lists the shard .*, which is not a file name "
+            r"inside the checkpoint folder",
+        ):
             checkpoint.inspect_checkpoint(outside)
 
     huge = 10**400  # JSON has no limit on integers; a float tops out near 1.8e308
-    for key in ("rms_norm_eps", "rope_theta", "num_hidden_layers", "vocab_size",
-                "tie_word_embeddings"):
+    for key in (
+        "rms_norm_eps",
+        "rope_theta",
+        "num_hidden_layers",
+        "vocab_size",
+        "tie_word_embeddings",
+    ):
         path = _write_broken(tmp_path / f"huge-{key}", _config(**{key: huge}), 1)
         with pytest.raises(ValueError, match=rf"`config.json` in .*: \"{key}\" must be"):
             checkpoint.inspect_checkpoint(path)
-    path = _write_broken(tmp_path / "huge-llama3", _config(rope_scaling={
-        "rope_type": "llama3", "factor": huge, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0}), 1)
+    path = _write_broken(
+        tmp_path / "huge-llama3",
+        _config(
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": huge,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+            }
+        ),
+        1,
+    )
     with pytest.raises(ValueError, match=r"\"factor\" must be a finite number"):
         checkpoint.inspect_checkpoint(path)
 
     path = fresh("json", 1)
-    for text, why in (('{"vocab_size": 1' + "0" * 5000 + "}", r"Exceeds the limit"),
-                      ("[" * 100_000 + "]" * 100_000, r"recursion")):
+    for text, why in (
+        ('{"vocab_size": 1' + "0" * 5000 + "}", r"Exceeds the limit"),
+        ("[" * 100_000 + "]" * 100_000, r"recursion"),
+    ):
         (path / "config.json").write_text(text)
-        with pytest.raises(ValueError, match=rf"`config.json` in .* is not a JSON object .*"
-                                             rf"{why}"):
+        with pytest.raises(
+            ValueError,
+            match=rf"`config.json` in .* is not a JSON object .*"
+            rf"{why}",
+        ):
             checkpoint.inspect_checkpoint(path)
 
     layers = _write_broken(tmp_path / "layers", _config(num_hidden_layers=10**9), 1)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
     for fn in (checkpoint.inspect_checkpoint, checkpoint.load_checkpoint):
-        with pytest.raises(ValueError, match=r"declares 1000000000 layers \(9 tensors each\), "
-                                             r"but the checkpoint holds only 21 tensors"):
+        with pytest.raises(
+            ValueError,
+            match=r"declares 1000000000 layers \(9 tensors each\), "
+            r"but the checkpoint holds only 21 tensors",
+        ):
             fn(layers)
     assert time.perf_counter() - t0 < 5
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 100_000  # KiB: < 100 MB

@@ -12,15 +12,21 @@ import pytest
 
 import tree_attention_edu as tae
 from tree_attention_edu import cli
-from tree_attention_edu import commandline as cl
+from tree_attention_edu.cli import memory
+from tree_attention_edu.cli import plumbing as cl
 from tree_attention_edu.perf import benchmark
 
 ENV = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
 
 
 def run_cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "tree_attention_edu", *args],
-                          capture_output=True, text=True, timeout=timeout, env=ENV)
+    return subprocess.run(
+        [sys.executable, "-m", "tree_attention_edu", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+    )
 
 
 @pytest.fixture
@@ -90,6 +96,7 @@ BAD_FLAGS = [
     ("generate --prompt-len 0", "--prompt-len"),
     ("generate --prompt-len 1e9 --batch 100", "--prompt-len"),
     ("generate --new-tokens 0", "--new-tokens"),
+    ("generate --new-tokens 1e9", "--new-tokens: needs about"),
     ("generate --batch 0", "--batch"),
     ("generate --prefill-chunk 0", "--prefill-chunk"),
     ("generate --temperature -1", "--temperature"),
@@ -129,12 +136,15 @@ BAD_FLAGS = [
     ("launch --timeout nan", "--timeout"),
     ("launch --port 70000", "--port"),
     ("launch --cluster --port 1234", "--port"),
+    ("launch --cluster --seq-len 1e12", "--seq-len/--processes: needs about"),
     # fetch-model: the folder is checked before the download
     ("fetch-model --cache ''", "`cache` is empty"),
     ("fetch-model --cache {file}", "is a file, not a folder"),
     ("fetch-model --cache {file}/models", "cannot be used as a folder"),
     # cluster: tc's token bucket has a smallest rate
     ("cluster --link-gbit 1e-300", "--link-gbit"),
+    ("cluster --seq-len 1e12", "--seq-len: needs about"),
+    ("cluster --sweep 16,1e12", "--sweep: needs about"),
     # the command itself
     ("", "COMMAND"),
     ("frobnicate", "frobnicate"),
@@ -145,8 +155,10 @@ BAD_FLAGS = [
 def test_bad_flags_fail_in_one_line(argv, names, in_tmp, capsys):
     (in_tmp / "a_file").write_text("x")
     (in_tmp / "a_dir").mkdir()
-    args = [a.replace("{file}", str(in_tmp / "a_file")).replace("{dir}", str(in_tmp / "a_dir"))
-            for a in argv.split()]
+    args = [
+        a.replace("{file}", str(in_tmp / "a_file")).replace("{dir}", str(in_tmp / "a_dir"))
+        for a in argv.split()
+    ]
     args = ["" if a == "''" else a for a in args]
     code, lines = call(args, capsys)
     assert code == 2, lines
@@ -163,21 +175,37 @@ def test_bad_flags_as_a_real_process():
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "tree-attention-edu demo: error: argument --devices: must be a positive integer, "
-        "got '0' (see 'tree-attention-edu demo --help')"]
+        "got '0' (see 'tree-attention-edu demo --help')"
+    ]
 
 
-@pytest.mark.parametrize("exc, code, text", [
-    (ValueError("`scale` must be a finite number, got nan.\nmore detail"), 1,
-     "tree-attention-edu: error: `scale` must be a finite number, got nan."),
-    (TypeError("`mesh` must be a jax.sharding.Mesh"), 1,
-     "tree-attention-edu: error: `mesh` must be a jax.sharding.Mesh"),
-    (RuntimeError("RESOURCE_EXHAUSTED: out of memory"), 1,
-     "tree-attention-edu: error: RuntimeError: RESOURCE_EXHAUSTED: out of memory (set "
-     "TREE_ATTENTION_EDU_TRACEBACK=1 for the traceback)"),
-    (cl.CommandFailed("three-way agreement FAILED"), 1,
-     "tree-attention-edu: error: three-way agreement FAILED"),
-    (KeyboardInterrupt(), 130, "tree-attention-edu: interrupted"),
-])
+@pytest.mark.parametrize(
+    "exc, code, text",
+    [
+        (
+            ValueError("`scale` must be a finite number, got nan.\nmore detail"),
+            1,
+            "tree-attention-edu: error: `scale` must be a finite number, got nan.",
+        ),
+        (
+            TypeError("`mesh` must be a jax.sharding.Mesh"),
+            1,
+            "tree-attention-edu: error: `mesh` must be a jax.sharding.Mesh",
+        ),
+        (
+            RuntimeError("RESOURCE_EXHAUSTED: out of memory"),
+            1,
+            "tree-attention-edu: error: RuntimeError: RESOURCE_EXHAUSTED: out of memory (set "
+            "TREE_ATTENTION_EDU_TRACEBACK=1 for the traceback)",
+        ),
+        (
+            cl.CommandFailed("three-way agreement FAILED"),
+            1,
+            "tree-attention-edu: error: three-way agreement FAILED",
+        ),
+        (KeyboardInterrupt(), 130, "tree-attention-edu: interrupted"),
+    ],
+)
 def test_run_time_errors_are_one_line(exc, code, text, monkeypatch, capsys, in_tmp):
     def boom(args):
         raise exc
@@ -214,8 +242,11 @@ def test_too_many_devices_on_an_accelerator_says_what_to_pass(monkeypatch):
 
     monkeypatch.setattr(jax, "device_count", lambda: 1)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    with pytest.raises(RuntimeError, match=r"--devices 8: JAX's default backend is gpu, with 1 "
-                       r"device\(s\); pass --devices 1 .* JAX_PLATFORMS=cpu"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"--devices 8: JAX's default backend is gpu, with 1 "
+        r"device\(s\); pass --devices 1 .* JAX_PLATFORMS=cpu",
+    ):
         common.setup(argparse.Namespace(devices=8))
 
 
@@ -232,8 +263,7 @@ def test_bench_honours_seq_len(monkeypatch, in_tmp):
     assert parsed(["bench"], monkeypatch).seq_lens == [65536]
     assert parsed(["bench", "--seq-len", "1024"], monkeypatch).seq_lens == [1024]
     assert parsed(["bench", "--seq-lens", "1024,2048"], monkeypatch).seq_lens == [1024, 2048]
-    assert parsed(["bench", "--seq-len", "512", "--seq-lens", "512"],
-                  monkeypatch).seq_lens == [512]
+    assert parsed(["bench", "--seq-len", "512", "--seq-lens", "512"], monkeypatch).seq_lens == [512]
     args = parsed(["bench", "--sections", "", "--methods", "tree,ring,tree"], monkeypatch)
     assert args.sections == [] and args.methods == ["tree", "ring"]
     assert parsed(["bench"], monkeypatch).calibration_seq_lens == [16384, 32768, 65536, 131072]
@@ -246,16 +276,74 @@ def test_generate_and_launch_defaults(monkeypatch, in_tmp):
     assert args.method == ["tree"] and args.temperature == 0.5 and args.seed == 7
     args = parsed(["launch", "--timeout", "30", "--port", "0"], monkeypatch)
     assert (args.processes, args.devices_per_process, args.timeout, args.cluster) == (
-        2, 4, 30.0, False)
+        2,
+        4,
+        30.0,
+        False,
+    )
 
 
 def test_launch_cluster_is_reachable(monkeypatch, in_tmp):
+    """`launch --cluster` (what srun starts) runs one process of the SLURM run in-process."""
     from tree_attention_edu.cluster import launch
 
     seen = []
-    monkeypatch.setattr(launch, "main", lambda argv: seen.append(argv) or 0)
+    monkeypatch.setattr(launch, "slurm_worker", lambda seq_len: seen.append(seq_len) or 0)
     assert cli.main(["launch", "--cluster", "--seq-len", "1048576"]) == 0
-    assert seen == [["--cluster", "--seq-len", "1048576"]]
+    assert seen == [1048576]
+
+
+def test_memory_names_the_flag_that_weighs_most():
+    """The refused flag is the largest part's: new tokens or the prompts, each by the cache
+    positions and logits it adds (`generate --new-tokens 1e9` named --prompt-len/--batch)."""
+    from tree_attention_edu.llama.model import PRESETS
+
+    def need(prompt_len, new_tokens):
+        return memory.generation(
+            PRESETS["tiny"],
+            ("--vocab", 1),
+            ("--prompt-len", prompt_len),
+            batch=3,
+            prefill_chunk=512,
+            new_tokens=new_tokens,
+            devices=8,
+            runs=2,
+            what="",
+        )
+
+    assert need(1024, 10**9).flag == "--new-tokens"
+    assert need(10**9, 32).flag == "--prompt-len"
+    big = need(1024, 10**9)
+    # The cache twice at every position, the logits of every run's new tokens and one more.
+    positions = memory.capacity(1024, 512, 10**9, 8)
+    cfg = PRESETS["tiny"]
+    cache = cfg.layers * 2 * 3 * cfg.kv_heads * positions * cfg.head_dim * 4
+    assert big.total == 1 + 2 * cache + 4 * 3 * cfg.vocab * (2 * 10**9 + 1)
+
+
+def test_memory_of_a_model_counts_its_weights():
+    """`weight_count` reads the random model's shapes from `init_params` without starting
+    JAX's devices."""
+    import math
+
+    import jax
+
+    from tree_attention_edu.llama.model import PRESETS, init_params
+
+    cfg = PRESETS["small"]
+    params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+    assert memory.weight_count(cfg) == sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+    assert 25e6 < memory.weight_count(cfg) < 30e6  # "~30M parameters"
+
+
+def test_launch_memory_is_the_launch_problems():
+    """The launch check sizes the problem every worker decodes (`launch_problem`)."""
+    from tree_attention_edu.cluster.launch import launch_problem
+
+    p = launch_problem(4096)
+    need = memory.workers({"--seq-len": p}, 2)
+    assert p.kv_bytes == 2 * p.batch * 4096 * p.kv_heads * p.head_dim * 4
+    assert need.total == 2 * (4 * p.kv_bytes + memory.RUNTIME_BYTES)
 
 
 def test_output_paths_are_checked_without_leaving_files(in_tmp, monkeypatch):
@@ -270,8 +358,15 @@ def test_output_paths_are_checked_without_leaving_files(in_tmp, monkeypatch):
 def test_every_option_has_help_and_help_shows_defaults(capsys):
     parser = cli.build_parser()
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(subs.choices) == {"demo", "bench", "generate", "speed", "fetch-model", "launch",
-                                 "cluster"}
+    assert set(subs.choices) == {
+        "demo",
+        "bench",
+        "generate",
+        "speed",
+        "fetch-model",
+        "launch",
+        "cluster",
+    }
     for name, sub in [("", parser), *subs.choices.items()]:
         for action in sub._actions:
             assert action.help, (name, action.option_strings or action.dest)
@@ -314,8 +409,7 @@ def test_benchmark_pads_a_length_the_devices_do_not_divide():
     import tree_attention_edu as tae
 
     problem = benchmark.Problem(seq_len=100, q_heads=2, kv_heads=2, head_dim=8)
-    records = benchmark.run(tae.make_mesh(3, "x"), problem, methods=("tree", "xla_auto"),
-                            repeats=1)
+    records = benchmark.run(tae.make_mesh(3, "x"), problem, methods=("tree", "xla_auto"), repeats=1)
     assert [r.method for r in records] == ["tree", "xla_auto"]
     for r in records:
         assert r.devices == 3 and r.seq_len == 100 and r.max_abs_err < 1e-5, r
@@ -324,8 +418,19 @@ def test_benchmark_pads_a_length_the_devices_do_not_divide():
 @pytest.mark.slow
 def test_demo_small(tmp_path):
     fig = tmp_path / "fig.png"
-    r = run_cli("demo", "--seq-len", "2048", "--heads", "4", "--head-dim", "32",
-                "--repeats", "1", "--figure", str(fig))
+    r = run_cli(
+        "demo",
+        "--seq-len",
+        "2048",
+        "--heads",
+        "4",
+        "--head-dim",
+        "32",
+        "--repeats",
+        "1",
+        "--figure",
+        str(fig),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "softmax vs grad_zeta F(0)" in r.stdout and "17/17" in r.stdout
     for method in ("single", "tree", "tree_energy", "ring"):
@@ -336,17 +441,40 @@ def test_demo_small(tmp_path):
 @pytest.mark.slow
 def test_bench_json_records(tmp_path):
     path = tmp_path / "bench.json"
-    r = run_cli("bench", "--seq-lens", "1024,2048", "--heads", "2", "--head-dim", "16",
-                "--repeats", "1", "--mesh", "2level", "--json", str(path),
-                "--calibration-seq-lens", "1024,3072",
-                "--sections", "bandwidth,calibration,patterns")
+    r = run_cli(
+        "bench",
+        "--seq-lens",
+        "1024,2048",
+        "--heads",
+        "2",
+        "--head-dim",
+        "16",
+        "--repeats",
+        "1",
+        "--mesh",
+        "2level",
+        "--json",
+        str(path),
+        "--calibration-seq-lens",
+        "1024,3072",
+        "--sections",
+        "bandwidth,calibration,patterns",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(path.read_text())
     records = report["records"]
     assert {r["method"] for r in records} == set(benchmark.METHODS)
     assert {r["seq_len"] for r in records} == {1024, 2048}
-    fields = {"method", "devices", "seq_len", "median_s", "collective_bytes", "temp_bytes",
-              "max_abs_err", "argument_bytes"}
+    fields = {
+        "method",
+        "devices",
+        "seq_len",
+        "median_s",
+        "collective_bytes",
+        "temp_bytes",
+        "max_abs_err",
+        "argument_bytes",
+    }
     for rec in records:
         assert fields <= set(rec)
         assert rec["max_abs_err"] < 1e-4, rec
@@ -355,8 +483,9 @@ def test_bench_json_records(tmp_path):
     # broadcast, 1 x 1 x 2 heads x 16 x 4 bytes, does not).
     assert by[("tree", 1024)]["collective_bytes"] == by[("tree", 2048)]["collective_bytes"]
     out = 2 * 16 * 4
-    assert (by[("ring", 2048)]["collective_bytes"] - out
-            == 2 * (by[("ring", 1024)]["collective_bytes"] - out))
+    assert by[("ring", 2048)]["collective_bytes"] - out == 2 * (
+        by[("ring", 1024)]["collective_bytes"] - out
+    )
 
     bw = report["bandwidth"]
     assert bw["machine_read_gbs"] > 0
@@ -376,7 +505,8 @@ def test_bench_json_records(tmp_path):
 
     cal = report["calibration"]
     assert {(c["method"], c["seq_len"]) for c in cal} == {
-        (m, n) for m in ("tree", "ring") for n in (1024, 3072)}
+        (m, n) for m in ("tree", "ring") for n in (1024, 3072)
+    }
     for c in cal:
         assert c["devices"] == 8 and c["predicted_s"] > 0 and c["measured_s"] > 0
     assert "worst |error|" in r.stdout
@@ -384,10 +514,20 @@ def test_bench_json_records(tmp_path):
     # Every merge pattern and both rings, measured in the same run.
     pats = report["patterns"]
     assert [(x["name"], x["seq_len"]) for x in pats] == [
-        (m, n) for n in (1024, 2048) for m in benchmark.PATTERNS]
+        (m, n) for n in (1024, 2048) for m in benchmark.PATTERNS
+    ]
     assert set(benchmark.PATTERNS) == {*tae.MERGES, "ring", "ring_pass_q"}
-    fields = {"name", "devices", "seq_len", "collectives", "collective_bytes", "temp_bytes",
-              "median_s", "predicted_s", "max_abs_err"}
+    fields = {
+        "name",
+        "devices",
+        "seq_len",
+        "collectives",
+        "collective_bytes",
+        "temp_bytes",
+        "median_s",
+        "predicted_s",
+        "max_abs_err",
+    }
     for x in pats:
         assert fields <= set(x) and x["devices"] == 8, x
         assert x["max_abs_err"] < 1e-4 and x["median_s"] > 0 and x["predicted_s"] > 0, x
@@ -399,15 +539,27 @@ def test_bench_json_records(tmp_path):
         assert pat[("ring", n)]["collectives"] == {"collective-permute": 2 * 7, "all-reduce": 1}
         # one Allreduce(sum) where allreduce has two, on each level of the 2-level mesh
         one, two = pat[("one_pass", n)]["collectives"], pat[("allreduce", n)]["collectives"]
-        assert set(one) == set(two) == {"all-reduce"} and 2 * one["all-reduce"] == two[
-            "all-reduce"]
+        assert set(one) == set(two) == {"all-reduce"} and 2 * one["all-reduce"] == two["all-reduce"]
     assert "Patterns:" in r.stdout and "(fast path)" in r.stdout
 
 
 @pytest.mark.cpu_only
 def test_generate_checks_tokens():
-    r = run_cli("generate", "--method", "ring", "--mesh", "2level", "--prompt-len", "40",
-                "--new-tokens", "6", "--prefill-chunk", "16", "--prefill-method", "tree")
+    r = run_cli(
+        "generate",
+        "--method",
+        "ring",
+        "--mesh",
+        "2level",
+        "--prompt-len",
+        "40",
+        "--new-tokens",
+        "6",
+        "--prefill-chunk",
+        "16",
+        "--prefill-method",
+        "tree",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "tokens identical to single-device generation: True" in r.stdout
     assert "prefill (tree)" in r.stdout and "prefill (single)" in r.stdout
@@ -415,6 +567,7 @@ def test_generate_checks_tokens():
 
 
 # --- generate --checkpoint ----------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
@@ -435,8 +588,20 @@ def test_generate_from_a_checkpoint_matches_the_reference(tiny_checkpoint, in_tm
     import numpy as np
 
     prompts = [[1, 5, 9, 3, 7, 20, 33, 40, 2, 11], [4, 8, 15]]
-    argv = ["generate", "--checkpoint", str(tiny_checkpoint), "--method", "tree",
-            "--no-check", "--new-tokens", "5", "--prefill-chunk", "8", "--json", "out.json"]
+    argv = [
+        "generate",
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--method",
+        "tree",
+        "--no-check",
+        "--new-tokens",
+        "5",
+        "--prefill-chunk",
+        "8",
+        "--json",
+        "out.json",
+    ]
     for p in prompts:
         argv += ["--prompt-ids", ",".join(map(str, p))]
     assert cli.main(argv) == 0
@@ -456,9 +621,26 @@ def test_generate_from_a_checkpoint_matches_the_reference(tiny_checkpoint, in_tm
 
 @pytest.mark.cpu_only
 def test_generate_text_through_the_tokenizer(tiny_checkpoint, in_tmp, capsys):
-    assert cli.main(["generate", "--checkpoint", str(tiny_checkpoint), "--prompt",
-                     "w5 w17 w63 w8", "--new-tokens", "3", "--method", "single",
-                     "--prefill-chunk", "8", "--json", "out.json"]) == 0
+    assert (
+        cli.main(
+            [
+                "generate",
+                "--checkpoint",
+                str(tiny_checkpoint),
+                "--prompt",
+                "w5 w17 w63 w8",
+                "--new-tokens",
+                "3",
+                "--method",
+                "single",
+                "--prefill-chunk",
+                "8",
+                "--json",
+                "out.json",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     report = json.loads((in_tmp / "out.json").read_text())
     assert report["prompts"] == [[1, 5, 17, 63, 8]]  # <s> prepended by the tokenizer
@@ -467,28 +649,53 @@ def test_generate_text_through_the_tokenizer(tiny_checkpoint, in_tmp, capsys):
     assert f"'w5 w17 w63 w8' -> '{text}'" in out
 
 
-@pytest.mark.parametrize("name, change, message", [
-    ("heads", lambda c, w: c.update(num_key_value_heads=3),
-     "num_attention_heads (4) must be a multiple of num_key_value_heads (3)"),
-    ("missing-tensor", lambda c, w: w.pop("model.norm.weight"),
-     "`model.norm.weight` is missing from the checkpoint"),
-    ("dtype", lambda c, w: w.update({"model.norm.weight": w["model.norm.weight"].astype("i1")}),
-     "has dtype I8, which the loader cannot read"),
-    ("token-id", lambda c, w: None, "token id 64 (prompt 1, position 1) is outside the "
-                                    "checkpoint's vocabulary [0, 64)"),
-])
-def test_generate_refuses_a_malformed_checkpoint_in_one_line(name, change, message, tmp_path,
-                                                             capsys):
+@pytest.mark.parametrize(
+    "name, change, message",
+    [
+        (
+            "heads",
+            lambda c, w: c.update(num_key_value_heads=3),
+            "num_attention_heads (4) must be a multiple of num_key_value_heads (3)",
+        ),
+        (
+            "missing-tensor",
+            lambda c, w: w.pop("model.norm.weight"),
+            "`model.norm.weight` is missing from the checkpoint",
+        ),
+        (
+            "dtype",
+            lambda c, w: w.update({"model.norm.weight": w["model.norm.weight"].astype("i1")}),
+            "has dtype I8, which the loader cannot read",
+        ),
+        (
+            "token-id",
+            lambda c, w: None,
+            "token id 64 (prompt 1, position 1) is outside the checkpoint's vocabulary [0, 64)",
+        ),
+    ],
+)
+def test_generate_refuses_a_malformed_checkpoint_in_one_line(
+    name, change, message, tmp_path, capsys
+):
     import llama_reference as ref
 
     config = ref.tiny_config()
     weights = ref.random_weights(config, 0)
     change(config, weights)
     extra = {k: v for k, v in weights.items() if v.dtype.kind == "i"}
-    ref.write_checkpoint(tmp_path, config, {k: v for k, v in weights.items() if k not in extra},
-                         extra=extra)
-    code, lines = call(["generate", "--checkpoint", str(tmp_path), "--prompt-ids", "1,64"
-                        if name == "token-id" else "1,2"], capsys)
+    ref.write_checkpoint(
+        tmp_path, config, {k: v for k, v in weights.items() if k not in extra}, extra=extra
+    )
+    code, lines = call(
+        [
+            "generate",
+            "--checkpoint",
+            str(tmp_path),
+            "--prompt-ids",
+            "1,64" if name == "token-id" else "1,2",
+        ],
+        capsys,
+    )
     assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("tree-attention-edu generate: error: ") and message in lines[0]
     assert "Traceback" not in lines[0]
@@ -496,13 +703,25 @@ def test_generate_refuses_a_malformed_checkpoint_in_one_line(name, change, messa
 
 # --- the device block of the bench JSON (benchmark.device_info) -------------------------------
 
-@pytest.mark.parametrize(("kind", "gbs"), [
-    ("NVIDIA H100 80GB HBM3", 3350), ("NVIDIA H100 PCIe", 2000), ("NVIDIA H100 NVL", 3900),
-    ("NVIDIA H200", 4800), ("NVIDIA A100-SXM4-80GB", 2039), ("NVIDIA A100-SXM4-40GB", 1555),
-    ("NVIDIA A100-PCIE-40GB", 1555), ("NVIDIA A100 80GB PCIe", 1935), ("NVIDIA B200", 8000),
-    ("AMD Instinct MI300X", 5300), ("NVIDIA GH200 480GB", None), ("cpu", None),
-    ("TPU v5 lite", None),
-])
+
+@pytest.mark.parametrize(
+    ("kind", "gbs"),
+    [
+        ("NVIDIA H100 80GB HBM3", 3350),
+        ("NVIDIA H100 PCIe", 2000),
+        ("NVIDIA H100 NVL", 3900),
+        ("NVIDIA H200", 4800),
+        ("NVIDIA A100-SXM4-80GB", 2039),
+        ("NVIDIA A100-SXM4-40GB", 1555),
+        ("NVIDIA A100-PCIE-40GB", 1555),
+        ("NVIDIA A100 80GB PCIe", 1935),
+        ("NVIDIA B200", 8000),
+        ("AMD Instinct MI300X", 5300),
+        ("NVIDIA GH200 480GB", None),
+        ("cpu", None),
+        ("TPU v5 lite", None),
+    ],
+)
 def test_nominal_hbm_gbs(kind, gbs):
     assert benchmark.nominal_hbm_gbs(kind) == gbs
 
@@ -539,8 +758,13 @@ def test_gpu_bench_script_rejects_bad_args(capsys):
     spec = importlib.util.spec_from_file_location("gpu_bench", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    for argv in (["--dtypes", "int8"], ["--seq-lens", "0"], ["--attach", "nofile"],
-                 ["--max-kv-fraction", "2"], ["--kernels", "xla,"]):
+    for argv in (
+        ["--dtypes", "int8"],
+        ["--seq-lens", "0"],
+        ["--attach", "nofile"],
+        ["--max-kv-fraction", "2"],
+        ["--kernels", "xla,"],
+    ):
         with pytest.raises(SystemExit) as e:
             mod.main(argv)
         assert e.value.code == 2

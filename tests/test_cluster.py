@@ -24,9 +24,15 @@ import pytest
 from reference import np_attention
 from test_launch import alive, all_pids, children, wait_until
 
-from tree_attention_edu.cluster import launch, netns
+from tree_attention_edu.cluster import netns
+from tree_attention_edu.cluster import processes as ps
+from tree_attention_edu.cluster.methods import (
+    CLUSTER_METHODS,
+    crossover,
+    level_bytes,
+    reference_attention,
+)
 from tree_attention_edu.cluster.run import ClusterConfig
-from tree_attention_edu.cluster.worker import crossover, level_bytes, reference_attention
 from tree_attention_edu.perf import benchmark
 from tree_attention_edu.perf.introspect import Collective
 
@@ -34,9 +40,24 @@ PREFIX = "tae-cltest"  # this module's runs only: a real run elsewhere is never 
 ENV = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
 WAIT = 120
 TEARDOWN: list[tuple[str, object, float, int, int]] = []
-SMALL = ["--nodes", "2", "--processes-per-node", "1", "--devices-per-process", "2",
-         "--seq-len", "64", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
-         "--prefix", PREFIX]
+SMALL = [
+    "--nodes",
+    "2",
+    "--processes-per-node",
+    "1",
+    "--devices-per-process",
+    "2",
+    "--seq-len",
+    "64",
+    "--heads",
+    "4",
+    "--kv-heads",
+    "2",
+    "--head-dim",
+    "16",
+    "--prefix",
+    PREFIX,
+]
 
 
 def _namespaces_unavailable() -> str | None:
@@ -60,8 +81,10 @@ def teardown_table(request):
     yield
     if not TEARDOWN:
         return
-    rows = [f"{'scenario':<48}{'exit status':>12}{'time to exit':>14}{'processes left':>16}"
-            f"{'namespaces left':>17}"]
+    rows = [
+        f"{'scenario':<48}{'exit status':>12}{'time to exit':>14}{'processes left':>16}"
+        f"{'namespaces left':>17}"
+    ]
     rows += [f"{s:<48}{c!s:>12}{t:>13.2f}s{n:>16}{m:>17}" for s, c, t, n, m in TEARDOWN]
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
@@ -70,15 +93,21 @@ def teardown_table(request):
 
 def owned_anything() -> list[str]:
     """Namespaces, /etc/netns entries and locks of this module's prefix."""
-    locks = [f for f in os.listdir(netns.LOCK_DIR) if f.startswith(PREFIX)] \
-        if os.path.isdir(netns.LOCK_DIR) else []
+    locks = (
+        [f for f in os.listdir(netns.LOCK_DIR) if f.startswith(PREFIX)]
+        if os.path.isdir(netns.LOCK_DIR)
+        else []
+    )
     return netns.owned(PREFIX) + locks
 
 
 def root_links() -> list[str]:
     """The interfaces of this machine's own namespace, with their state and addresses."""
-    return sorted(subprocess.run(["ip", "-br", "addr"], capture_output=True, text=True,
-                                 check=True).stdout.splitlines())
+    return sorted(
+        subprocess.run(
+            ["ip", "-br", "addr"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+    )
 
 
 def processes_with(text: str) -> list[int]:
@@ -101,20 +130,27 @@ def processes_with(text: str) -> list[int]:
 
 def test_reference_attention_matches_the_loop_reference():
     rng = np.random.default_rng(0)
-    q, k, v = rng.normal(size=(2, 3, 4, 8)), rng.normal(size=(2, 17, 2, 8)), \
-        rng.normal(size=(2, 17, 2, 6))
-    np.testing.assert_allclose(reference_attention(q, k, v), np_attention(q, k, v),
-                               rtol=1e-12, atol=1e-12)
+    q, k, v = (
+        rng.normal(size=(2, 3, 4, 8)),
+        rng.normal(size=(2, 17, 2, 8)),
+        rng.normal(size=(2, 17, 2, 6)),
+    )
+    np.testing.assert_allclose(
+        reference_attention(q, k, v), np_attention(q, k, v), rtol=1e-12, atol=1e-12
+    )
 
 
 def test_level_bytes_closed_forms():
     """Per-device bytes inside and across 2 nodes of 2 devices, by gloo's algorithms."""
+
     def node(i):
         return i // 2
 
     n = 1000
-    ar_two = [Collective("all-reduce", ((0, 1), (2, 3)), n),   # over "gpu": inside nodes
-              Collective("all-reduce", ((0, 2), (1, 3)), n)]   # over "node": across
+    ar_two = [
+        Collective("all-reduce", ((0, 1), (2, 3)), n),  # over "gpu": inside nodes
+        Collective("all-reduce", ((0, 2), (1, 3)), n),
+    ]  # over "node": across
     got = level_bytes(ar_two, node, 4)
     # A ring of 2 sends 2·(1/2)·n per member: n inside for the first, n across for the second.
     assert got == {"bytes_inter": n, "bytes_intra": n, "link_bytes": 2 * n}
@@ -123,11 +159,26 @@ def test_level_bytes_closed_forms():
     assert flat["bytes_inter"] == pytest.approx(2 * 1.5 * n / 4)
     assert flat["bytes_intra"] == pytest.approx(2 * 1.5 * n / 4)
     assert flat["link_bytes"] == pytest.approx(1.5 * n)
-    ring = level_bytes([Collective("collective-permute", ((0, 1), (1, 2), (2, 3), (3, 0)),
-                                   n, count=3)], node, 4)
+    ring = level_bytes(
+        [Collective("collective-permute", ((0, 1), (1, 2), (2, 3), (3, 0)), n, count=3)], node, 4
+    )
     assert ring == {"bytes_inter": 1.5 * n, "bytes_intra": 1.5 * n, "link_bytes": 3 * n}
     a2a = level_bytes([Collective("all-to-all", ((0, 1, 2, 3),), n)], node, 4)
     assert a2a["bytes_inter"] == pytest.approx(n / 2) and a2a["bytes_intra"] == n / 4
+
+
+def test_cluster_methods_are_the_merge_patterns_and_rings():
+    """The flat tree, then every merge pattern on the 2-level mesh (the Allreduce one is the
+    paper's tree: `tree_2level`), then both rings."""
+    from tree_attention_edu.core.merges import MERGES
+
+    assert CLUSTER_METHODS == (
+        "tree",
+        "tree_2level",
+        *(m for m in MERGES if m != "allreduce"),
+        "ring",
+        "ring_pass_q",
+    )
 
 
 def test_crossover_interpolates_and_says_none():
@@ -138,14 +189,30 @@ def test_crossover_interpolates_and_says_none():
 
 
 def test_bad_settings_exit_2_with_one_line():
-    for args, words in ((["--nodes", "1"], "nodes"),
-                        (["--seq-len", "65"], "multiples of the 4 devices"),
-                        (["--heads", "6", "--kv-heads", "4"], "kv_heads"),
-                        (["--link-gbit", "0"], "--link-gbit"),
-                        (["--methods", "tree,bogus"], "bogus")):
-        done = subprocess.run([sys.executable, "-m", "tree_attention_edu", "cluster",
-                               "--nodes", "2", "--devices-per-process", "2", *args],
-                              capture_output=True, text=True, env=ENV, timeout=WAIT)
+    for args, words in (
+        (["--nodes", "1"], "nodes"),
+        (["--seq-len", "65"], "multiples of the 4 devices"),
+        (["--heads", "6", "--kv-heads", "4"], "kv_heads"),
+        (["--link-gbit", "0"], "--link-gbit"),
+        (["--methods", "tree,bogus"], "bogus"),
+    ):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tree_attention_edu",
+                "cluster",
+                "--nodes",
+                "2",
+                "--devices-per-process",
+                "2",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=WAIT,
+        )
         lines = [s for s in done.stderr.splitlines() if s.strip()]
         assert done.returncode == 2, done.stderr
         assert len(lines) == 1 and words in lines[0] and "Traceback" not in lines[0], lines
@@ -157,10 +224,17 @@ def test_without_privileges_exit_2_with_one_line():
     """No CAP_NET_ADMIN / CAP_SYS_ADMIN (dropped with capsh): one line, status 2."""
     if shutil.which("capsh") is None or os.geteuid() != 0:
         pytest.skip("needs root and capsh to drop the capabilities")
-    cmd = (f"{sys.executable} -m tree_attention_edu cluster --nodes 2 "
-           f"--devices-per-process 2 --seq-len 64 --prefix {PREFIX}")
-    done = subprocess.run(["capsh", "--drop=cap_net_admin,cap_sys_admin", "--", "-c", cmd],
-                          capture_output=True, text=True, env=ENV, timeout=WAIT)
+    cmd = (
+        f"{sys.executable} -m tree_attention_edu cluster --nodes 2 "
+        f"--devices-per-process 2 --seq-len 64 --prefix {PREFIX}"
+    )
+    done = subprocess.run(
+        ["capsh", "--drop=cap_net_admin,cap_sys_admin", "--", "-c", cmd],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=WAIT,
+    )
     lines = [s for s in done.stderr.splitlines() if s.strip()]
     assert done.returncode == 2, done.stderr
     assert len(lines) == 1 and "needs root" in lines[0] and "CAP_NET_ADMIN" in lines[0], lines
@@ -179,10 +253,29 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
     links_before = root_links()
     t0 = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "tree_attention_edu", "cluster", *SMALL,
-         "--methods", "tree,tree_2level,ring", "--link-gbit", "2,1", "--repeats", "1",
-         "--keep-outputs", "--json", str(out)],
-        capture_output=True, text=True, env={**ENV, "TMPDIR": str(tmp_path)}, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "tree_attention_edu",
+            "cluster",
+            *SMALL,
+            "--methods",
+            "tree,tree_2level,ring",
+            "--link-gbit",
+            "2,1",
+            "--repeats",
+            "1",
+            "--sweep",
+            "16,64",
+            "--keep-outputs",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env={**ENV, "TMPDIR": str(tmp_path)},
+        timeout=300,
+    )
     elapsed = time.monotonic() - t0
     assert done.returncode == 0, done.stderr[-3000:]
     rep = json.loads(out.read_text())
@@ -196,8 +289,9 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
     for rate in rep["rates"]:
         assert set(rate["methods"]) == {"tree", "tree_2level", "ring"}
         for name, m in rate["methods"].items():
-            np.testing.assert_allclose(np.array(m["output"]), want, rtol=2e-5, atol=2e-5,
-                                       err_msg=name)
+            np.testing.assert_allclose(
+                np.array(m["output"]), want, rtol=2e-5, atol=2e-5, err_msg=name
+            )
             assert m["max_abs_err"] <= 2e-5
             assert m["median_s"] > 0 and m["predicted_s"] > 0
     m = rep["methods"]
@@ -219,12 +313,24 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
         assert rep["links"][level]["alpha_s"] >= 0 and rep["links"][level]["beta_Bps"] > 0
     assert rep["links"]["inter"]["set_Bps"] == 2e9 / 8
     assert rep["config"]["nodes"] == 2 and rep["config"]["devices"] == 4
+    # The crossover sweep, at the first rate: Tk=64 is the run's own length, 16 is timed anew.
+    x = rep["crossover"]
+    assert x["seq_lens"] == [16, 64] and set(x["measured_s"]) == {"tree", "tree_2level", "ring"}
+    assert x["measured_s"]["ring"][1] == m["ring"]["median_s"] and len(x["model_grid"]) > 10
+    assert {"tree_vs_ring", "tree_2level_vs_ring"} <= set(x)
     # Nothing left behind, and no interface of the machine's own namespace was touched.
     assert owned_anything() == []
     assert root_links() == links_before
     assert processes_with(str(tmp_path)) == []
-    TEARDOWN.append(("small run, success", done.returncode, elapsed,
-                     len(processes_with(str(tmp_path))), len(owned_anything())))
+    TEARDOWN.append(
+        (
+            "small run, success",
+            done.returncode,
+            elapsed,
+            len(processes_with(str(tmp_path))),
+            len(owned_anything()),
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -235,13 +341,26 @@ class Launch:
     """A cluster launcher whose workers wait in the test hook."""
 
     def __init__(self, tmp_path, sleep="60"):
-        env = {**ENV, launch.TEST_SLEEP_ENV: sleep, "TMPDIR": str(tmp_path)}
+        env = {**ENV, ps.TEST_SLEEP_ENV: sleep, "TMPDIR": str(tmp_path)}
         self.out, self.err = tmp_path / "stdout", tmp_path / "stderr"
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tree_attention_edu", "cluster", *SMALL,
-                 "--methods", "tree", "--link-gbit", "1"],
-                stdout=out, stderr=err, env=env, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "tree_attention_edu",
+                    "cluster",
+                    *SMALL,
+                    "--methods",
+                    "tree",
+                    "--link-gbit",
+                    "1",
+                ],
+                stdout=out,
+                stderr=err,
+                env=env,
+                start_new_session=True,
+            )
         self.workers: list[int] = []
 
     def wait_for_workers(self) -> list[int]:
@@ -249,6 +368,7 @@ class Launch:
             if self.proc.poll() is not None:
                 raise AssertionError(f"launcher exited early: {self.err.read_text()}")
             return self.out.read_text().count("test hook: sleeping") == 2
+
         wait_until(ready, WAIT, "workers to start")
         self.workers = children(self.proc.pid)
         assert len(self.workers) == 2, self.workers
@@ -298,8 +418,9 @@ def one_line(lines: list[str], *words: str) -> None:
 
 
 @needs_root
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
-                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"]
+)
 def test_launcher_signalled(sig, tmp_path, launches):
     run = Launch(tmp_path)
     launches.append(run)
@@ -333,7 +454,7 @@ def test_launcher_killed_then_next_start_clears(pdeathsig, tmp_path, launches, m
     their watchdog thread); its namespaces stay until the next start, which removes them
     (by this prefix only) and goes on."""
     if not pdeathsig:
-        monkeypatch.setitem(ENV, launch.TEST_NO_PDEATHSIG_ENV, "1")
+        monkeypatch.setitem(ENV, ps.TEST_NO_PDEATHSIG_ENV, "1")
     first = tmp_path / "first"
     first.mkdir()
     run = Launch(first)
@@ -348,8 +469,15 @@ def test_launcher_killed_then_next_start_clears(pdeathsig, tmp_path, launches, m
     assert netns.owned(PREFIX) == left_behind  # nobody could remove them ...
     assert sorted(netns.leftovers(PREFIX)) != []  # ... and they are known to be stale
     how = "" if pdeathsig else ", watchdog only"
-    TEARDOWN.append((f"launcher SIGKILL{how} (ns stay)", code, time.monotonic() - t0,
-                     len(run.left()), len(left_behind)))
+    TEARDOWN.append(
+        (
+            f"launcher SIGKILL{how} (ns stay)",
+            code,
+            time.monotonic() - t0,
+            len(run.left()),
+            len(left_behind),
+        )
+    )
     second = tmp_path / "second"
     second.mkdir()
     nxt = Launch(second)

@@ -12,11 +12,14 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tree_attention_edu as tae
+from tree_attention_edu.core.names import MERGE_NAMES
 from tree_attention_edu.perf import costmodel as cm
 
 
-@pytest.mark.parametrize(("n", "p", "b"), [(1, 1, 2), (1024, 1, 2), (1024, 8, 2), (1000, 7, 3),
-                                           (5, 8, 2), (2**20, 128, 2)])
+@pytest.mark.parametrize(
+    ("n", "p", "b"),
+    [(1, 1, 2), (1024, 1, 2), (1024, 8, 2), (1000, 7, 3), (5, 8, 2), (2**20, 128, 2)],
+)
 def test_reduction_steps(n, p, b):
     # Count sequential binary combines along the deepest path of the tree. A group of b
     # children takes b - 1 binary combines, so the count is (b - 1)·levels at most.
@@ -40,16 +43,21 @@ def test_model_bytes_equal_compiled_bytes(p, tk):
     ring = tae.collective_stats(lambda q, k, v: tae.ring_decode(q, k, v, mesh=mesh), q, k, v)
     assert tree.total_bytes == cm.tree_payload_bytes(B, Tq, Hq, Dv)
     assert ring.by_kind()["collective-permute"] == cm.ring_payload_bytes(B, tk, Hkv, D, Dv, p)
-    assert ring.total_bytes == cm.collective_bytes(cm.ring_collectives(
-        batch=B, kv_len=tk, kv_heads=Hkv, head_dim=D, v_dim=Dv, p=p, q_len=Tq, q_heads=Hq))
+    assert ring.total_bytes == cm.collective_bytes(
+        cm.ring_collectives(
+            batch=B, kv_len=tk, kv_heads=Hkv, head_dim=D, v_dim=Dv, p=p, q_len=Tq, q_heads=Hq
+        )
+    )
 
 
 def test_paper_formulas():
     b, t, n_h, d_h, p = 1, 8192, 16, 128, 8
     d = n_h * d_h
     # Mem_ring - Mem_tree = 2btd - 2bn_h: tree saves the second K/V buffer.
-    assert cm.paper_memory_ring(b, t, n_h, d_h) - cm.paper_memory_tree(b, t, n_h, d_h) == \
-        2 * b * t * d - 2 * b * n_h
+    assert (
+        cm.paper_memory_ring(b, t, n_h, d_h) - cm.paper_memory_tree(b, t, n_h, d_h)
+        == 2 * b * t * d - 2 * b * n_h
+    )
     # The tree payload (elements) is the paper's b·d + 2·b·n_h; the paper's volume multiplies
     # it by the ring-allreduce factor 2(p-1)/p.
     payload = cm.tree_payload_bytes(b, 1, n_h, d_h, itemsize=1)
@@ -76,10 +84,12 @@ def test_model_bytes_equal_compiled_bytes_meshes(shape, axes, layout):
     v = jax.ShapeDtypeStruct(vshape, jnp.float32, sharding=kv)
     n = jax.ShapeDtypeStruct((B,), jnp.int32, sharding=NamedSharding(mesh, P()))
     kw = dict(mesh=mesh, layout=layout)
-    tree = tae.collective_stats(lambda q, k, v, n: tae.tree_decode(q, k, v, kv_lengths=n, **kw),
-                                q, k, v, n)
-    ring = tae.collective_stats(lambda q, k, v, n: tae.ring_decode(q, k, v, kv_lengths=n, **kw),
-                                q, k, v, n)
+    tree = tae.collective_stats(
+        lambda q, k, v, n: tae.tree_decode(q, k, v, kv_lengths=n, **kw), q, k, v, n
+    )
+    ring = tae.collective_stats(
+        lambda q, k, v, n: tae.ring_decode(q, k, v, kv_lengths=n, **kw), q, k, v, n
+    )
     assert tree.total_bytes == cm.tree_payload_bytes(B, Tq, Hq, Dv, levels=len(shape))
     assert ring.by_kind()["collective-permute"] == cm.ring_payload_bytes(B, tk, Hkv, D, Dv, 8)
 
@@ -89,8 +99,13 @@ def test_model_reduces_to_paper_formulas():
     tree payload is eq. 14."""
     b, t, n_h, d_h = sympy.symbols("b t n_h d_h", positive=True, integer=True)
     d = n_h * d_h
-    assert sympy.simplify(cm.peak_memory_tree(b, t, n_h, d_h) - (2*b*t*d + 2*b*d + 2*b*n_h)) == 0
-    assert sympy.simplify(cm.peak_memory_ring(b, t, n_h, d_h) - (4*b*t*d + 2*b*d)) == 0
+    assert (
+        sympy.simplify(
+            cm.peak_memory_tree(b, t, n_h, d_h) - (2 * b * t * d + 2 * b * d + 2 * b * n_h)
+        )
+        == 0
+    )
+    assert sympy.simplify(cm.peak_memory_ring(b, t, n_h, d_h) - (4 * b * t * d + 2 * b * d)) == 0
     unit = cm.Link(alpha_s=0, beta_Bps=1)  # time = elements on the wire
     for p in (2, 8, 128):
         payload = cm.tree_payload_bytes(b, 1, n_h, d_h, itemsize=1)
@@ -110,7 +125,8 @@ def test_allreduce_choice_and_hierarchy():
     want = cm.allreduce_time(4096, 8, topo.intra)[0] + cm.allreduce_time(4096, 16, topo.inter)[0]
     assert cm.hierarchical_allreduce_time(4096, topo) == pytest.approx(want)
     assert cm.hierarchical_allreduce_time(4096, topo.with_devices(8)) == pytest.approx(
-        cm.allreduce_time(4096, 8, topo.intra)[0])
+        cm.allreduce_time(4096, 8, topo.intra)[0]
+    )
     with pytest.raises(ValueError, match="whole number of 8-device nodes"):
         topo.with_devices(12)
 
@@ -169,8 +185,11 @@ def test_decode_intensity_closed_form():
     ratio = cm.decode_flops(b, t, g * h, d, dv, q) / cm.kv_read_bytes(b, t, h, d, dv, i)
     assert sympy.simplify(ratio - cm.decode_intensity(g, i, q)) == 0
     # float32 and bf16 multi-head attention, Llama 3.1-8B's bf16 GQA (32 / 8 heads).
-    assert (cm.decode_intensity(1, 4), cm.decode_intensity(1, 2), cm.decode_intensity(4, 2)) \
-        == (0.5, 1.0, 4.0)
+    assert (cm.decode_intensity(1, 4), cm.decode_intensity(1, 2), cm.decode_intensity(4, 2)) == (
+        0.5,
+        1.0,
+        4.0,
+    )
     llama = cm.LLAMA_3_1_8B
     assert cm.decode_intensity(llama.q_heads // llama.kv_heads, llama.itemsize) == 4.0
 
@@ -184,8 +203,9 @@ def test_decode_intensity_is_the_roofline_ratio(group, itemsize, q_len):
     flops = 2 * b * q_len * hkv * group * t * 2 * d  # q·k and p·v, two flops per multiply-add
     assert cm.kv_read_bytes(b, t, hkv, d, d, itemsize) == nbytes
     assert cm.decode_flops(b, t, hkv * group, d, d, q_len) == flops
-    assert cm.local_decode_time(b, t, hkv, d, d, hkv * group, unit, itemsize, q_len) == \
-        max(nbytes, flops)
+    assert cm.local_decode_time(b, t, hkv, d, d, hkv * group, unit, itemsize, q_len) == max(
+        nbytes, flops
+    )
     assert cm.decode_intensity(group, itemsize, q_len) == flops / nbytes
 
 
@@ -202,8 +222,16 @@ def test_model_shape_counts_the_weights_of_the_model():
 
     for cfg in (model.PRESETS["tiny"], model.Config(tie_embeddings=True, q_heads=8, kv_heads=1)):
         params = model.init_params(cfg, jax.random.key(0))
-        shape = cm.ModelShape(cfg.layers, cfg.dim, cfg.q_heads, cfg.kv_heads, cfg.head_dim,
-                              cfg.hidden, cfg.vocab, cfg.tie_embeddings)
+        shape = cm.ModelShape(
+            cfg.layers,
+            cfg.dim,
+            cfg.q_heads,
+            cfg.kv_heads,
+            cfg.head_dim,
+            cfg.hidden,
+            cfg.vocab,
+            cfg.tie_embeddings,
+        )
         assert shape.params == sum(x.size for x in jax.tree.leaves(params))
     llama = cm.LLAMA_3_1_8B
     assert llama.params == 8_030_261_248  # "8.03B" on the model card
@@ -214,10 +242,8 @@ def test_model_shape_counts_the_weights_of_the_model():
 def test_paper_microbenchmark_and_generation_time():
     pred = cm.paper_microbenchmark(1_280_000, 16)
     topo = cm.DGX_H100.with_devices(16)
-    assert pred["tree"] == cm.predict_tree(1_280_000, topo, q_heads=16, head_dim=128,
-                                           itemsize=2)
-    assert pred["ring"] == cm.predict_ring(1_280_000, topo, q_heads=16, head_dim=128,
-                                           itemsize=2)
+    assert pred["tree"] == cm.predict_tree(1_280_000, topo, q_heads=16, head_dim=128, itemsize=2)
+    assert pred["ring"] == cm.predict_ring(1_280_000, topo, q_heads=16, head_dim=128, itemsize=2)
     node = cm.DGX_H100.with_devices(8)
     llama = cm.LLAMA_3_1_8B
     got = cm.generation_time(65536, node, tokens=3)
@@ -229,8 +255,12 @@ def test_paper_microbenchmark_and_generation_time():
 
 def test_paper_llama_table_is_consistent():
     """The transcribed means reproduce the table's own rounded speedup column."""
-    assert PAPER_KEYS == set(cm.PAPER_LLAMA) == set(cm.PAPER_LLAMA_STDERR) \
+    assert (
+        PAPER_KEYS
+        == set(cm.PAPER_LLAMA)
+        == set(cm.PAPER_LLAMA_STDERR)
         == set(cm.PAPER_LLAMA_SPEEDUP)
+    )
     for hw, rows in cm.PAPER_LLAMA.items():
         assert list(rows) == [32768, 65536, 131072, 262144]
         assert set(cm.PAPER_LLAMA_STDERR[hw]) == set(rows)
@@ -279,8 +309,13 @@ def test_merge_collectives_closed_forms():
         assert set(got) == set(kinds)
         assert all(sympy.simplify(got[k] - kinds[k]) == 0 for k in kinds), pattern
     # The allreduce pattern's bytes are the paper's tree payload (float32 statistics).
-    assert sympy.simplify(_by_kind(cm.merge_collectives("allreduce", **kw))["all-reduce"]
-                          - cm.tree_payload_bytes(b, tq, hq, dv, itemsize=s)) == 0
+    assert (
+        sympy.simplify(
+            _by_kind(cm.merge_collectives("allreduce", **kw))["all-reduce"]
+            - cm.tree_payload_bytes(b, tq, hq, dv, itemsize=s)
+        )
+        == 0
+    )
     # one_pass's fallback adds the exact merge; two mesh levels pay the all-reduces twice.
     fb = _by_kind(cm.merge_collectives("one_pass", **kw, fallback=True))["all-reduce"]
     assert sympy.simplify(fb - (n * (dv + 1) * s + s + n * s + n * (dv + 1) * s)) == 0
@@ -298,22 +333,31 @@ def test_head_scattered_patterns_pad_the_heads(hq, p):
     # Heads that p does not divide are gathered at the end, in the output's dtype.
     gather = [("all-gather", n_pad * dv * 2, 1)] if hq % p else []
     assert cm.merge_collectives("reduce_scatter", **kw) == [
-        ("all-gather", p * n_pad * 2 * s, 1), ("reduce-scatter", n_pad * dv * s, 1), *gather]
+        ("all-gather", p * n_pad * 2 * s, 1),
+        ("reduce-scatter", n_pad * dv * s, 1),
+        *gather,
+    ]
     assert cm.merge_collectives("all_to_all", **kw) == [
-        ("all-to-all", n_pad * (dv + 2) * s, 1), *gather]
+        ("all-to-all", n_pad * (dv + 2) * s, 1),
+        *gather,
+    ]
     del kw["out_itemsize"]
     assert cm.merge_read_bytes("allgather", **kw) == p * n * (dv + 2) * s
 
 
 def test_ring_collectives_sum_to_the_ring_payload():
-    got = cm.ring_collectives(batch=2, kv_len=4100, kv_heads=2, head_dim=16, v_dim=8, p=8,
-                              itemsize=4, q_len=3, q_heads=6)
-    assert got == [("collective-permute", 2 * 513 * 2 * 16 * 4, 7),
-                   ("collective-permute", 2 * 513 * 2 * 8 * 4, 7),
-                   ("all-reduce", 2 * 3 * 6 * 8 * 4, 1)]  # shard 0's output, broadcast
+    got = cm.ring_collectives(
+        batch=2, kv_len=4100, kv_heads=2, head_dim=16, v_dim=8, p=8, itemsize=4, q_len=3, q_heads=6
+    )
+    assert got == [
+        ("collective-permute", 2 * 513 * 2 * 16 * 4, 7),
+        ("collective-permute", 2 * 513 * 2 * 8 * 4, 7),
+        ("all-reduce", 2 * 3 * 6 * 8 * 4, 1),
+    ]  # shard 0's output, broadcast
     assert cm.collective_bytes(got[:2]) == cm.ring_payload_bytes(2, 4100, 2, 16, 8, 8)
-    assert cm.ring_collectives(batch=2, kv_len=4100, kv_heads=2, head_dim=16, v_dim=8,
-                               p=1)[2:] == []  # one device: nothing to broadcast
+    assert (
+        cm.ring_collectives(batch=2, kv_len=4100, kv_heads=2, head_dim=16, v_dim=8, p=1)[2:] == []
+    )  # one device: nothing to broadcast
 
 
 @pytest.mark.parametrize(("hq", "hkv", "p"), [(16, 16, 8), (32, 8, 8), (8, 2, 4), (4, 4, 8)])
@@ -321,15 +365,27 @@ def test_pass_q_collectives(hq, hkv, p):
     b, tq, d, dv, item, s = 2, 1, 32, 16, 2, 4
     gs = -(-hkv // p) * (hq // hkv)
     assert cm.pass_q_heads(hq, hkv, p) == gs
-    got = cm.pass_q_collectives(batch=b, q_len=tq, q_heads=hq, kv_heads=hkv, head_dim=d,
-                                v_dim=dv, p=p, itemsize=item, stat_itemsize=s)
+    got = cm.pass_q_collectives(
+        batch=b,
+        q_len=tq,
+        q_heads=hq,
+        kv_heads=hkv,
+        head_dim=d,
+        v_dim=dv,
+        p=p,
+        itemsize=item,
+        stat_itemsize=s,
+    )
     rows = b * tq * gs
-    assert got == [("collective-permute", rows * d * item, p - 1),
-                   ("all-to-all", p * rows * (dv + 2) * s, 1),
-                   ("all-gather", p * rows * dv * s, 1)]
+    assert got == [
+        ("collective-permute", rows * d * item, p - 1),
+        ("all-to-all", p * rows * (dv + 2) * s, 1),
+        ("all-gather", p * rows * dv * s, 1),
+    ]
     # Queries travel, not the cache: far fewer bytes than pass-KV at any long context.
-    ring = cm.ring_collectives(batch=b, kv_len=65536, kv_heads=hkv, head_dim=d, v_dim=dv, p=p,
-                               itemsize=item)
+    ring = cm.ring_collectives(
+        batch=b, kv_len=65536, kv_heads=hkv, head_dim=d, v_dim=dv, p=p, itemsize=item
+    )
     assert cm.collective_bytes(got) < cm.collective_bytes(ring) / 100
 
 
@@ -342,15 +398,15 @@ def test_collective_times_one_level():
     t, algo = cm.allgather_time(p * m, p, link)
     assert algo == "recursive_doubling" and t == pytest.approx(3 * a + (p - 1) * m / beta)
     assert cm.reduce_scatter_time(p * m, p, link) == pytest.approx(
-        (p - 1) * a + (p - 1) / p * p * m / beta)
+        (p - 1) * a + (p - 1) / p * p * m / beta
+    )
     assert cm.all_to_all_time(p * m, p, link) == pytest.approx((p - 1) * (a + m / beta))
     for f in (cm.reduce_scatter_time, cm.all_to_all_time):
         assert f(1e6, 1, link) == 0.0
     assert cm.allgather_time(1e6, 1, link) == (0.0, "ring")
     # On one node, collective_time is these formulas over `intra`.
     topo = cm.DGX_H100.with_devices(8)
-    assert cm.collective_time("all-gather", 8000, topo) == cm.allgather_time(8000, 8,
-                                                                              topo.intra)[0]
+    assert cm.collective_time("all-gather", 8000, topo) == cm.allgather_time(8000, 8, topo.intra)[0]
     assert cm.collective_time("collective-permute", 8000, topo) == topo.intra.send(8000)
 
 
@@ -359,12 +415,15 @@ def test_collective_times_across_nodes():
     intra, inter, n = topo.intra, topo.inter, 64_000
     assert cm.collective_time("all-reduce", n, topo) == cm.hierarchical_allreduce_time(n, topo)
     assert cm.collective_time("all-gather", n, topo) == pytest.approx(
-        cm.allgather_time(n / 4, 8, intra)[0] + cm.allgather_time(n, 4, inter)[0])
+        cm.allgather_time(n / 4, 8, intra)[0] + cm.allgather_time(n, 4, inter)[0]
+    )
     assert cm.collective_time("reduce-scatter", n, topo) == pytest.approx(
-        cm.reduce_scatter_time(n, 8, intra) + cm.reduce_scatter_time(n / 8, 4, inter))
+        cm.reduce_scatter_time(n, 8, intra) + cm.reduce_scatter_time(n / 8, 4, inter)
+    )
     assert cm.collective_time("all-to-all", n, topo) == pytest.approx(
-        7 * (intra.alpha_s + n / 32 / intra.beta_Bps) + 24 * (inter.alpha_s
-                                                                + n / 32 / inter.beta_Bps))
+        7 * (intra.alpha_s + n / 32 / intra.beta_Bps)
+        + 24 * (inter.alpha_s + n / 32 / inter.beta_Bps)
+    )
     assert cm.collective_time("collective-permute", n, topo) == inter.send(n)
     # A measured kind replaces the formulas, on exactly the measured device count.
     link = cm.Link(1e-3, 1e6)
@@ -380,14 +439,16 @@ def test_predict_merge_parts():
     t = 2**20 // 16
     compute = cm.local_decode_time(4, t, 8, 128, 128, 32, topo, 2)
     shape = dict(batch=4, q_len=1, q_heads=32, v_dim=128, p=16, stat_itemsize=4)
-    for pattern in cm.MERGES:
+    for pattern in MERGE_NAMES:
         pred = cm.predict_merge(pattern, 2**20, topo, **kw)
         assert pred.method == pattern and pred.compute_s == compute
-        assert pred.comm_s == pytest.approx(sum(
-            c * cm.collective_time(k, nb, topo)
-            for k, nb, c in cm.merge_collectives(pattern, **shape)))
-        assert pred.merge_s == pytest.approx(cm.merge_read_bytes(pattern, **shape)
-                                             / topo.mem_Bps)
+        assert pred.comm_s == pytest.approx(
+            sum(
+                c * cm.collective_time(k, nb, topo)
+                for k, nb, c in cm.merge_collectives(pattern, **shape)
+            )
+        )
+        assert pred.merge_s == pytest.approx(cm.merge_read_bytes(pattern, **shape) / topo.mem_Bps)
         assert pred.total_s == pytest.approx(pred.compute_s + pred.comm_s + pred.merge_s)
     fast = cm.predict_merge("one_pass", 2**20, topo, **kw)
     slow = cm.predict_merge("one_pass", 2**20, topo, **kw, fallback=True)
@@ -395,7 +456,7 @@ def test_predict_merge_parts():
     assert slow.comm_s == pytest.approx(fast.comm_s + exact.comm_s)
     assert fast.comm_s < exact.comm_s  # one all-reduce fewer
     everything = cm.predict_all(2**20, topo, **kw)
-    assert list(everything) == [*cm.MERGES, *cm.RINGS]
+    assert list(everything) == [*MERGE_NAMES, *cm.RINGS]
 
 
 def test_pass_q_ring_prediction():
@@ -409,10 +470,12 @@ def test_pass_q_ring_prediction():
     assert kv.compute_s == pytest.approx(8 * tree.compute_s)
     assert pq.total_s < kv.total_s  # Tq·Hq = 32 ≪ Tk·Hkv
     no = cm.predict_pass_q_ring(2**20, topo, **kw, overlap=False)
-    permute = cm.pass_q_collectives(batch=1, q_len=1, q_heads=32, kv_heads=8, head_dim=128,
-                                    v_dim=128, p=8, itemsize=2)[0]
-    assert no.comm_s - pq.comm_s == pytest.approx(7 * min(
-        pq.compute_s / 8, cm.collective_time("collective-permute", permute[1], topo)))
+    permute = cm.pass_q_collectives(
+        batch=1, q_len=1, q_heads=32, kv_heads=8, head_dim=128, v_dim=128, p=8, itemsize=2
+    )[0]
+    assert no.comm_s - pq.comm_s == pytest.approx(
+        7 * min(pq.compute_s / 8, cm.collective_time("collective-permute", permute[1], topo))
+    )
 
 
 NO_ONE_PASS = ("allreduce", "allgather", "reduce_scatter", "all_to_all")
@@ -444,8 +507,14 @@ def test_best_merge_follows_latency_and_bandwidth():
 def test_best_merge_ties_go_to_allreduce():
     one = cm.DGX_H100.with_devices(1)  # no collective at all: every pattern costs the same
     assert cm.best_merge(4096, one, patterns=("allgather", "allreduce")) == "allreduce"
-    free = cm.Topology(1, 8, cm.Link(0, float("inf")), cm.Link(0, float("inf")),
-                       mem_Bps=float("inf"), flops=float("inf"))
+    free = cm.Topology(
+        1,
+        8,
+        cm.Link(0, float("inf")),
+        cm.Link(0, float("inf")),
+        mem_Bps=float("inf"),
+        flops=float("inf"),
+    )
     assert cm.best_merge(4096, free) == "allreduce"
 
 
@@ -456,12 +525,14 @@ def test_crossover_map():
     assert len(got["winner"]) == len(bhs) and all(len(r) == len(ps) for r in got["winner"])
     for i, bh in enumerate(bhs):
         for j, p in enumerate(ps):
-            secs = {m: got["seconds"][m][i][j] for m in cm.MERGES}
+            secs = {m: got["seconds"][m][i][j] for m in MERGE_NAMES}
             assert got["winner"][i][j] == min(secs, key=secs.get)
             assert got["winner"][i][j] == cm.best_merge(
-                2**20, cm.DGX_H100.with_devices(p), batch=bh // 16)
-            assert got["speedup"][i][j] == pytest.approx(secs["allreduce"]
-                                                         / secs[got["winner"][i][j]])
+                2**20, cm.DGX_H100.with_devices(p), batch=bh // 16
+            )
+            assert got["speedup"][i][j] == pytest.approx(
+                secs["allreduce"] / secs[got["winner"][i][j]]
+            )
     assert "DGX H100" in got["topology"]
 
 
@@ -502,9 +573,90 @@ def test_auto_merge_of_an_empty_problem_is_allreduce():
     from tree_attention_edu.core import merges
 
     full = merges.MergeProblem(1, 1, 16, 16, 128, 128, 1 << 20, "bfloat16", (2, 8))
-    for empty in (full._replace(batch=0), full._replace(q_len=0),
-                  full._replace(q_heads=0, kv_heads=1)):
+    for empty in (
+        full._replace(batch=0),
+        full._replace(q_len=0),
+        full._replace(q_heads=0, kv_heads=1),
+    ):
         assert cm.auto_merge(empty) == "allreduce"
     topo = dataclasses.replace(cm.DGX_H100, nodes=2, devices_per_node=8)
-    assert cm.auto_merge(full) == cm.best_merge(1 << 20, topo, itemsize=2,
-                                                patterns=merges.AUTO_MERGES)
+    assert cm.auto_merge(full) == cm.best_merge(
+        1 << 20, topo, itemsize=2, patterns=merges.AUTO_MERGES
+    )
+
+
+def test_one_device_predicts_no_communication():
+    """One device is a legal topology with no collectives (issue 30, item 5: `predict_all`
+    raised "`collectives` is empty"). Every method is the local kernel's roofline over the
+    whole cache plus its local merge: with n = B·Tq·Hq rows and s the statistics' itemsize,
+    the merge reads n·(Dv+1)·s bytes for "allreduce" and "one_pass", none for the pass-KV
+    ring, and n·(Dv+2)·s for the others (p = 1: no padding, one state)."""
+    topo = cm.DGX_H100.with_devices(1)
+    b, n_keys, hq, hkv, d, dv, item, s = 2, 4096, 8, 2, 64, 48, 2, 4
+    got = cm.predict_all(
+        n_keys,
+        topo,
+        batch=b,
+        q_heads=hq,
+        kv_heads=hkv,
+        head_dim=d,
+        v_dim=dv,
+        itemsize=item,
+        stat_itemsize=s,
+    )
+    assert list(got) == [*MERGE_NAMES, *cm.RINGS]
+    compute = max(
+        b * n_keys * hkv * (d + dv) * item / topo.mem_Bps,
+        2 * b * hq * n_keys * (d + dv) / topo.flops,
+    )
+    n = b * hq
+    merge = {"allreduce": n * (dv + 1) * s, "one_pass": n * (dv + 1) * s, "ring": 0}
+    for name, pred in got.items():
+        assert (pred.devices, pred.comm_s, pred.overhead_s) == (1, 0.0, 0.0), name
+        assert pred.compute_s == pytest.approx(compute, rel=1e-12), name
+        want = merge.get(name, n * (dv + 2) * s) / topo.mem_Bps
+        assert pred.merge_s == pytest.approx(want, rel=1e-12), name
+        assert pred.total_s == pytest.approx(compute + want, rel=1e-12), name
+    assert cm.collectives_time([], topo) == 0.0 and cm.collective_bytes([]) == 0
+    ring = cm.predict_ring(
+        n_keys,
+        dataclasses.replace(topo, copy_Bps=1e9),
+        batch=b,
+        q_heads=hq,
+        kv_heads=hkv,
+        head_dim=d,
+        v_dim=dv,
+        itemsize=item,
+    )
+    assert ring.compute_s == pytest.approx(compute, rel=1e-12)  # no block is sent, or copied
+    micro = cm.paper_microbenchmark(n_keys, 1)
+    assert micro["ring"].comm_s == micro["tree"].comm_s == 0.0
+
+
+def test_costmodel_is_the_facade_of_its_parts():
+    """`costmodel.X` is the part's own object for every public name of every part (the
+    notebooks read the model through the facade), and the merge patterns are named once."""
+    import ast
+    import inspect
+
+    from tree_attention_edu.core import merges, validate
+    from tree_attention_edu.perf import crossover, formulas, links, paper, patterns, predict
+
+    for part in (formulas, links, patterns, predict, paper, crossover):
+        tree = ast.parse(inspect.getsource(part))
+        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+        defined |= {
+            t.id
+            for n in tree.body
+            if isinstance(n, ast.Assign | ast.AnnAssign)
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+            if isinstance(t, ast.Name)
+        }
+        public = {n for n in defined if not n.startswith("_")}
+        assert public - set(cm.__all__) == set(), part.__name__
+        assert all(getattr(cm, n) is getattr(part, n) for n in public), part.__name__
+    assert cm.MERGES is MERGE_NAMES and tuple(merges.MERGES) == MERGE_NAMES
+    # The sympy-aware checks live in perf.checks; the core's checks know plain values only.
+    assert "sympy" not in inspect.getsource(validate)
+    assert "symbolic" not in inspect.signature(validate.check_int).parameters
+    assert "symbolic" not in inspect.signature(validate.check_real).parameters

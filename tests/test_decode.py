@@ -25,15 +25,21 @@ HARD_CASES = {
     "batch3_gqa": (dict(B=3, Hq=6, Hkv=2, Tk=24), dict(kv_lengths=np.array([24, 7, 13]))),
     "single_key": (dict(Tk=1), dict()),
     # Shards longer than the xla kernel's block: its scan over blocks plus a tail block.
-    "long_shards": (dict(B=1, Tq=1, Hq=2, Hkv=1, Tk=8 * 263 - 3),
-                    dict(kv_lengths=np.array([2000]))),
+    "long_shards": (
+        dict(B=1, Tq=1, Hq=2, Hkv=1, Tk=8 * 263 - 3),
+        dict(kv_lengths=np.array([2000])),
+    ),
 }
 
 
 @pytest.mark.parametrize("method", METHODS, ids=lambda f: f.__name__)
-@pytest.mark.parametrize(("case", "mesh_name"),  # each case on one mesh: the grid of
-                         [(c, ("mesh8", "mesh2x4")[i % 2])  # test_differential has both
-                          for i, c in enumerate(sorted(HARD_CASES))])
+@pytest.mark.parametrize(
+    ("case", "mesh_name"),  # each case on one mesh: the grid of
+    [
+        (c, ("mesh8", "mesh2x4")[i % 2])  # test_differential has both
+        for i, c in enumerate(sorted(HARD_CASES))
+    ],
+)
 def test_hard_cases_float64(method, case, mesh_name, request):
     mesh = request.getfixturevalue(mesh_name)
     shape, kw = HARD_CASES[case]
@@ -50,8 +56,9 @@ def test_low_precision_returns_input_dtype(method, dtype, mesh2x4):
     kw = dict(causal=True, kv_lengths=np.array([45, 20]))
     out = method(q, k, v, mesh=mesh2x4, **kw)
     assert out.dtype == dtype
-    np.testing.assert_allclose(np.asarray(out, np.float64), np_attention(q, k, v, **kw),
-                               **tol(dtype))
+    np.testing.assert_allclose(
+        np.asarray(out, np.float64), np_attention(q, k, v, **kw), **tol(dtype)
+    )
 
 
 @pytest.mark.parametrize("method", METHODS, ids=lambda f: f.__name__)
@@ -82,14 +89,18 @@ def test_inputs_placed_elsewhere_are_moved_onto_the_mesh(mesh8):
     devs = jax.devices()
     other = NamedSharding(tae.make_mesh(4, "y", devices=devs[4:]), P(None, "y"))
     placements = {
-        "committed to one device": (jax.device_put(q, devs[5]), jax.device_put(k, devs[3]),
-                                    jax.device_put(v, devs[3])),
+        "committed to one device": (
+            jax.device_put(q, devs[5]),
+            jax.device_put(k, devs[3]),
+            jax.device_put(v, devs[3]),
+        ),
         "sharded on another mesh": (q, jax.device_put(k, other), jax.device_put(v, other)),
     }
     for name, (qq, kk, vv) in placements.items():
         for f in (tae.tree_decode, tae.ring_decode, tae.ring_decode_pass_q):
-            np.testing.assert_allclose(f(qq, kk, vv, mesh=mesh8), want, **tol(jnp.float64),
-                                       err_msg=f"{f.__name__}: {name}")
+            np.testing.assert_allclose(
+                f(qq, kk, vv, mesh=mesh8), want, **tol(jnp.float64), err_msg=f"{f.__name__}: {name}"
+            )
 
 
 REVERSED_MESH_DECODERS = {

@@ -15,8 +15,13 @@ ENV = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=120, env=ENV)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
 
 
 @pytest.mark.cpu_only
@@ -66,9 +71,15 @@ def test_simulate_devices_in_this_session_is_a_no_op():
         tae.simulate_devices(9)
 
 
-@pytest.mark.parametrize(("n", "error", "message"), [
-    (0, ValueError, "`n` must be a positive int"), (-1, ValueError, "`n` must be a positive int"),
-    (2.0, TypeError, "`n` must be an int"), ("8", TypeError, "`n` must be an int")])
+@pytest.mark.parametrize(
+    ("n", "error", "message"),
+    [
+        (0, ValueError, "`n` must be a positive int"),
+        (-1, ValueError, "`n` must be a positive int"),
+        (2.0, TypeError, "`n` must be an int"),
+        ("8", TypeError, "`n` must be an int"),
+    ],
+)
 def test_simulate_devices_rejects_non_counts(n, error, message):
     with pytest.raises(error, match=message):
         tae.simulate_devices(n)

@@ -30,6 +30,7 @@ from tree_attention_edu.core.states import AttentionState
 def _tree(merge):
     def run(*args, **kw):
         return tae.tree_decode(*args, merge=merge, **kw)
+
     return run
 
 
@@ -59,9 +60,11 @@ def tolerance(dtype) -> dict:
     float32 accumulation over <= 40 keys. bfloat16: the inputs are rounded in the reference
     too, and the output is rounded to bfloat16 once (2^-8 relative). Dropping one device's
     shard moves the output by ~0.1, far outside each."""
-    return {jnp.float64: dict(rtol=1e-12, atol=1e-12),
-            jnp.float32: dict(rtol=1e-5, atol=1e-5),
-            jnp.bfloat16: dict(rtol=2**-7, atol=2**-7)}[dtype]
+    return {
+        jnp.float64: dict(rtol=1e-12, atol=1e-12),
+        jnp.float32: dict(rtol=1e-5, atol=1e-5),
+        jnp.bfloat16: dict(rtol=2**-7, atol=2**-7),
+    }[dtype]
 
 
 def make_mesh(name):
@@ -94,15 +97,22 @@ def to_layout(x, layout):
 def cases():
     """Every (method, mesh) pair once, with rotating heads, dtype and layout."""
     for (i, method), (j, mesh) in itertools.product(enumerate(METHODS), enumerate(MESHES)):
-        yield pytest.param(method, mesh, HEADS[(i + j) % len(HEADS)],
-                           DTYPES[(i + 2 * j) % len(DTYPES)], LAYOUTS[(i + j) % 2],
-                           id=f"{method}-{mesh}")
+        yield pytest.param(
+            method,
+            mesh,
+            HEADS[(i + j) % len(HEADS)],
+            DTYPES[(i + 2 * j) % len(DTYPES)],
+            LAYOUTS[(i + j) % 2],
+            id=f"{method}-{mesh}",
+        )
     # The shapes that broke the pass-Q ring and that the head-scattered merges pad: every
     # head count where 3 and 8 devices do not divide it.
     for method, mesh, heads in itertools.product(
-            ("ring_pass_q", "tree[reduce_scatter]", "tree[all_to_all]"), ("p3", "p8"), HEADS):
-        yield pytest.param(method, mesh, heads, jnp.float64, "bthd",
-                           id=f"{method}-{mesh}-{heads[0]}x{heads[1]}")
+        ("ring_pass_q", "tree[reduce_scatter]", "tree[all_to_all]"), ("p3", "p8"), HEADS
+    ):
+        yield pytest.param(
+            method, mesh, heads, jnp.float64, "bthd", id=f"{method}-{mesh}-{heads[0]}x{heads[1]}"
+        )
 
 
 @pytest.mark.parametrize("method, mesh_name, heads, dtype, layout", list(cases()))
@@ -110,9 +120,16 @@ def test_grid(method, mesh_name, heads, dtype, layout):
     mesh, seq_axes = make_mesh(mesh_name)
     q, k, v, lengths = problem(heads, dtype, mesh.size)
     want = np_attention(q, k, v, causal=True, kv_lengths=lengths)
-    got = METHODS[method](q, to_layout(k, layout), to_layout(v, layout), mesh=mesh,
-                          seq_axes=seq_axes, causal=True, kv_lengths=jnp.asarray(lengths),
-                          layout=layout)
+    got = METHODS[method](
+        q,
+        to_layout(k, layout),
+        to_layout(v, layout),
+        mesh=mesh,
+        seq_axes=seq_axes,
+        causal=True,
+        kv_lengths=jnp.asarray(lengths),
+        layout=layout,
+    )
     assert got.shape == want.shape and got.dtype == q.dtype
     np.testing.assert_allclose(np.asarray(got, np.float64), want, **tolerance(dtype))
 
@@ -131,8 +148,9 @@ def test_grid_unmasked(method):
 
 
 def _grads(fn, q, k, v, g):
-    return jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float64) * g),
-                    argnums=(0, 1, 2))(q, k, v)
+    return jax.grad(
+        lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float64) * g), argnums=(0, 1, 2)
+    )(q, k, v)
 
 
 def _check_grads(got, q, k, v, g, lengths, dtype):
@@ -147,53 +165,85 @@ def _check_grads(got, q, k, v, g, lengths, dtype):
         np.testing.assert_allclose(a, b, **tol, err_msg=f"d{name}")
 
 
-@pytest.mark.parametrize("method, mesh_name, heads", [
-    ("tree[allreduce]", "2x4[gpu,node]", (6, 3)),
-    ("tree[one_pass]", "p4", (3, 3)),
-    ("tree[all_to_all]", "p3", (9, 3)),
-    ("ring", "p3", (32, 8)),
-    ("ring_pass_q", "p3", (32, 8)),
-    ("energy", "p2", (9, 3)),
-])
+@pytest.mark.parametrize(
+    "method, mesh_name, heads",
+    [
+        ("tree[allreduce]", "2x4[gpu,node]", (6, 3)),
+        ("tree[one_pass]", "p4", (3, 3)),
+        ("tree[all_to_all]", "p3", (9, 3)),
+        ("ring", "p3", (32, 8)),
+        ("ring_pass_q", "p3", (32, 8)),
+        ("energy", "p2", (9, 3)),
+    ],
+)
 def test_decoder_gradients(method, mesh_name, heads):
     """`jax.grad` through each decoder (the xla kernel, merge weights included) equals the
     textbook backward pass of plain attention, in float64."""
     mesh, seq_axes = make_mesh(mesh_name)
     q, k, v, lengths = problem(heads, jnp.float64, mesh.size)
     g = np.random.default_rng(1).standard_normal((*q.shape[:3], v.shape[-1]))
-    got = _grads(lambda q, k, v: METHODS[method](
-        q, k, v, mesh=mesh, seq_axes=seq_axes, causal=True, kv_lengths=jnp.asarray(lengths),
-        local_kernel="xla"), q, k, v, g)
+    got = _grads(
+        lambda q, k, v: METHODS[method](
+            q,
+            k,
+            v,
+            mesh=mesh,
+            seq_axes=seq_axes,
+            causal=True,
+            kv_lengths=jnp.asarray(lengths),
+            local_kernel="xla",
+        ),
+        q,
+        k,
+        v,
+        g,
+    )
     _check_grads(got, q, k, v, g, lengths, jnp.float64)
 
 
 def _merged_chunks(kernel, chunks=3):
     """Attention as `combine` of `kernel`'s states of consecutive chunks: the merge weights
     exp(lse_i - lse) carry the lse's gradient, which a kernel must get right."""
+
     def run(q, k, v, lengths):
         n = k.shape[1] // chunks
-        states = [kernel(q, k[:, i * n:(i + 1) * n], v[:, i * n:(i + 1) * n], kv_offset=i * n,
-                         causal=True, kv_lengths=lengths) for i in range(chunks)]
+        states = [
+            kernel(
+                q,
+                k[:, i * n : (i + 1) * n],
+                v[:, i * n : (i + 1) * n],
+                kv_offset=i * n,
+                causal=True,
+                kv_lengths=lengths,
+            )
+            for i in range(chunks)
+        ]
         return tae.sequential_reduce(states).out
+
     return run
 
 
-@pytest.mark.parametrize(("name", "dtype"), [
-    ("xla", jnp.float64), ("xla", jnp.float32),
-    ("cudnn[implementation=xla]", jnp.float32)])  # float64 is refused there
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [("xla", jnp.float64), ("xla", jnp.float32), ("cudnn[implementation=xla]", jnp.float32)],
+)  # float64 is refused there
 def test_kernel_gradients_through_the_merge(name, dtype):
     """Every local kernel that runs on CPU: gradients through out *and* lse of its states.
     (cuDNN's own backward drops the lse's cotangent; `cudnn_state` adds it back.)"""
-    kernel = (kernels.xla_state if name == "xla" else
-              lambda *a, **kw: kernels.cudnn_state(*a, implementation="xla", **kw))
+    kernel = (
+        kernels.xla_state
+        if name == "xla"
+        else lambda *a, **kw: kernels.cudnn_state(*a, implementation="xla", **kw)
+    )
     hq, hkv = (6, 3)
     rng = np.random.default_rng(2)
-    q, k, v = (jnp.asarray(rng.standard_normal(s), dtype)
-               for s in ((2, 2, hq, 8), (2, 24, hkv, 8), (2, 24, hkv, 8)))
+    q, k, v = (
+        jnp.asarray(rng.standard_normal(s), dtype)
+        for s in ((2, 2, hq, 8), (2, 24, hkv, 8), (2, 24, hkv, 8))
+    )
     lengths = np.array([24, 11])
     g = rng.standard_normal((2, 2, hq, 8))
-    got = _grads(lambda q, k, v: _merged_chunks(kernel)(q, k, v, jnp.asarray(lengths)),
-                 q, k, v, g)
+    got = _grads(lambda q, k, v: _merged_chunks(kernel)(q, k, v, jnp.asarray(lengths)), q, k, v, g)
     _check_grads(got, q, k, v, g, lengths, dtype)
 
 
@@ -211,8 +261,8 @@ def test_flash_refuses_differentiation():
 # The merges run inside `shard_map` on states given per device (`[p, B, ...]`, one row of
 # the leading axis per device), so that the lse levels, signs and magnitudes the one-pass
 # window's derivation covers are reached exactly. The reference merges the same states in
-# exact rational arithmetic (`fractions`, through mpmath's exp at 50 digits): independent
-# of any float unit, so it serves float64 as well as float32.
+# mpmath at 50 digits: independent of any float unit, so it serves float64 as well as
+# float32.
 
 
 @functools.cache
@@ -242,12 +292,20 @@ def _exact_merge(lse, lo, out):
     any merge is measured against (a cancelling sum is judged by its terms)."""
     import mpmath
 
-    mpmath.mp.dps = 50
+    with mpmath.workdps(50):
+        return _exact_merge_50(lse, lo, out, mpmath)
+
+
+def _exact_merge_50(lse, lo, out, mpmath):
     p, R, Dv = out.shape
     got_out, cond = np.zeros((R, Dv)), np.zeros((R, Dv))
     for r in range(R):
-        w = [mpmath.exp(mpmath.mpf(float(lse[i, r])) + mpmath.mpf(float(lo[i, r])))
-             if np.isfinite(lse[i, r]) else mpmath.mpf(0) for i in range(p)]
+        w = [
+            mpmath.exp(mpmath.mpf(float(lse[i, r])) + mpmath.mpf(float(lo[i, r])))
+            if np.isfinite(lse[i, r])
+            else mpmath.mpf(0)
+            for i in range(p)
+        ]
         total = sum(w)
         if not total:  # every device empty: nothing to attend
             continue
@@ -267,9 +325,10 @@ def _one_pass_rows(dtype, p, seed=0):
     rng = np.random.default_rng(seed)
     lses, outs = [], []
     for level, size, signs in itertools.product(
-            (low - 2.0, low + 0.5, 0.0, high - 0.5, high + 0.5),
-            (1e-20, 1.0, 1e20) if dtype == jnp.float32 else (1e-150, 1.0, 1e150),
-            ("positive", "alternating", "random")):
+        (low - 2.0, low + 0.5, 0.0, high - 0.5, high + 0.5),
+        (1e-20, 1.0, 1e20) if dtype == jnp.float32 else (1e-150, 1.0, 1e150),
+        ("positive", "alternating", "random"),
+    ):
         lse = level + rng.uniform(-0.4, 0.0, p)  # all at or below the level
         if signs == "positive":
             out = rng.uniform(1.0, 1.5, (p, 3))
@@ -289,8 +348,11 @@ def _stack_rows(lse, lo, out, batch):
     """`[p, R]` rows as per-device states `[p, B, 1, H]` with `R = B·H`."""
     p, R = lse.shape
     shape = (p, batch, 1, R // batch)
-    return AttentionState(jnp.asarray(out.reshape(*shape, -1)), jnp.asarray(lse.reshape(shape)),
-                          jnp.asarray(lo.reshape(shape)))
+    return AttentionState(
+        jnp.asarray(out.reshape(*shape, -1)),
+        jnp.asarray(lse.reshape(shape)),
+        jnp.asarray(lo.reshape(shape)),
+    )
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
@@ -337,8 +399,9 @@ def test_merges_ignore_every_field_of_an_empty_state(name):
     got = _merge_on_mesh(name, state, p)
     want, _ = _exact_merge(lse.reshape(p, -1), lo.reshape(p, -1), out.reshape(p, -1, Dv))
     none = empty.all(axis=0)  # [B, 1, H]
-    np.testing.assert_allclose(got.out[~none], want.reshape(B, 1, H, Dv)[~none], rtol=1e-13,
-                               atol=1e-13)
+    np.testing.assert_allclose(
+        got.out[~none], want.reshape(B, 1, H, Dv)[~none], rtol=1e-13, atol=1e-13
+    )
     assert np.all(got.out[none] == 0) and np.all(np.isneginf(got.lse[none]))
     assert np.all(got.lse_lo[none] == 0) and np.all(np.isfinite(got.lse[~none]))
 
@@ -347,8 +410,9 @@ def test_combine_of_empty_states_is_canonical_whatever_they_hold():
     """`combine(empty, empty)` is `(0, -inf, 0)` even when both hold NaN in `out` and
     `lse_lo` (it returned `lse_lo = NaN`); `combine(empty, s)` is `s` bit for bit."""
     shape = (2, 1, 3)
-    junk = AttentionState(jnp.full((*shape, 4), jnp.nan), jnp.full(shape, -jnp.inf),
-                          jnp.full(shape, jnp.nan))
+    junk = AttentionState(
+        jnp.full((*shape, 4), jnp.nan), jnp.full(shape, -jnp.inf), jnp.full(shape, jnp.nan)
+    )
     both = tae.combine(junk, junk)
     assert np.all(np.asarray(both.out) == 0) and np.all(np.isneginf(np.asarray(both.lse)))
     np.testing.assert_array_equal(both.lse_lo, np.zeros(shape))
@@ -358,8 +422,9 @@ def test_combine_of_empty_states_is_canonical_whatever_they_hold():
             np.testing.assert_array_equal(x, y)
 
 
-@pytest.mark.parametrize(("dtype", "score"), [(jnp.float32, -86.0), (jnp.float32, -87.0),
-                                              (jnp.float64, -707.0)])
+@pytest.mark.parametrize(
+    ("dtype", "score"), [(jnp.float32, -86.0), (jnp.float32, -87.0), (jnp.float64, -707.0)]
+)
 @pytest.mark.parametrize("p", [2, 4, 8])
 def test_one_pass_cancelling_shards_end_to_end(dtype, score, p):
     """The case an outside hunt found, through `tree_decode`: one key per device, every
@@ -371,5 +436,88 @@ def test_one_pass_cancelling_shards_end_to_end(dtype, score, p):
     vals = np.where(np.arange(p) % 2 == 0, 1.0, -0.9)
     v = jnp.asarray(vals.reshape(1, p, 1, 1), dtype)
     got = tae.tree_decode(q, k, v, mesh=tae.make_mesh(p, "x"), scale=1.0, merge="one_pass")
-    np.testing.assert_allclose(float(got[0, 0, 0, 0]), vals.mean(),
-                               rtol=4 * float(np.finfo(dtype).eps))
+    np.testing.assert_allclose(
+        float(got[0, 0, 0, 0]), vals.mean(), rtol=4 * float(np.finfo(dtype).eps)
+    )
+
+
+def _one_pass_grads(dtype, level, p=8):
+    """`jax.grad` in q of a scalar of `tree_decode`, one_pass and allreduce, with every
+    score near `level` (two keys per device, so each lse has a low word)."""
+    rng = np.random.default_rng(4)
+    q = jnp.ones((1, 1, 2, 2), dtype)
+    k = jnp.asarray(level / 2 + rng.uniform(-0.3, 0.3, (1, 2 * p, 2, 2)), dtype)
+    v = jnp.asarray(rng.standard_normal((1, 2 * p, 2, 3)), dtype)
+    g = jnp.asarray(rng.standard_normal((1, 1, 2, 3)), dtype)
+    mesh = tae.make_mesh(p, "x")
+
+    def loss(q, merge):
+        return jnp.sum(g * tae.tree_decode(q, k, v, mesh=mesh, scale=1.0, merge=merge))
+
+    return (np.asarray(jax.grad(loss)(q, m), np.float64) for m in ("one_pass", "allreduce"))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "level"),
+    [
+        (jnp.float32, 60.0),
+        (jnp.float32, -60.0),
+        (jnp.float32, 95.0),
+        (jnp.float64, 400.0),
+        (jnp.float64, -400.0),
+        (jnp.float64, 750.0),
+    ],
+)
+def test_one_pass_gradients_at_any_level(dtype, level):
+    """The one-pass merge's gradient equals the exact merge's inside its window (60, -60 in
+    float32; ±400 in float64) and past it (95, 750: the fallback). Its denominators there
+    are near e^{±level}: JAX's rule for a division goes through y^-2, which under- or
+    overflows, and gave wrong gradients (-2.47 for -3e-6 at 60) or NaN; an overflowed
+    weight in the discarded fast sums gave NaN past the window."""
+    one, two = _one_pass_grads(dtype, level)
+    assert np.all(np.isfinite(one))
+    rtol = 1e-4 if dtype == jnp.float32 else 1e-10
+    np.testing.assert_allclose(one, two, rtol=rtol, atol=rtol * np.abs(two).max())
+
+
+@pytest.mark.parametrize("name", list(merges.MERGES))
+def test_merge_gradients_ignore_empty_states(name):
+    """The gradient of every merge in each device's lse and out, with empty rows that hold
+    NaN in out and lse_lo: finite, and 0 for the empty rows (reduce_scatter's was NaN on
+    rows that were not empty: the `0·NaN` of a product selected after it)."""
+    p, B, H, Dv = 4, 2, 4, 3
+    rng = np.random.default_rng(5)
+    lse = rng.uniform(-2, 2, (p, B, 1, H))
+    out = rng.standard_normal((p, B, 1, H, Dv))
+    lo = np.zeros_like(lse)
+    lse[0, 0, 0, 0] = -np.inf
+    out[0, 0, 0, 0] = np.nan
+    lo[0, 0, 0, 0] = np.nan
+    program = _merge_program(name, p)
+
+    def loss(lse, out):
+        return jnp.sum(program(AttentionState(out, lse, jnp.asarray(lo))).out ** 2)
+
+    d_lse, d_out = jax.grad(loss, argnums=(0, 1))(jnp.asarray(lse), jnp.asarray(out))
+    assert np.all(np.isfinite(np.asarray(d_lse))) and np.all(np.isfinite(np.asarray(d_out)))
+    assert np.asarray(d_lse)[0, 0, 0, 0] == 0 and np.all(np.asarray(d_out)[0, 0, 0, 0] == 0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_one_pass_at_the_top_of_its_window(dtype):
+    """Every device's lse exactly at the window's top, and a hair past it with a low word
+    that rounds back inside: the merge is exact (the reciprocal of the denominator stays
+    normal). Without the window's margin both read 0."""
+    p = 8
+    high = merges.one_pass_window(dtype, p)[1]
+    u = float(np.finfo(dtype).eps) / 2
+    for lse_value, lo in (
+        (high, 0.0),
+        (high + 2**-8, 0.0),
+        (high + 2**-8, 0.49 * np.spacing(dtype(high))),
+    ):
+        lse = np.full((p, 1, 1, 2), lse_value, dtype)
+        out = np.ones((p, 1, 1, 2, 2), dtype) * np.array([1.0, 0.5], dtype)
+        state = AttentionState(jnp.asarray(out), jnp.asarray(lse), jnp.full(lse.shape, lo, dtype))
+        got = _merge_on_mesh("one_pass", state, p).out
+        np.testing.assert_allclose(got, np.broadcast_to([1.0, 0.5], got.shape), rtol=(p + 4) * u)

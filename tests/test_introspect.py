@@ -16,7 +16,8 @@ from tree_attention_edu.perf.introspect import parse_hlo, shape_bytes, structs
 def stats(method, mesh, B=1, Tq=1, Hq=16, Hkv=16, D=128, Dv=128, Tk=8192):
     return tae.collective_stats(
         lambda q, k, v: method(q, k, v, mesh=mesh),
-        *structs(mesh, Tk, batch=B, q_len=Tq, q_heads=Hq, kv_heads=Hkv, head_dim=D, v_dim=Dv))
+        *structs(mesh, Tk, batch=B, q_len=Tq, q_heads=Hq, kv_heads=Hkv, head_dim=D, v_dim=Dv),
+    )
 
 
 @pytest.mark.parametrize("Tk", [4096, 32768])
@@ -57,9 +58,12 @@ def test_ring_to_tree_ratios(mesh8):
     tree = stats(tae.tree_decode, mesh8, Tk=65536).total_bytes
     assert ring == 939_524_096 + 8_192 and tree == 8_320  # K/V blocks + the output broadcast
     assert ring / tree >= 1e4
-    mem = {m.__name__: tae.memory_stats(lambda q, k, v, m=m: m(q, k, v, mesh=mesh8),
-                                        *structs(mesh8, 65536)).temp_bytes
-           for m in (tae.ring_decode, tae.tree_decode)}
+    mem = {
+        m.__name__: tae.memory_stats(
+            lambda q, k, v, m=m: m(q, k, v, mesh=mesh8), *structs(mesh8, 65536)
+        ).temp_bytes
+        for m in (tae.ring_decode, tae.tree_decode)
+    }
     assert mem["ring_decode"] >= 2 * mem["tree_decode"]
 
 
@@ -70,6 +74,7 @@ def test_loop_collectives_count_trip_count(mesh8):
     def ring(k, v):
         def body(_, kv):
             return lax.ppermute(kv[0], "x", perm), lax.ppermute(kv[1], "x", perm)
+
         return lax.fori_loop(0, 7, body, (k, v))
 
     f = jax.shard_map(ring, mesh=mesh8, in_specs=(P("x"), P("x")), out_specs=(P("x"), P("x")))
@@ -104,8 +109,11 @@ to_apply=%add
 def test_bad_arguments_name_the_argument():
     x = jnp.zeros(4)
     for fn in (tae.collective_stats, tae.memory_stats):
-        with pytest.raises(TypeError, match=r"`fn` must be a callable \(the function to "
-                                            r"compile.*got int 42"):
+        with pytest.raises(
+            TypeError,
+            match=r"`fn` must be a callable \(the function to "
+            r"compile.*got int 42",
+        ):
             fn(42, x)
     with pytest.raises(TypeError, match="`text` must be a str"):
         parse_hlo(b"HloModule m")
@@ -116,8 +124,17 @@ def test_bad_arguments_name_the_argument():
 
 
 def test_structs_place_qkv_as_the_decoders_do(mesh2x4):
-    q, k, v = structs(mesh2x4, 64, batch=2, q_len=3, q_heads=8, kv_heads=2, head_dim=16,
-                      v_dim=4, dtype=jnp.bfloat16)
+    q, k, v = structs(
+        mesh2x4,
+        64,
+        batch=2,
+        q_len=3,
+        q_heads=8,
+        kv_heads=2,
+        head_dim=16,
+        v_dim=4,
+        dtype=jnp.bfloat16,
+    )
     assert (q.shape, k.shape, v.shape) == ((2, 3, 8, 16), (2, 64, 2, 16), (2, 64, 2, 4))
     assert {x.dtype for x in (q, k, v)} == {jnp.dtype(jnp.bfloat16)}
     assert q.sharding == NamedSharding(mesh2x4, P())
@@ -128,8 +145,7 @@ def test_structs_place_qkv_as_the_decoders_do(mesh2x4):
 
 def test_structs_defaults_are_the_paper_microbenchmark(mesh8):
     q, k, v = structs(mesh8, 1024)
-    assert (q.shape, k.shape, v.shape) == ((1, 1, 16, 128), (1, 1024, 16, 128),
-                                           (1, 1024, 16, 128))
+    assert (q.shape, k.shape, v.shape) == ((1, 1, 16, 128), (1, 1024, 16, 128), (1, 1024, 16, 128))
     assert q.dtype == k.dtype == v.dtype == jnp.float32
 
 
@@ -150,25 +166,38 @@ def test_structs_measure_what_the_real_arrays_measure(mesh8):
     assert tae.collective_stats(fn, *abstract).total_bytes == 2 * 4 * (8 + 2) * 4
 
 
-@pytest.mark.parametrize(("kwargs", "exc", "name"), [
-    (dict(mesh="x", kv_len=64), TypeError, "mesh"),
-    (dict(kv_len=60), ValueError, "kv_len"),
-    (dict(kv_len=64.0), TypeError, "kv_len"),
-    (dict(kv_len=64, q_heads=0), ValueError, "q_heads"),
-    (dict(kv_len=64, q_heads=6, kv_heads=4), ValueError, "q_heads"),
-    (dict(kv_len=64, dtype=jnp.int32), TypeError, "dtype"),
-    (dict(kv_len=64, seq_axes="y"), ValueError, "seq_axes"),
-    (dict(kv_len=64, layout="tbhd"), ValueError, "layout"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "name"),
+    [
+        (dict(mesh="x", kv_len=64), TypeError, "mesh"),
+        (dict(kv_len=60), ValueError, "kv_len"),
+        (dict(kv_len=64.0), TypeError, "kv_len"),
+        (dict(kv_len=64, q_heads=0), ValueError, "q_heads"),
+        (dict(kv_len=64, q_heads=6, kv_heads=4), ValueError, "q_heads"),
+        (dict(kv_len=64, dtype=jnp.int32), TypeError, "dtype"),
+        (dict(kv_len=64, seq_axes="y"), ValueError, "seq_axes"),
+        (dict(kv_len=64, layout="tbhd"), ValueError, "layout"),
+    ],
+)
 def test_structs_bad_arguments_name_the_argument(mesh8, kwargs, exc, name):
     kwargs = {"mesh": mesh8, **kwargs}
     with pytest.raises(exc, match=f"`{name}`"):
         structs(kwargs.pop("mesh"), kwargs.pop("kv_len"), **kwargs)
 
 
-@pytest.mark.parametrize("dtype", [jnp.int4, jnp.uint2, jnp.float4_e2m1fn, jnp.float8_e4m3fn,
-                                   jnp.float8_e8m0fnu, jnp.complex128, jnp.bool_,
-                                   jnp.bfloat16])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        jnp.int4,
+        jnp.uint2,
+        jnp.float4_e2m1fn,
+        jnp.float8_e4m3fn,
+        jnp.float8_e8m0fnu,
+        jnp.complex128,
+        jnp.bool_,
+        jnp.bfloat16,
+    ],
+)
 def test_shape_bytes_of_every_kind_of_xla_type(dtype):
     """Against XLA's own memory analysis: the parameter as the signature prints it (no
     layout: sub-byte types packed) and the output as its instruction prints it (with the

@@ -28,8 +28,10 @@ DECODERS = {
 
 def inputs(tk=24, dtype=jnp.float32, seed=0):
     rng = np.random.default_rng(seed)
-    q, k, v = (jnp.asarray(rng.standard_normal(s), dtype)
-               for s in ((2, 2, 6, 8), (2, tk, 3, 8), (2, tk, 3, 8)))
+    q, k, v = (
+        jnp.asarray(rng.standard_normal(s), dtype)
+        for s in ((2, 2, 6, 8), (2, tk, 3, 8), (2, tk, 3, 8))
+    )
     return q, k, v
 
 
@@ -41,8 +43,9 @@ def test_eager_equals_jit_bit_for_bit(name, mesh2x4):
     lengths = jnp.array([24, 9])
     fn = DECODERS[name]
     eager = fn(q, k, v, mesh=mesh2x4, causal=True, kv_lengths=lengths)
-    jitted = jax.jit(lambda q, k, v, n: fn(q, k, v, mesh=mesh2x4, causal=True,
-                                            kv_lengths=n))(q, k, v, lengths)
+    jitted = jax.jit(lambda q, k, v, n: fn(q, k, v, mesh=mesh2x4, causal=True, kv_lengths=n))(
+        q, k, v, lengths
+    )
     np.testing.assert_array_equal(np.asarray(eager), np.asarray(jitted))
     # Lengths that are all full are not detected (that would be value inspection): the
     # masked program runs, and gives the unmasked answer.
@@ -58,12 +61,14 @@ def test_lengths_are_clamped_not_checked(mesh8):
     want = np_attention(q, k, v, causal=True, kv_lengths=clamped)
     for name, fn in DECODERS.items():
         eager = fn(q, k, v, mesh=mesh8, causal=True, kv_lengths=bad)
-        jitted = jax.jit(lambda q, k, v, n, fn=fn: fn(q, k, v, mesh=mesh8, causal=True,
-                                                       kv_lengths=n))(q, k, v, bad)
+        jitted = jax.jit(
+            lambda q, k, v, n, fn=fn: fn(q, k, v, mesh=mesh8, causal=True, kv_lengths=n)
+        )(q, k, v, bad)
         np.testing.assert_allclose(eager, want, rtol=2e-5, atol=2e-5, err_msg=name)
         np.testing.assert_array_equal(np.asarray(eager), np.asarray(jitted), err_msg=name)
-    np.testing.assert_allclose(tae.attention(q, k, v, causal=True, kv_lengths=bad), want,
-                               rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(
+        tae.attention(q, k, v, causal=True, kv_lengths=bad), want, rtol=2e-5, atol=2e-5
+    )
 
 
 @pytest.mark.parametrize("name", list(DECODERS))
@@ -96,10 +101,12 @@ def test_padded_cache_under_jit_keeps_one_shard_per_device(mesh8):
     b, tk, h, d = 1, 65535, 16, 128
     padded = -(-tk // 8) * 8
     kv = NamedSharding(mesh8, P(None, "x"))
-    structs = (jax.ShapeDtypeStruct((b, 1, h, d), jnp.float32),
-               jax.ShapeDtypeStruct((b, padded, h, d), jnp.float32, sharding=kv),
-               jax.ShapeDtypeStruct((b, padded, h, d), jnp.float32, sharding=kv),
-               jax.ShapeDtypeStruct((b,), jnp.int32))
+    structs = (
+        jax.ShapeDtypeStruct((b, 1, h, d), jnp.float32),
+        jax.ShapeDtypeStruct((b, padded, h, d), jnp.float32, sharding=kv),
+        jax.ShapeDtypeStruct((b, padded, h, d), jnp.float32, sharding=kv),
+        jax.ShapeDtypeStruct((b,), jnp.int32),
+    )
     step = jax.jit(lambda q, k, v, n: tae.tree_decode(q, k, v, mesh=mesh8, kv_lengths=n))
     args = introspect.memory_stats(step, *structs).argument_bytes
     shard = 2 * b * padded // 8 * h * d * 4
@@ -116,8 +123,9 @@ def test_explicit_mesh_and_set_mesh():
     assert all(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
     kw = dict(causal=True, kv_lengths=jnp.array([24, 9]))
     for name, fn in DECODERS.items():
-        np.testing.assert_allclose(fn(q, k, v, mesh=mesh, **kw), want, rtol=2e-5, atol=2e-5,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            fn(q, k, v, mesh=mesh, **kw), want, rtol=2e-5, atol=2e-5, err_msg=name
+        )
     with jax.set_mesh(mesh):
         out = jax.jit(lambda q, k, v: tae.ring_decode_pass_q(q, k, v, **kw))(q, k, v)
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
@@ -141,24 +149,27 @@ def test_states_vmap_and_scan():
     """`AttentionState` always carries arrays: `vmap(combine)` and `lax.scan` over stacked
     states work, and give the one-pass answer."""
     q, k, v = inputs(tk=32)
-    chunks = [tae.local_state(q, k[:, i:i + 8], v[:, i:i + 8], kv_offset=i)
-              for i in range(0, 32, 8)]
+    chunks = [
+        tae.local_state(q, k[:, i : i + 8], v[:, i : i + 8], kv_offset=i) for i in range(0, 32, 8)
+    ]
     stacked = jax.tree.map(lambda *x: jnp.stack(x), *chunks)
-    pairs = jax.vmap(tae.combine)(jax.tree.map(lambda x: x[:2], stacked),
-                                  jax.tree.map(lambda x: x[2:], stacked))
+    pairs = jax.vmap(tae.combine)(
+        jax.tree.map(lambda x: x[:2], stacked), jax.tree.map(lambda x: x[2:], stacked)
+    )
     assert pairs.out.shape == (2, 2, 2, 6, 8)
-    total, _ = jax.lax.scan(lambda c, s: (tae.combine(c, s), None),
-                            tae.identity_state(2, 2, 6, 8), stacked)
+    total, _ = jax.lax.scan(
+        lambda c, s: (tae.combine(c, s), None), tae.identity_state(2, 2, 6, 8), stacked
+    )
     np.testing.assert_allclose(total.out, np_attention(q, k, v), rtol=2e-5, atol=2e-5)
-    assert isinstance(tae.AttentionState.from_lse(chunks[0].out, chunks[0].lse).lse_lo,
-                      jax.Array)
+    assert isinstance(tae.AttentionState.from_lse(chunks[0].out, chunks[0].lse).lse_lo, jax.Array)
 
 
 def test_empty_plus_empty_is_the_canonical_empty_state():
     """FlashInfer's merge_state (since PR #4401): two empty states merge to (0, -inf), whatever
     their `out` held."""
-    garbage = tae.AttentionState(jnp.full((1, 1, 2, 3), jnp.nan), jnp.full((1, 1, 2), -jnp.inf),
-                                 jnp.zeros((1, 1, 2)))
+    garbage = tae.AttentionState(
+        jnp.full((1, 1, 2, 3), jnp.nan), jnp.full((1, 1, 2), -jnp.inf), jnp.zeros((1, 1, 2))
+    )
     merged = tae.combine(garbage, garbage)
     assert np.array_equal(np.asarray(merged.out), np.zeros((1, 1, 2, 3)))
     assert np.all(np.isneginf(np.asarray(merged.lse)))
@@ -179,8 +190,9 @@ def test_bayes_solvers_run_under_jit():
     """The Newton solvers are `lax.while_loop`s: the same answer eagerly and under `jit`, and
     NaN (not an exception that `jit` could not raise) where they do not converge."""
     rng = np.random.default_rng(3)
-    q, k, v = (jnp.asarray(rng.standard_normal(s)) for s in ((1, 1, 2, 4), (1, 12, 2, 4),
-                                                               (1, 12, 2, 3)))
+    q, k, v = (
+        jnp.asarray(rng.standard_normal(s)) for s in ((1, 1, 2, 4), (1, 12, 2, 4), (1, 12, 2, 3))
+    )
     z = tae.attention(q, k, v) * 0.5
     eager = tae.conjugate_energy(z, q, k, v)[0]
     jitted = jax.jit(lambda z, q, k, v: tae.conjugate_energy(z, q, k, v)[0])(z, q, k, v)

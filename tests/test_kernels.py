@@ -26,8 +26,10 @@ from tree_attention_edu.core import decode, kernels, states
 
 @pytest.mark.cpu_only
 def test_auto_picks_xla_on_cpu():
-    assert kernels.resolve("auto", dtype=jnp.bfloat16, head_dim=64, v_dim=64,
-                           needs_mask=False) == "xla"
+    assert (
+        kernels.resolve("auto", dtype=jnp.bfloat16, head_dim=64, v_dim=64, needs_mask=False)
+        == "xla"
+    )
 
 
 @pytest.mark.parametrize(
@@ -72,6 +74,9 @@ def test_flash_adapter_layout(monkeypatch):
 
 # --- the streaming xla kernel ------------------------------------------------------------
 
+XLA_STATE_JIT = jax.jit(kernels.xla_state, static_argnames=("causal", "layout", "block"))
+
+
 def _as_layout(x, layout):
     return kernels.to_layout(jnp.asarray(x), "bthd", layout)
 
@@ -91,8 +96,18 @@ def test_xla_state_matches_reference(layout, block, tk, tq, group, causal, offse
     """Any block size (tails, a block longer than the chunk), mask, offset and GQA grouping."""
     q, k, v = rand_qkv(seed, B=2, Tq=tq, Hq=2 * group, Hkv=2, Tk=tk)
     lengths = np.array([offset + tk, offset + tk // 2])  # sequence 1 ends inside the chunk
-    got = kernels.xla_state(q, _as_layout(k, layout), _as_layout(v, layout), kv_offset=offset,
-                            causal=causal, kv_lengths=lengths, layout=layout, block=block)
+    # One compiled program per example (eagerly, every primitive of a new shape compiles on
+    # its own); `tests/test_jit_native.py` checks eager and jit agree.
+    got = XLA_STATE_JIT(
+        q,
+        _as_layout(k, layout),
+        _as_layout(v, layout),
+        kv_offset=offset,
+        causal=causal,
+        kv_lengths=lengths,
+        layout=layout,
+        block=block,
+    )
     # Global positions shift out: the chunk alone with lengths `L - offset` sees the same keys,
     # and under the causal mask query i sits at `L - Tq + i`, i.e. at `L - offset - Tq + i`.
     out, lse, _ = np_attention_state(q, k, v, causal=causal, kv_lengths=lengths - offset)
@@ -108,8 +123,9 @@ def test_xla_state_hard_inputs(layout):
     kk, vv = _as_layout(k, layout), _as_layout(v, layout)
     # Huge logits: no overflow, no NaN.
     big = kernels.xla_state(q * 300, kk * 300, vv, layout=layout, block=16)
-    np.testing.assert_allclose(big.out, np_attention_state(q * 300, k * 300, v)[0],
-                               **tol(jnp.float32))
+    np.testing.assert_allclose(
+        big.out, np_attention_state(q * 300, k * 300, v)[0], **tol(jnp.float32)
+    )
     # Every key masked: the exact identity state.
     empty = kernels.xla_state(q, kk, vv, layout=layout, kv_lengths=np.array([0, 0]), block=16)
     assert np.all(np.asarray(empty.out) == 0) and np.all(np.isneginf(empty.lse))
@@ -135,8 +151,16 @@ def test_finite_padding_matches_the_reference(layout, tk, tq, group, causal, gar
     lengths = np.array([tk, tk // 2])
     pad = (np.arange(tk)[None, :] >= lengths[:, None])[:, :, None, None]
     kk, vv = (jnp.where(pad, garbage, x) for x in (k, v))
-    got = kernels.xla_state(q, _as_layout(kk, layout), _as_layout(vv, layout), causal=causal,
-                            kv_lengths=lengths, layout=layout, block=4, padding="finite")
+    got = kernels.xla_state(
+        q,
+        _as_layout(kk, layout),
+        _as_layout(vv, layout),
+        causal=causal,
+        kv_lengths=lengths,
+        layout=layout,
+        block=4,
+        padding="finite",
+    )
     out, lse, _ = np_attention_state(q, k, v, causal=causal, kv_lengths=lengths)
     np.testing.assert_allclose(got.out, out, rtol=1e-12, atol=1e-12)
     finite = np.isfinite(lse)
@@ -158,16 +182,21 @@ def test_broken_finite_padding_promise_is_nan_never_silent(bad):
     bad_v = kernels.xla_state(q, kk, vv.at[1, :, 7:].set(bad), **kv).out
     assert np.isnan(np.asarray(bad_v[1])).all() and np.isfinite(np.asarray(bad_v[0])).all()
     # ...where the default ("any") selects it away and stays exact.
-    anyway = kernels.xla_state(q, kk, vv.at[1, :, 7:].set(bad), kv_lengths=lengths,
-                               layout="bhtd").out
+    anyway = kernels.xla_state(
+        q, kk, vv.at[1, :, 7:].set(bad), kv_lengths=lengths, layout="bhtd"
+    ).out
     np.testing.assert_allclose(anyway, exact.out, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="`padding`"):
         kernels.xla_state(q, kk, vv, kv_lengths=lengths, layout="bhtd", padding="zeros")
 
 
-@pytest.mark.xfail(ON_ACCELERATOR, strict=True, reason="on a GPU, XLA hoists the 'bthd' "
-                   "transpose out of the scan: a cache-sized copy (measured on an H200: "
-                   "33,569,344 bytes of scratch for a 33,554,432-byte cache)")
+@pytest.mark.xfail(
+    ON_ACCELERATOR,
+    strict=True,
+    reason="on a GPU, XLA hoists the 'bthd' "
+    "transpose out of the scan: a cache-sized copy (measured on an H200: "
+    "33,569,344 bytes of scratch for a 33,554,432-byte cache)",
+)
 def test_xla_state_copies_nothing_cache_sized():
     """Compiled temp memory of a decode step stays far below the size of the cache."""
     q, k, v = rand_qkv(8, B=1, Tq=1, Hq=8, Hkv=8, D=64, Dv=64, Tk=8192, dtype=jnp.float32)
@@ -178,8 +207,11 @@ def test_xla_state_copies_nothing_cache_sized():
         temp = memory_stats(fn, q, kk, vv).temp_bytes
         assert temp <= 0.05 * kv_bytes, (layout, temp, kv_bytes)
         for padding in kernels.PADDINGS:  # padded decode: blockwise, or one pass
-            fn = jax.jit(lambda q, k, v, layout=layout, padding=padding: kernels.xla_state(
-                q, k, v, kv_lengths=jnp.array([5000]), layout=layout, padding=padding))
+            fn = jax.jit(
+                lambda q, k, v, layout=layout, padding=padding: kernels.xla_state(
+                    q, k, v, kv_lengths=jnp.array([5000]), layout=layout, padding=padding
+                )
+            )
             temp = memory_stats(fn, q, kk, vv).temp_bytes
             assert temp <= 0.05 * kv_bytes, (layout, padding, temp, kv_bytes)
     # ...whereas the plain einsum formulation copies the cache into head-major order.
@@ -202,8 +234,9 @@ def test_layout_and_block_errors():
 # tests give it float32 inputs and compare with the float64 reference of the same inputs.
 
 
-_cudnn_jit = jax.jit(kernels.cudnn_state,
-                     static_argnames=("scale", "causal", "layout", "implementation"))
+_cudnn_jit = jax.jit(
+    kernels.cudnn_state, static_argnames=("scale", "causal", "layout", "implementation")
+)
 
 
 def _cudnn(q, k, v, **kw):  # jitted: one compile beats dozens of eagerly dispatched ops
@@ -238,7 +271,8 @@ def test_cudnn_state_matches_reference(layout, causal):
     if causal:  # query 0 of sequence 2 sits at 9: it sees local keys 0..4 only
         assert np.isfinite(got.lse[2]).all()
     ref = jax.jit(kernels.xla_state, static_argnames=("causal", "layout"))(
-        q, kk, vv, kv_offset=offset, causal=causal, kv_lengths=lengths, layout=layout)
+        q, kk, vv, kv_offset=offset, causal=causal, kv_lengths=lengths, layout=layout
+    )
     _assert_state(got, np.asarray(ref.out), np.asarray(ref.lse), **tol(jnp.float32))
 
 
@@ -259,8 +293,10 @@ def test_cudnn_state_without_lengths():
 def test_cudnn_chunk_states_combine_to_attention():
     q, k, v = rand_qkv(5, B=2, Tq=2, Hq=8, Hkv=2, D=8, Dv=8, Tk=30, dtype=jnp.float32)
     lengths = np.array([30, 13])
-    parts = [_cudnn(q, k[:, a:a + 15], v[:, a:a + 15], kv_offset=a, causal=True,
-                    kv_lengths=lengths) for a in (0, 15)]  # sequence 1 ends in chunk 0
+    parts = [
+        _cudnn(q, k[:, a : a + 15], v[:, a : a + 15], kv_offset=a, causal=True, kv_lengths=lengths)
+        for a in (0, 15)
+    ]  # sequence 1 ends in chunk 0
     whole = states.combine(*parts)
     out, lse, _ = np_attention_state(q, k, v, causal=True, kv_lengths=lengths)
     _assert_state(whole, out, lse, **tol(jnp.float32))
@@ -281,7 +317,7 @@ def test_cudnn_bf16_lse_cost():
     """
     q, k, v = rand_qkv(6, B=1, Tq=1, Hq=16, Hkv=4, D=64, Dv=64, Tk=512, dtype=jnp.bfloat16)
     scale = 4.0 / 8  # scores ~ N(0, 16): the lse of each chunk of 256 keys is 8.5-14.5
-    halves = [(k[:, a:a + 256], v[:, a:a + 256]) for a in (0, 256)]
+    halves = [(k[:, a : a + 256], v[:, a : a + 256]) for a in (0, 256)]
     cud = [_cudnn(q, kh, vh, scale=scale) for kh, vh in halves]
     xla = [kernels.xla_state(q, kh, vh, scale=scale) for kh, vh in halves]
     assert cud[0].lse.dtype == jnp.float32 and cud[0].out.dtype == jnp.float32
@@ -299,17 +335,20 @@ def test_cudnn_bf16_lse_cost():
         return float(np.abs(np.asarray(states.combine(*parts).out) - want).max())
 
     def mixed(outs, lses):
-        return [states.AttentionState.from_lse(jnp.asarray(o, jnp.float32),
-                                               jnp.asarray(s, jnp.float32))
-                for o, s in zip(outs, lses, strict=True)]
+        return [
+            states.AttentionState.from_lse(jnp.asarray(o, jnp.float32), jnp.asarray(s, jnp.float32))
+            for o, s in zip(outs, lses, strict=True)
+        ]
 
     err = merged_err(cud)
     lse_only = merged_err(mixed([r[0] for r in ref], [c.lse for c in cud]))
     out_only = merged_err(mixed([c.out for c in cud], [r[1] for r in ref]))
     err_xla = merged_err(xla)
-    print(f"bf16 lse: max |lse err| {lse_err.max():.3g} (xla_state {lse_err_xla:.2g}); merged "
-          f"out max |err| {err:.3g}: bf16 lse only {lse_only:.3g}, bf16 out only "
-          f"{out_only:.3g}; xla_state {err_xla:.3g}")
+    print(
+        f"bf16 lse: max |lse err| {lse_err.max():.3g} (xla_state {lse_err_xla:.2g}); merged "
+        f"out max |err| {err:.3g}: bf16 lse only {lse_only:.3g}, bf16 out only "
+        f"{out_only:.3g}; xla_state {err_xla:.3g}"
+    )
     # The bf16 lse costs about as much as the bf16 output does; both stay within the bf16
     # tolerance of outputs of size O(1). The float32 path is 1e4 times tighter.
     assert max(err, lse_only, out_only) <= tol(jnp.bfloat16)["atol"]
@@ -347,10 +386,14 @@ def test_cudnn_state_refuses_float64():
 
 # --- choosing a kernel -------------------------------------------------------------------
 
+
 @pytest.mark.cpu_only
 def test_explicit_cudnn_is_refused_off_a_gpu():
-    with pytest.raises(ValueError, match=r"`local_kernel`='cudnn' needs an NVIDIA GPU.*"
-                                         r"use local_kernel='xla'"):
+    with pytest.raises(
+        ValueError,
+        match=r"`local_kernel`='cudnn' needs an NVIDIA GPU.*"
+        r"use local_kernel='xla'",
+    ):
         kernels.resolve("cudnn", dtype=jnp.bfloat16, head_dim=64, v_dim=64, needs_mask=False)
 
 
@@ -358,30 +401,36 @@ def test_explicit_cudnn_is_refused_off_a_gpu():
 def gpu(monkeypatch):
     """Stand in a CUDA GPU of compute capability `cc` (default Hopper) for `resolve`, with
     or without flash-attn-jax."""
+
     def make(cc=(9, 0), flash=False):
         monkeypatch.setattr(kernels.common, "default_backend", lambda: "gpu")
         monkeypatch.setattr(kernels.cudnn, "cuda_capability", lambda: cc)
-        monkeypatch.setattr(kernels.flash.importlib.util, "find_spec",
-                            lambda name: object() if flash else None)
+        monkeypatch.setattr(
+            kernels.flash.importlib.util, "find_spec", lambda name: object() if flash else None
+        )
+
     return make
 
 
 AUTO = dict(dtype=jnp.bfloat16, head_dim=128, v_dim=128, needs_mask=False)
 
 
-@pytest.mark.parametrize(("kw", "cc", "want"), [
-    ({}, (9, 0), "cudnn"),
-    (dict(needs_mask=True), (9, 0), "cudnn"),  # cudnn masks keys
-    (dict(dtype=jnp.float16), (8, 0), "cudnn"),
-    (dict(dtype=jnp.float32), (9, 0), "xla"),  # cuDNN's flash attention: fp16/bf16 only
-    (dict(dtype=jnp.float64), (9, 0), "xla"),
-    (dict(head_dim=256, v_dim=256), (9, 0), "cudnn"),
-    (dict(head_dim=256, v_dim=256), (8, 0), "xla"),  # 128 before Hopper
-    (dict(head_dim=100, v_dim=100), (9, 0), "xla"),  # not a multiple of 8
-    (dict(v_dim=64), (9, 0), "xla"),
-    (dict(layout="bhtd"), (9, 0), "xla"),  # cudnn would copy the cache; xla streams it
-    ({}, None, "xla"),  # a GPU that is not CUDA (ROCm)
-])
+@pytest.mark.parametrize(
+    ("kw", "cc", "want"),
+    [
+        ({}, (9, 0), "cudnn"),
+        (dict(needs_mask=True), (9, 0), "cudnn"),  # cudnn masks keys
+        (dict(dtype=jnp.float16), (8, 0), "cudnn"),
+        (dict(dtype=jnp.float32), (9, 0), "xla"),  # cuDNN's flash attention: fp16/bf16 only
+        (dict(dtype=jnp.float64), (9, 0), "xla"),
+        (dict(head_dim=256, v_dim=256), (9, 0), "cudnn"),
+        (dict(head_dim=256, v_dim=256), (8, 0), "xla"),  # 128 before Hopper
+        (dict(head_dim=100, v_dim=100), (9, 0), "xla"),  # not a multiple of 8
+        (dict(v_dim=64), (9, 0), "xla"),
+        (dict(layout="bhtd"), (9, 0), "xla"),  # cudnn would copy the cache; xla streams it
+        ({}, None, "xla"),  # a GPU that is not CUDA (ROCm)
+    ],
+)
 def test_auto_on_a_gpu_without_flash(gpu, kw, cc, want):
     gpu(cc)
     assert kernels.resolve("auto", **(AUTO | kw)) == want
@@ -395,12 +444,15 @@ def test_auto_prefers_flash_then_cudnn(gpu):
     assert kernels.resolve("cudnn", **(AUTO | dict(layout="bhtd"))) == "cudnn"  # a copy
 
 
-@pytest.mark.parametrize(("kw", "match"), [
-    (dict(dtype=jnp.float32), "float16 or bfloat16"),
-    (dict(dtype=jnp.float64), "float16 or bfloat16.*got float64"),
-    (dict(head_dim=12, v_dim=12), "multiple of 8 and <= 256"),
-    (dict(v_dim=64), "v_dim == head_dim"),
-])
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(dtype=jnp.float32), "float16 or bfloat16"),
+        (dict(dtype=jnp.float64), "float16 or bfloat16.*got float64"),
+        (dict(head_dim=12, v_dim=12), "multiple of 8 and <= 256"),
+        (dict(v_dim=64), "v_dim == head_dim"),
+    ],
+)
 def test_explicit_cudnn_limits_on_a_gpu(gpu, kw, match):
     gpu()
     with pytest.raises(ValueError, match=match):
@@ -434,5 +486,10 @@ def test_decoders_choose_the_kernel_by_the_common_dtype(gpu):
 
 
 def test_cudnn_head_dim_limit():
-    assert [kernels.cudnn.head_dim_limit(c) for c in [(7, 0), (8, 9), (9, 0), (10, 0), None]] \
-        == [128, 128, 256, 256, 128]
+    assert [kernels.cudnn.head_dim_limit(c) for c in [(7, 0), (8, 9), (9, 0), (10, 0), None]] == [
+        128,
+        128,
+        256,
+        256,
+        128,
+    ]

@@ -19,6 +19,7 @@ import time
 import pytest
 
 from tree_attention_edu.cluster import launch
+from tree_attention_edu.cluster import processes as ps
 
 ENV = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
 WAIT = 120  # generous: slow start-up on a loaded machine is not what is tested
@@ -95,25 +96,41 @@ def wait_until(cond, timeout: float, what: str) -> None:
 
 
 class Run:
-    def __init__(self, tmp_path, *args, sleep="60", module=("tree_attention_edu", "launch"),
-                 processes=2):
+    def __init__(self, tmp_path, *args, sleep="60", processes=2):
         self.tmp = tmp_path
-        env = {**ENV, launch.TEST_SLEEP_ENV: sleep, "TMPDIR": str(tmp_path)}
+        env = {**ENV, ps.TEST_SLEEP_ENV: sleep, "TMPDIR": str(tmp_path)}
         self.out, self.err = tmp_path / "stdout", tmp_path / "stderr"
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", *module, "--processes", str(processes),
-                 "--devices-per-process", "1", "--seq-len", "64", *args],
-                stdout=out, stderr=err, env=env, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "tree_attention_edu",
+                    "launch",
+                    "--processes",
+                    str(processes),
+                    "--devices-per-process",
+                    "1",
+                    "--seq-len",
+                    "64",
+                    *args,
+                ],
+                stdout=out,
+                stderr=err,
+                env=env,
+                start_new_session=True,
+            )
         self.processes = processes
         self.workers: list[int] = []
 
     def wait_for_workers(self) -> list[int]:
         """Until every worker sits in the test hook (its guards are then in place)."""
+
         def ready():
             if self.proc.poll() is not None:
                 raise AssertionError(f"launcher exited early: {self.err.read_text()}")
             return self.out.read_text().count("test hook: sleeping") == self.processes
+
         wait_until(ready, WAIT, "workers to start")
         self.workers = children(self.proc.pid)
         assert len(self.workers) == self.processes, self.workers
@@ -164,9 +181,11 @@ def one_error_line(lines: list[str], *words: str) -> None:
 # Faults
 
 
-@pytest.mark.parametrize("sig, words", [(signal.SIGKILL, ["worker 1", "SIGKILL"]),
-                                        (signal.SIGSTOP, ["worker 1", "stopped"])],
-                         ids=["SIGKILL", "SIGSTOP"])
+@pytest.mark.parametrize(
+    "sig, words",
+    [(signal.SIGKILL, ["worker 1", "SIGKILL"]), (signal.SIGSTOP, ["worker 1", "stopped"])],
+    ids=["SIGKILL", "SIGSTOP"],
+)
 def test_worker_killed_or_stopped(sig, words, tmp_path, runs):
     run = Run(tmp_path)
     runs.append(run)
@@ -180,8 +199,9 @@ def test_worker_killed_or_stopped(sig, words, tmp_path, runs):
     check_clean(run, f"worker {sig.name}", code, t0)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT],
-                         ids=["SIGTERM", "SIGHUP", "SIGINT"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=["SIGTERM", "SIGHUP", "SIGINT"]
+)
 def test_launcher_signalled(sig, tmp_path, runs):
     run = Run(tmp_path)
     runs.append(run)
@@ -200,7 +220,7 @@ def test_launcher_killed(pdeathsig, tmp_path, runs, monkeypatch):
     """SIGKILL of the launcher: the workers die with it (PR_SET_PDEATHSIG), or, without
     that, their watchdog thread sees the parent change and exits."""
     if not pdeathsig:
-        monkeypatch.setitem(ENV, launch.TEST_NO_PDEATHSIG_ENV, "1")
+        monkeypatch.setitem(ENV, ps.TEST_NO_PDEATHSIG_ENV, "1")
     run = Run(tmp_path)
     runs.append(run)
     workers = run.wait_for_workers()
@@ -226,8 +246,7 @@ def test_overall_timeout(tmp_path, runs):
 
 def test_init_timeout(tmp_path, runs):
     """jax.distributed gives up on a missing peer after --init-timeout, not 300 s."""
-    run = Run(tmp_path, "--init-timeout", "3", "--timeout", "100", sleep="1:60",
-              module=("tree_attention_edu.cluster.launch",))
+    run = Run(tmp_path, "--init-timeout", "3", "--timeout", "100", sleep="1:60")
     runs.append(run)
     t0 = time.monotonic()
     code, lines = run.wait()
@@ -256,18 +275,49 @@ def test_worker_failure_summary(monkeypatch, capfd, tmp_path):
     real_popen = subprocess.Popen
 
     def popen(cmd, **kw):
-        if "--process-id" in cmd and cmd[cmd.index("--process-id") + 1] == "1":
-            cmd = [sys.executable, "-c",
-                   f"import sys; print('{launch.WORKER_ERROR} ValueError: bad', "
-                   "file=sys.stderr); sys.exit(3)"]
+        if cmd[-1].endswith("worker1.json"):  # `python -m tree_attention_edu.cli.worker SPEC`
+            cmd = [
+                sys.executable,
+                "-c",
+                f"import sys; print('{ps.WORKER_ERROR} ValueError: bad', "
+                "file=sys.stderr); sys.exit(3)",
+            ]
         return real_popen(cmd, **kw)
 
-    monkeypatch.setenv(launch.TEST_SLEEP_ENV, "60")
+    monkeypatch.setenv(ps.TEST_SLEEP_ENV, "60")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the kept worker logs
-    monkeypatch.setattr(launch.subprocess, "Popen", popen)
+    monkeypatch.setattr(subprocess, "Popen", popen)
     assert launch.run_local(processes=2, devices_per_process=1, seq_len=64, timeout=60) == 1
     lines = [s for s in capfd.readouterr().err.splitlines() if s.startswith("launch")]
     one_error_line(lines, "worker 1", "exited with status 3", "ValueError: bad")
+    # The failed run's folder keeps each worker's spec and log.
+    (kept,) = tmp_path.glob("tae-launch-*")
+    spec = ps.WorkerSpec.read(str(kept / "worker0.json"))
+    assert spec.role == "launch" and spec.process_id == 0
+    assert launch.LocalRun(**spec.settings).seq_len == 64
+
+
+def test_worker_entry_point_fails_in_one_line(tmp_path):
+    """`python -m tree_attention_edu.cli.worker`: without a spec, a usage line and status 2;
+    with a bad one, the one line the launcher quotes (`WORKER_ERROR`) and status 1."""
+
+    def worker(*args):
+        return subprocess.run(
+            [sys.executable, "-m", ps.WORKER_MODULE, *args],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=WAIT,
+        )
+
+    done = worker()
+    assert done.returncode == 2 and done.stderr.startswith("usage: python -m "), done.stderr
+    bad = tmp_path / "spec.json"
+    bad.write_text('{"role": "launch", "process_id": 0, "settings": {"processes": 2}}')
+    done = worker(str(bad))
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"{ps.WORKER_ERROR} TypeError: "), lines
 
 
 def test_bad_launch_arguments():

@@ -8,7 +8,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tree_attention_edu as tae
-from tree_attention_edu.llama import model
+from tree_attention_edu.core import names
+from tree_attention_edu.llama import generator, model
+from tree_attention_edu.llama.forward import _one_key_state, attend_fn
 
 CFG = model.Config()
 PROMPT_LENS = (5, 17, 40)  # ragged: three prompts, three lengths
@@ -18,24 +20,27 @@ LOGIT_TOL = dict(rtol=0, atol=1e-4)  # float32 logits of size ~3, summed over 2 
 
 @pytest.fixture(scope="module")
 def generations(mesh8, mesh2x4):
-    model._programs.cache_clear()  # compile afresh: each generator's `traces` counts its own
+    generator._programs.cache_clear()  # compile afresh: each generator's `traces` counts its own
     params = model.init_params(CFG, jax.random.key(0))
     rng = np.random.default_rng(0)
     prompts = [list(rng.integers(0, CFG.vocab, n)) for n in PROMPT_LENS]
     out = {}
     for name, mesh, method, prefill in (
-            ("single", mesh8, "single", None), ("tree_1d", mesh8, "tree", None),
-            ("tree_2level", mesh2x4, "tree", None), ("ring", mesh8, "ring", None),
-            ("ring_after_tree_prefill", mesh8, "ring", "tree"),
-            ("tree_after_ring_prefill", mesh2x4, "tree", "ring")):
-        gen = model.Generator(params, CFG, mesh, method, prefill_chunk=16,
-                              prefill_method=prefill)
+        ("single", mesh8, "single", None),
+        ("tree_1d", mesh8, "tree", None),
+        ("tree_2level", mesh2x4, "tree", None),
+        ("ring", mesh8, "ring", None),
+        ("ring_after_tree_prefill", mesh8, "ring", "tree"),
+        ("tree_after_ring_prefill", mesh2x4, "tree", "ring"),
+    ):
+        gen = model.Generator(params, CFG, mesh, method, prefill_chunk=16, prefill_method=prefill)
         out[name] = (gen.generate(prompts, NEW, key=jax.random.key(1)), gen.traces)
     return out
 
 
-@pytest.mark.parametrize("name", ["tree_1d", "tree_2level", "ring", "ring_after_tree_prefill",
-                                  "tree_after_ring_prefill"])
+@pytest.mark.parametrize(
+    "name", ["tree_1d", "tree_2level", "ring", "ring_after_tree_prefill", "tree_after_ring_prefill"]
+)
 def test_identical_tokens_across_methods(generations, name):
     want, _ = generations["single"]
     got, traces = generations[name]
@@ -54,6 +59,10 @@ def test_generators_of_one_model_share_their_programs(mesh8):
     b = again.generate([[1, 2, 3]], 3, key=jax.random.key(0))
     assert first._programs is again._programs and again.traces == 0
     np.testing.assert_array_equal(a.tokens, b.tokens)
+    # A ring decoder after a tree prefill runs the tree's prefill program, not a copy of it.
+    ring = model.Generator(params, CFG, mesh8, "ring", prefill_chunk=16, prefill_method="tree")
+    assert ring._programs is not first._programs
+    assert ring._programs.prefill is first._programs.prefill
 
 
 def test_tokens_are_not_trivial(generations):
@@ -104,7 +113,7 @@ def test_cache_writes_at_shard_boundaries(mesh_name, request):
     ck2, _ = model.write(ck, cv, chunk, chunk, jnp.asarray(starts), mesh)
     for b, s0 in enumerate(starts):
         n = min(5, S - s0)
-        want[b, :, s0:s0 + n] = np.asarray(chunk)[b, :, :n]
+        want[b, :, s0 : s0 + n] = np.asarray(chunk)[b, :, :n]
     np.testing.assert_array_equal(_gather(ck2), want)
 
 
@@ -138,6 +147,18 @@ def test_bad_arguments(mesh8):
         gen.generate([[1], []], 2, key=jax.random.key(0))
 
 
+def test_the_model_runs_a_declared_subset_of_the_registered_methods(mesh8):
+    """`model.METHODS` names methods of the one registry, `core.names.METHODS`; a method
+    registered there that the model does not run is refused by name."""
+    assert model.METHODS and set(model.METHODS) <= set(names.METHODS)
+    others = [m for m in names.METHODS if m not in model.METHODS]
+    assert others  # the subset is a real one: tree_energy and ring_pass_q are not run here
+    params = model.init_params(CFG, jax.random.key(0))
+    for method in others:
+        with pytest.raises(ValueError, match="`method` must be one of"):
+            model.Generator(params, CFG, mesh8, method)
+
+
 def test_rope_is_a_rotation():
     """RoPE preserves norms and makes q·k depend only on the position difference."""
     q, k = jax.random.normal(jax.random.key(0), (2, 1, 1, 1, 8))
@@ -149,8 +170,9 @@ def test_rope_is_a_rotation():
         return float(jnp.sum(model.rope(q, pos(a), 1e4) * model.rope(k, pos(b), 1e4)))
 
     np.testing.assert_allclose(dot(3, 1), dot(10, 8), rtol=1e-5)
-    np.testing.assert_allclose(jnp.linalg.norm(model.rope(q, pos(7), 1e4)), jnp.linalg.norm(q),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        jnp.linalg.norm(model.rope(q, pos(7), 1e4)), jnp.linalg.norm(q), rtol=1e-6
+    )
 
 
 def test_prefill_method_chooses_the_prefill_attention(mesh8):
@@ -182,6 +204,7 @@ def test_prefill_progress_bar_counts_chunks(mesh8, capsys):
 
 # --- bad arguments fail before any work ---------------------------------------
 
+
 @pytest.fixture(scope="module")
 def gen8(mesh8):
     params = model.init_params(CFG, jax.random.key(0))
@@ -191,6 +214,7 @@ def gen8(mesh8):
 @pytest.fixture
 def no_work(monkeypatch):
     """Fail the test if a cache is allocated: validation must come before any work."""
+
     def allocate(*args, **kwargs):
         raise AssertionError("work started before the arguments were checked")
 
@@ -198,37 +222,59 @@ def no_work(monkeypatch):
 
 
 BAD_GENERATE = {
-    "token-above-vocab": (dict(prompts=[[1, 2], [3, 300]]), ValueError,
-                          r"`prompts\[1\]` has token id 300 at position 1; token ids must lie "
-                          r"in \[0, vocab\) = \[0, 256\)"),
-    "token-negative": (dict(prompts=[[-1, 2]]), ValueError,
-                       r"`prompts\[0\]` has token id -1 at position 0"),
+    "token-above-vocab": (
+        dict(prompts=[[1, 2], [3, 300]]),
+        ValueError,
+        r"`prompts\[1\]` has token id 300 at position 1; token ids must lie "
+        r"in \[0, vocab\) = \[0, 256\)",
+    ),
+    "token-negative": (
+        dict(prompts=[[-1, 2]]),
+        ValueError,
+        r"`prompts\[0\]` has token id -1 at position 0",
+    ),
     "token-float": (dict(prompts=[[1.0, 2.0]]), TypeError, r"`prompts\[0\]` must hold int"),
     "prompts-str": (dict(prompts="abc"), TypeError, r"`prompts` must be a list of prompts"),
     "no-prompts": (dict(prompts=[]), ValueError, r"`prompts` is empty; pass at least one"),
-    "empty-prompt": (dict(prompts=[[1], []]), ValueError,
-                     r"`prompts\[1\]` is empty; every prompt needs at least one token"),
-    "temperature-negative": (dict(temperature=-1.0), ValueError,
-                             r"`temperature` must be >= 0, got -1; 0 is greedy"),
-    "temperature-nan": (dict(temperature=float("nan")), ValueError,
-                        r"`temperature` must be a finite number >= 0, got nan"),
+    "empty-prompt": (
+        dict(prompts=[[1], []]),
+        ValueError,
+        r"`prompts\[1\]` is empty; every prompt needs at least one token",
+    ),
+    "temperature-negative": (
+        dict(temperature=-1.0),
+        ValueError,
+        r"`temperature` must be >= 0, got -1; 0 is greedy",
+    ),
+    "temperature-nan": (
+        dict(temperature=float("nan")),
+        ValueError,
+        r"`temperature` must be a finite number >= 0, got nan",
+    ),
     "temperature-str": (dict(temperature="0.5"), TypeError, r"`temperature` must be a real"),
     "capacity-0": (dict(capacity=0), ValueError, r"`capacity` must be a positive int, got 0"),
     "capacity-float": (dict(capacity=64.0), TypeError, r"`capacity` must be an int"),
     "prompt-longer-than-capacity": (
-        dict(prompts=[[1] * 20], capacity=16), ValueError,
+        dict(prompts=[[1] * 20], capacity=16),
+        ValueError,
         r"`capacity` 16 cannot hold the longest prompt \(20 tokens, 24 once padded to whole "
-        r"prefill chunks\) plus 4 new tokens; pass capacity >= 24"),
+        r"prefill chunks\) plus 4 new tokens; pass capacity >= 24",
+    ),
     "new-tokens-do-not-fit": (
-        dict(new_tokens=20, capacity=16), ValueError,
-        r"cannot hold the longest prompt \(3 tokens.*plus 20 new tokens; pass capacity >= 23"),
+        dict(new_tokens=20, capacity=16),
+        ValueError,
+        r"cannot hold the longest prompt \(3 tokens.*plus 20 new tokens; pass capacity >= 23",
+    ),
     "new_tokens-0": (dict(new_tokens=0), ValueError, r"`new_tokens` must be a positive int"),
     "new_tokens-negative": (dict(new_tokens=-2), ValueError, r"`new_tokens` must be a positive"),
     "new_tokens-float": (dict(new_tokens=2.0), TypeError, r"`new_tokens` must be an int"),
     "new_tokens-bool": (dict(new_tokens=True), TypeError, r"`new_tokens` must be an int"),
     "key-int": (dict(key=0), TypeError, r"`key` must be a JAX PRNG key such as"),
-    "key-batch": (dict(key=jax.random.split(jax.random.key(0))), ValueError,
-                  r"`key` must be a single PRNG key"),
+    "key-batch": (
+        dict(key=jax.random.split(jax.random.key(0))),
+        ValueError,
+        r"`key` must be a single PRNG key",
+    ),
     "progress": (dict(progress="yes"), TypeError, r"`progress` must be True or False"),
 }
 
@@ -285,8 +331,12 @@ def test_generator_on_an_explicit_mesh_matches_an_auto_one(mesh8):
     the Generator runs on the same devices with Auto axes, and gives the same tokens."""
     params = model.init_params(CFG, jax.random.key(0))
     explicit = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
-    outs = [model.Generator(params, CFG, m, "tree", prefill_chunk=8).generate(
-        [[1, 2, 3]], 3, key=jax.random.key(0)).tokens for m in (explicit, mesh8)]
+    outs = [
+        model.Generator(params, CFG, m, "tree", prefill_chunk=8)
+        .generate([[1, 2, 3]], 3, key=jax.random.key(0))
+        .tokens
+        for m in (explicit, mesh8)
+    ]
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
@@ -306,7 +356,7 @@ def test_a_step_past_the_capacity_gives_nan_not_a_silent_answer(mesh8, method):
 def test_temperatures_share_one_compiled_step(mesh8):
     """The temperature is traced: a new value compiles nothing (only greedy is static)."""
     params = model.init_params(CFG, jax.random.key(0))
-    model._programs.cache_clear()
+    generator._programs.cache_clear()
     gen = model.Generator(params, CFG, mesh8, "single", prefill_chunk=8)
     for t in (0.5, 0.6, 0.6000001, 2.0):
         gen.generate([[1, 2, 3]], 3, key=jax.random.key(0), temperature=t)
@@ -317,11 +367,17 @@ def test_generator_under_an_explicit_context_mesh(mesh8):
     """A caller's `jax.set_mesh(Explicit mesh)` does not leak into the Generator's programs."""
     params = model.init_params(CFG, jax.random.key(0))
     explicit = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
-    want = model.Generator(params, CFG, mesh8, "tree", prefill_chunk=8).generate(
-        [[1, 2, 3]], 3, key=jax.random.key(0)).tokens
+    want = (
+        model.Generator(params, CFG, mesh8, "tree", prefill_chunk=8)
+        .generate([[1, 2, 3]], 3, key=jax.random.key(0))
+        .tokens
+    )
     with jax.set_mesh(explicit):
-        got = model.Generator(params, CFG, explicit, "tree", prefill_chunk=8).generate(
-            [[1, 2, 3]], 3, key=jax.random.key(0)).tokens
+        got = (
+            model.Generator(params, CFG, explicit, "tree", prefill_chunk=8)
+            .generate([[1, 2, 3]], 3, key=jax.random.key(0))
+            .tokens
+        )
     np.testing.assert_array_equal(got, want)
 
 
@@ -329,8 +385,11 @@ def test_generator_checks_params_against_cfg(mesh8):
     small = model.Config(vocab=16, dim=8, layers=1, q_heads=2, kv_heads=1, head_dim=4, hidden=8)
     params = jax.eval_shape(lambda: model.init_params(small, jax.random.key(0)))
     params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), params)
-    with pytest.raises(ValueError, match=r"`params` \['embed'\] has shape \(16, 8\) but `cfg` "
-                                         r"implies \(256, 128\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"`params` \['embed'\] has shape \(16, 8\) but `cfg` "
+        r"implies \(256, 128\)",
+    ):
         model.Generator(params, CFG, mesh8)
     with pytest.raises(TypeError, match="`cfg` must be a Config"):
         model.Generator(params, "tiny", mesh8)
@@ -355,7 +414,7 @@ def test_out_of_vocab_tokens_give_nan_logits(mesh8):
     eagerly and under `jit`; the other sequence is unaffected."""
     params = model.init_params(CFG, jax.random.key(0))
     cache = model.empty_cache(CFG, 2, 8, mesh8)
-    attend = model._attend_fn("single", mesh8)
+    attend = attend_fn("single", mesh8)
     tokens = jnp.array([[3], [300]], jnp.int32)  # and -1 below: never wrapped to the last id
     for fwd in (model.forward, jax.jit(model.forward, static_argnums=(1, 4, 5))):
         logits, _ = fwd(params, CFG, tokens, cache, attend, mesh8)
@@ -363,6 +422,7 @@ def test_out_of_vocab_tokens_give_nan_logits(mesh8):
 
 
 # --- Hugging Face conventions -------------------------------------------------------
+
 
 @pytest.mark.parametrize("scaling", [None, model.RopeScaling(8.0, 1.0, 4.0, 16)])
 def test_rope_is_hugging_faces_rotate_half(scaling):
@@ -397,7 +457,6 @@ def test_rope_scaling_rejects_bad_values():
         model.Config(rope_scaling={"factor": 8.0})
 
 
-
 def test_read_then_append_is_the_write_then_attend_step(mesh8):
     """One device's decode step reads the cache in one program and appends in a second
     (`_attend_then_append`, `append`); it must be the step that writes first and attends
@@ -409,7 +468,7 @@ def test_read_then_append_is_the_write_then_attend_step(mesh8):
     prompts = [[5, 6, 7, 8, 9, 10, 11], [3], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]]
     _, cache = gen.prefill(prompts, 24)
     tok = jnp.array([1, 2, 3], jnp.int32)
-    attend = model._attend_fn("single", gen.mesh)
+    attend = attend_fn("single", gen.mesh)
     forward = jax.jit(model.forward, static_argnums=(1, 4, 5))
     for _ in range(4):
         want_logits, want = forward(gen.params, CFG, tok[:, None], cache, attend, gen.mesh)
@@ -433,8 +492,9 @@ def test_one_key_state_is_attention_over_one_key():
     rng = np.random.default_rng(0)
     q = rng.normal(size=(2, 1, 6, 8))
     k, v = rng.normal(size=(2, 3, 1, 8)), rng.normal(size=(2, 3, 1, 8))
-    state = model._one_key_state(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32),
-                                 jnp.asarray(v, jnp.float32))
+    state = _one_key_state(
+        jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32), jnp.asarray(v, jnp.float32)
+    )
     heads = np.arange(6) // 2  # GQA: query head h reads kv head h // 2
     s = np.einsum("bhd,bhd->bh", q[:, 0], k[:, heads, 0]) / np.sqrt(8)
     np.testing.assert_allclose(state.lse[:, 0], s, rtol=1e-6, atol=1e-6)
@@ -449,10 +509,10 @@ def test_packed_projections_compute_the_same_model(mesh8):
     layer = packed["layers"][0]
     assert set(model.PACKED) <= set(layer) and not {"wq", "wk", "wv", "w_gate", "w_up"} & set(layer)
     assert layer["wqkv"].shape == (CFG.dim, (CFG.q_heads + 2 * CFG.kv_heads) * CFG.head_dim)
-    np.testing.assert_array_equal(layer["w_gate_up"][:, CFG.hidden:], params["layers"][0]["w_up"])
+    np.testing.assert_array_equal(layer["w_gate_up"][:, CFG.hidden :], params["layers"][0]["w_up"])
     assert packed["embed"] is params["embed"]  # shared, not copied
     mesh1 = tae.make_mesh(1, "x")
-    attend = model._attend_fn("single", mesh1)
+    attend = attend_fn("single", mesh1)
     forward = jax.jit(model.forward, static_argnums=(1, 4, 5))
     tokens = jnp.array([[1, 5, 9, 2, 7]], jnp.int32)
     want, _ = forward(params, CFG, tokens, model.empty_cache(CFG, 1, 8, mesh1), attend, mesh1)

@@ -34,18 +34,21 @@ def pinned(path: Path) -> dict[str, str]:
 
 # --- one version --------------------------------------------------------------------------
 
+
 def test_version_is_defined_once():
     version = PROJECT["version"]
     assert tae.__version__ == version
     installed = importlib.metadata.version("tree_attention_edu")
     assert installed == version, "stale metadata: pip install -e ."
-    literals = [p for p in PACKAGE.glob("*.py") if re.search(r"__version__\s*=\s*['\"]",
-                                                             p.read_text())]
+    literals = [
+        p for p in PACKAGE.glob("*.py") if re.search(r"__version__\s*=\s*['\"]", p.read_text())
+    ]
     assert not literals, f"version literal in {literals}; it lives in pyproject.toml only"
     assert yaml.safe_load((ROOT / "CITATION.cff").read_text())["version"] == version
 
 
 # --- licence and citation -----------------------------------------------------------------
+
 
 def test_license_matches_metadata():
     text = (ROOT / "LICENSE").read_text()
@@ -53,7 +56,8 @@ def test_license_matches_metadata():
     assert text.startswith("MIT License\n")
     assert "Copyright (c) 2026 The tree_attention_edu authors" in text
     assert not any(c.startswith("License ::") for c in PROJECT["classifiers"]), (
-        "an SPDX `license` excludes License classifiers")
+        "an SPDX `license` excludes License classifiers"
+    )
     # The SPDX string and license-files need setuptools >= 77.
     (setuptools,) = [r for r in PYPROJECT["build-system"]["requires"] if "setuptools" in r]
     assert setuptools == "setuptools>=77"
@@ -64,8 +68,9 @@ def test_citation_cites_the_package_and_the_paper():
     assert cff["cff-version"] == "1.2.0" and cff["type"] == "software"
     assert cff["license"] == PROJECT["license"]
     paper = cff["preferred-citation"]
-    assert paper["title"] == ("Tree Attention: Topology-aware Decoding for Long-Context "
-                              "Attention on GPU clusters")
+    assert paper["title"] == (
+        "Tree Attention: Topology-aware Decoding for Long-Context Attention on GPU clusters"
+    )
     assert [a["family-names"] for a in paper["authors"]] == AUTHORS
     assert paper["year"] == 2024 and paper["url"] == "https://arxiv.org/abs/2408.04093"
     assert PROJECT["urls"]["Paper"] == paper["url"]
@@ -73,15 +78,18 @@ def test_citation_cites_the_package_and_the_paper():
 
 # --- what the sdist and the wheel carry ---------------------------------------------------
 
+
 def test_sdist_carries_what_the_tests_read():
     manifest = (ROOT / "MANIFEST.in").read_text().splitlines()
     # tests/ whole (conftest.py and reference.py, which the test modules import), and the
     # notebooks that test_notebooks.py reads.
     assert {"graft tests", "graft notebooks", "include CITATION.cff"} <= set(manifest)
-    imported = {node.names[0].name if isinstance(node, ast.Import) else node.module
-                for path in (ROOT / "tests").glob("test_*.py")
-                for node in ast.walk(ast.parse(path.read_text()))
-                if isinstance(node, ast.Import | ast.ImportFrom)}
+    imported = {
+        node.names[0].name if isinstance(node, ast.Import) else node.module
+        for path in (ROOT / "tests").glob("test_*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    }
     assert {"conftest", "reference"} <= imported
     assert (ROOT / "tests" / "conftest.py").exists() and (ROOT / "tests" / "reference.py").exists()
 
@@ -92,6 +100,7 @@ def test_wheel_carries_py_typed():
 
 
 # --- extras and locks ---------------------------------------------------------------------
+
 
 def test_notebooks_extra_has_no_developer_tools():
     extras = PROJECT["optional-dependencies"]
@@ -104,8 +113,9 @@ def test_notebooks_extra_has_no_developer_tools():
 def test_lock_pins_everything_make_installs():
     lock = pinned(ROOT / "requirements-lock.txt")
     extras = PROJECT["optional-dependencies"]
-    wanted = {requirement_name(r) for r in PROJECT["dependencies"] + extras["notebooks"]
-              + extras["dev"]} - {"tree-attention-edu"}
+    wanted = {
+        requirement_name(r) for r in PROJECT["dependencies"] + extras["notebooks"] + extras["dev"]
+    } - {"tree-attention-edu"}
     assert wanted <= lock.keys(), f"not pinned: {sorted(wanted - lock.keys())}"
     assert lock["jax"] == lock["jaxlib"]
 
@@ -121,6 +131,7 @@ def test_cuda_lock_pins_the_nvidia_wheels():
 
 # --- private APIs -------------------------------------------------------------------------
 
+
 def test_no_private_jax_api():
     for path in PACKAGE.glob("*.py"):
         assert "jax._src" not in path.read_text(), f"{path.name} uses jax._src"
@@ -129,6 +140,7 @@ def test_no_private_jax_api():
 @pytest.fixture
 def fake_flash(monkeypatch):
     """A stand-in flash_attn_jax package, installed as release `version`."""
+
     def install(version, *, private_name=True):
         flash = types.ModuleType("flash_attn_jax.flash")
         if private_name:
@@ -142,6 +154,7 @@ def fake_flash(monkeypatch):
 
         monkeypatch.setattr(importlib.metadata, "version", version_of)
         monkeypatch.setattr(kernels.flash.importlib.util, "find_spec", lambda name: object())
+
     return install
 
 

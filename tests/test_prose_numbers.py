@@ -67,18 +67,22 @@ def test_every_prose_number_is_computed_or_sourced(path):
     unexplained = sorted(set(prose_numbers(path)) - set(allowed(path)))
     assert not unexplained, (
         f"{path.name} states {unexplained} in Markdown. Print them from a code cell, assert "
-        f"them, or list them with a source in tests/prose_numbers/{path.stem}.txt.")
+        f"them, or list them with a source in tests/prose_numbers/{path.stem}.txt."
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_allow_list_has_no_stale_entries(path):
     stale = sorted(set(allowed(path)) - set(prose_numbers(path)))
-    assert not stale, (f"tests/prose_numbers/{path.stem}.txt lists {stale}, which the "
-                       f"notebook no longer states")
+    assert not stale, (
+        f"tests/prose_numbers/{path.stem}.txt lists {stale}, which the notebook no longer states"
+    )
 
 
 def test_the_scan_catches_a_claim(tmp_path):
     nb = tmp_path / "x.py"
-    nb.write_text('# %% [markdown]\n# ## 1.2 Title\n# The Hessian has $5184$ entries, '
-                  'or 576 (`f(576)`), on 8 devices.\n')
+    nb.write_text(
+        "# %% [markdown]\n# ## 1.2 Title\n# The Hessian has $5184$ entries, "
+        "or 576 (`f(576)`), on 8 devices.\n"
+    )
     assert prose_numbers(nb) == ["5184", "576"]

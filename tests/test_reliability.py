@@ -16,10 +16,13 @@ import pytest
 from conftest import rand_qkv
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import tree_attention_edu as tae
 from tree_attention_edu.core import kernels
 from tree_attention_edu.llama import model
+from tree_attention_edu.llama.forward import attend_fn
 
 B, TQ, HQ, HKV, D, TK = 2, 2, 4, 2, 8, 16
 
@@ -30,6 +33,7 @@ def _bhtd(x):
 
 def _paths(mesh8, mesh2x4):
     """name -> f(q, k, v, lengths) for every path that computes attention from a cache."""
+
     def state_out(fn, layout="bthd"):
         def f(q, k, v, lengths):
             if layout == "bhtd":
@@ -77,10 +81,8 @@ GARBAGE = st.sampled_from([np.nan, np.inf, -np.inf, 1e300, -1e300, 3e38])
 
 
 @settings(max_examples=6)
-@given(lengths=st.tuples(st.integers(0, TK - 1), st.integers(0, TK)), k_bad=GARBAGE,
-       v_bad=GARBAGE)
-def test_garbage_beyond_lengths_never_reaches_the_output(paths, problem, lengths, k_bad,
-                                                         v_bad):
+@given(lengths=st.tuples(st.integers(0, TK - 1), st.integers(0, TK)), k_bad=GARBAGE, v_bad=GARBAGE)
+def test_garbage_beyond_lengths_never_reaches_the_output(paths, problem, lengths, k_bad, v_bad):
     q, k, v = problem
     n = jnp.asarray(lengths, jnp.int32)
     pad = (jnp.arange(TK)[None, :] >= n[:, None])[:, :, None, None]  # [B, Tk, 1, 1]
@@ -99,7 +101,8 @@ def test_garbage_beyond_lengths_keeps_the_energy_and_its_gradients_finite(proble
     pad = (jnp.arange(TK)[None, :] >= n[:, None])[:, :, None, None]
     zeta = jnp.zeros((B, TQ, HQ, D))
     value_and_grads = jax.value_and_grad(
-        lambda q, k, v, z: tae.energy(q, k, v, z, kv_lengths=n), argnums=(0, 1, 2, 3))
+        lambda q, k, v, z: tae.energy(q, k, v, z, kv_lengths=n), argnums=(0, 1, 2, 3)
+    )
     e_clean, g_clean = value_and_grads(q, k, v, zeta)
     e, grads = value_and_grads(q, jnp.where(pad, jnp.nan, k), jnp.where(pad, jnp.inf, v), zeta)
     assert np.isfinite(float(e))
@@ -114,34 +117,51 @@ def test_garbage_beyond_lengths_keeps_the_energy_and_its_gradients_finite(proble
 
 
 def test_garbage_in_the_models_cache_is_never_read(mesh8):
-    """Slots past each sequence's length (prefill padding, an earlier sequence) may hold NaN."""
-    cfg = model.Config(vocab=64, dim=32, layers=1, q_heads=4, kv_heads=2, head_dim=8,
-                       hidden=64)
+    """Slots past each sequence's length (prefill padding, an earlier sequence) may hold NaN.
+
+    One prefill fills the cache for every method: the one-device generator's, re-sharded
+    over the 8 devices for the sharded methods (the partitioning rule is a placement: the
+    values are the same). Each method's forward is compiled once, for the clean cache and
+    the dirty one alike (the model runs jitted; the kernels' eager paths are the `paths`
+    tests' above)."""
+    cfg = model.Config(vocab=64, dim=32, layers=1, q_heads=4, kv_heads=2, head_dim=8, hidden=64)
     params = model.init_params(cfg, jax.random.key(0))
-    gen = model.Generator(params, cfg, mesh8, method="tree", prefill_chunk=8)
-    _, cache = gen.prefill([[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]], capacity=16)
+    single = model.Generator(params, cfg, mesh8, method="single", prefill_chunk=8)
+    _, cache1 = single.prefill([[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]], capacity=16)
+    sharded, replicated = model.cache_sharding(mesh8), NamedSharding(mesh8, P())
+    cache = model.KVCache(
+        tuple((jax.device_put(k, sharded), jax.device_put(v, sharded)) for k, v in cache1.layers),
+        jax.device_put(cache1.lengths, replicated),
+    )
     cap = cache.layers[0][0].shape[2]
     pad = (jnp.arange(cap)[None, :] >= cache.lengths[:, None])[:, None, :, None]
-    poison = jax.jit(lambda c: jnp.where(pad, jnp.nan, c), out_shardings=model.cache_sharding(
-        mesh8))
+    poison = jax.jit(lambda c: jnp.where(pad, jnp.nan, c), out_shardings=sharded)
     dirty = cache._replace(layers=tuple((poison(k), poison(v)) for k, v in cache.layers))
     tokens = jnp.array([[11], [12]], jnp.int32)
+    forward = jax.jit(model.forward, static_argnums=(1, 4, 5))
+    placed = jax.device_put(params, replicated)
     for method in model.METHODS:
-        attend = model._attend_fn(method, mesh8)
-        clean_logits, _ = model.forward(gen.params, cfg, tokens, cache, attend, mesh8)
-        dirty_logits, _ = model.forward(gen.params, cfg, tokens, dirty, attend, mesh8)
+        attend = attend_fn(method, mesh8)
+        clean_logits, _ = forward(placed, cfg, tokens, cache, attend, mesh8)
+        dirty_logits, _ = forward(placed, cfg, tokens, dirty, attend, mesh8)
         assert np.isfinite(np.asarray(clean_logits)).all(), method
         np.testing.assert_array_equal(dirty_logits, clean_logits, err_msg=method)
     # One device's decode step reads the cache in one pass first (`_attend_then_append`).
-    single = model.Generator(params, cfg, mesh8, method="single", prefill_chunk=8)
-    _, cache = single.prefill([[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]], capacity=16)
-    pad = (jnp.arange(cache.layers[0][0].shape[2])[None, :]
-           >= cache.lengths[:, None])[:, None, :, None]
-    dirty = model.KVCache(tuple((jnp.where(pad, jnp.nan, k), jnp.where(pad, jnp.inf, v))
-                                for k, v in cache.layers), cache.lengths + 0)  # step donates
+    cache = cache1
+    pad = (jnp.arange(cache.layers[0][0].shape[2])[None, :] >= cache.lengths[:, None])[
+        :, None, :, None
+    ]
+    dirty = model.KVCache(
+        tuple((jnp.where(pad, jnp.nan, k), jnp.where(pad, jnp.inf, v)) for k, v in cache.layers),
+        cache.lengths + 0,
+    )  # step donates
     first = pad & (jnp.arange(2) == 0)[:, None, None, None]  # garbage in sequence 0 only
-    mixed = model.KVCache(tuple((jnp.where(first, jnp.nan, k), jnp.where(first, jnp.inf, v))
-                                for k, v in cache.layers), cache.lengths + 0)
+    mixed = model.KVCache(
+        tuple(
+            (jnp.where(first, jnp.nan, k), jnp.where(first, jnp.inf, v)) for k, v in cache.layers
+        ),
+        cache.lengths + 0,
+    )
     _, clean_logits, _ = single.step(cache, tokens[:, 0])
     _, dirty_logits, _ = single.step(dirty, tokens[:, 0])
     _, mixed_logits, _ = single.step(mixed, tokens[:, 0])
@@ -163,12 +183,16 @@ def test_lengths_outside_the_cache_are_clamped_the_same_way_on_every_path(paths,
     want = tae.attention(q, k, v, kv_lengths=jnp.array([0, TK]))
     # Wide integers saturate before they are narrowed to int32: 2**32 + 3 wrapped to 3 once,
     # and uint32 2**32 - 1 to -1.
-    for bad in (jnp.array([-3, TK + 2], jnp.int32), np.array([-2**40, 2**32 + 3], np.int64),
-                np.array([0, 2**32 - 1], np.uint32)):
+    for bad in (
+        jnp.array([-3, TK + 2], jnp.int32),
+        np.array([-(2**40), 2**32 + 3], np.int64),
+        np.array([0, 2**32 - 1], np.uint32),
+    ):
         for name, f in paths.items():
             eager = f(q, k, v, bad)
-            np.testing.assert_allclose(eager, want, rtol=1e-12, atol=1e-12,
-                                       err_msg=f"{name} {bad.dtype}")
+            np.testing.assert_allclose(
+                eager, want, rtol=1e-12, atol=1e-12, err_msg=f"{name} {bad.dtype}"
+            )
             np.testing.assert_array_equal(jax.jit(f)(q, k, v, bad), eager, err_msg=name)
     _, _, n = tae.pad_cache(k[:, :13], v[:, :13], 8, kv_lengths=np.array([2**32 + 1, 5]))
     np.testing.assert_array_equal(n, [13, 5])
@@ -213,8 +237,9 @@ def test_nine_equal_huge_logits_on_eight_devices_are_exact(mesh8, logit):
     }
     for name, out in got.items():
         # one float32 rounding of 4.0 at most (sums of nine ones are exact)
-        np.testing.assert_allclose(np.asarray(out).ravel(), [4.0], rtol=2 ** -22, atol=0,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            np.asarray(out).ravel(), [4.0], rtol=2**-22, atol=0, err_msg=name
+        )
 
 
 def test_merging_huge_lse_states_keeps_the_low_order_part():
@@ -226,16 +251,18 @@ def test_merging_huge_lse_states_keeps_the_low_order_part():
     a, b = tae.chunk_states(q, k, v, [2, 1], scale=1.0)
     assert float(a.lse.ravel()[0]) == float(b.lse.ravel()[0]) == 1e8  # log 2 rounded away...
     assert float(a.lse_lo.ravel()[0]) == pytest.approx(np.log(2), rel=1e-6)  # ...kept here
-    np.testing.assert_allclose(tae.combine(a, b).out.ravel(), [1.0], rtol=2 ** -22)
+    np.testing.assert_allclose(tae.combine(a, b).out.ravel(), [1.0], rtol=2**-22)
 
 
 def test_a_scale_that_overflows_the_dtype_is_refused(paths, problem, mesh8):
     q, k, v = (x.astype(jnp.float32) for x in problem)
-    for f in (lambda: tae.attention(q, k, v, scale=1e39),
-              lambda: tae.tree_decode(q, k, v, mesh=mesh8, scale=1e39),
-              lambda: tae.ring_decode(q, k, v, mesh=mesh8, scale=1e39),
-              lambda: tae.energy(q, k, v, jnp.zeros((B, TQ, HQ, D), jnp.float32), scale=1e39),
-              lambda: kernels.xla_state(q, k, v, scale=1e39)):
+    for f in (
+        lambda: tae.attention(q, k, v, scale=1e39),
+        lambda: tae.tree_decode(q, k, v, mesh=mesh8, scale=1e39),
+        lambda: tae.ring_decode(q, k, v, mesh=mesh8, scale=1e39),
+        lambda: tae.energy(q, k, v, jnp.zeros((B, TQ, HQ, D), jnp.float32), scale=1e39),
+        lambda: kernels.xla_state(q, k, v, scale=1e39),
+    ):
         with pytest.raises(ValueError, match=r"`scale`.*overflows float32"):
             f()
 
@@ -244,9 +271,12 @@ def test_logits_that_overflow_give_nan_on_every_path(mesh8):
     q = jnp.full((1, 1, 1, 2), 1e20, jnp.float32)
     k = jnp.full((1, 8, 1, 2), 1e20, jnp.float32)  # q·k = 2e40: inf in float32
     v = jnp.ones((1, 8, 1, 2), jnp.float32)
-    outs = [tae.attention(q, k, v, scale=1.0), tae.tree_decode(q, k, v, mesh=mesh8, scale=1.0),
-            tae.ring_decode(q, k, v, mesh=mesh8, scale=1.0),
-            tae.tree_decode_from_energy(q, k, v, mesh=mesh8, scale=1.0)]
+    outs = [
+        tae.attention(q, k, v, scale=1.0),
+        tae.tree_decode(q, k, v, mesh=mesh8, scale=1.0),
+        tae.ring_decode(q, k, v, mesh=mesh8, scale=1.0),
+        tae.tree_decode_from_energy(q, k, v, mesh=mesh8, scale=1.0),
+    ]
     for out in outs:
         assert np.isnan(np.asarray(out)).all()
 
@@ -259,8 +289,10 @@ def test_no_queries_give_an_empty_result(paths, shape, mesh8):
     q, k, v = rand_qkv(12, **{**dict(B=B, Tq=TQ, Hq=HQ, Hkv=HKV, D=D, Dv=D, Tk=TK), **shape})
     n = jnp.full((q.shape[0],), 5, jnp.int32)
     want = (q.shape[0], q.shape[1], q.shape[2], D)
-    for name, f in {**paths, "pass_q": lambda q, k, v, n: tae.ring_decode_pass_q(
-            q, k, v, mesh=mesh8, kv_lengths=n)}.items():
+    for name, f in {
+        **paths,
+        "pass_q": lambda q, k, v, n: tae.ring_decode_pass_q(q, k, v, mesh=mesh8, kv_lengths=n),
+    }.items():
         assert f(q, k, v, n).shape == want, name
     # "auto" asks no policy about an empty problem (the cost model refuses a batch of 0)
     assert tae.tree_decode(q, k, v, mesh=mesh8, merge="auto").shape == want
@@ -268,8 +300,7 @@ def test_no_queries_give_an_empty_result(paths, shape, mesh8):
 
 def test_head_dim_zero_is_refused(mesh8):
     q, k, v = rand_qkv(13, D=0)
-    for f in (tae.attention, kernels.xla_state,
-              functools.partial(tae.tree_decode, mesh=mesh8)):
+    for f in (tae.attention, kernels.xla_state, functools.partial(tae.tree_decode, mesh=mesh8)):
         with pytest.raises(ValueError, match="head_dim 0"):
             f(q, k, v)
 
@@ -290,8 +321,7 @@ def test_tree_decode_is_differentiable_like_attention(mesh_name, layout, request
     def loss(decode, q, k, v):
         if layout == "bhtd" and decode is not tae.attention:
             k, v = _bhtd(k), _bhtd(v)
-            return jnp.sum(decode(q, k, v, mesh=mesh, causal=True, kv_lengths=n,
-                                  layout=layout) * c)
+            return jnp.sum(decode(q, k, v, mesh=mesh, causal=True, kv_lengths=n, layout=layout) * c)
         if decode is tae.attention:
             return jnp.sum(decode(q, k, v, causal=True, kv_lengths=n) * c)
         return jnp.sum(decode(q, k, v, mesh=mesh, causal=True, kv_lengths=n) * c)
@@ -313,9 +343,11 @@ def test_flashinfer_4450_two_keys_at_a_huge_negative_score(mesh8):
     value = jnp.array([0.3, -1.7, 5.0, 1e-3], jnp.float32)
     v = jnp.zeros((1, 16, 1, 4), jnp.float32).at[:, :2].set(value)
     kw = dict(mesh=mesh8, scale=1.0, kv_lengths=jnp.array([2]))
-    paths = {**{m: functools.partial(tae.tree_decode, merge=m) for m in tae.MERGES},
-             "ring": tae.ring_decode, "ring_pass_q": tae.ring_decode_pass_q,
-             "energy": tae.tree_decode_from_energy}
+    paths = {
+        **{m: functools.partial(tae.tree_decode, merge=m) for m in tae.MERGES},
+        "ring": tae.ring_decode,
+        "ring_pass_q": tae.ring_decode_pass_q,
+        "energy": tae.tree_decode_from_energy,
+    }
     for name, f in paths.items():
-        np.testing.assert_array_equal(np.asarray(f(q, k, v, **kw))[0, 0, 0], value,
-                                      err_msg=name)
+        np.testing.assert_array_equal(np.asarray(f(q, k, v, **kw))[0, 0, 0], value, err_msg=name)

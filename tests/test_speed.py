@@ -6,7 +6,6 @@ import json
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax import lax
 
@@ -64,27 +63,55 @@ def test_a_decode_step_copies_no_cache(method, mesh8):
 def test_one_program_cannot_write_and_read_the_cache_without_a_copy():
     """Why one device's step is two programs: XLA copies a donated buffer that one operation
     updates in place while a matrix product reads it whole (the cache-sized copy this test
-    finds). If a later XLA stops copying, the split in `model._attend_then_append` can go."""
+    finds). If a later XLA stops copying, the split in `forward._attend_then_append` can go."""
+
     def step(cache, q, new, i):
         return lax.dynamic_update_slice_in_dim(cache, new, i, axis=2), jnp.einsum(
-            "bhmd,bhsd->bhms", q, cache)
+            "bhmd,bhsd->bhms", q, cache
+        )
 
     cache = jnp.zeros((1, 2, 16384, 16), jnp.float32)
-    compiled = jax.jit(step, donate_argnums=0).lower(
-        cache, *(jnp.ones((1, 2, n, 16), jnp.float32) for n in (2, 1)), 3).compile()
+    compiled = (
+        jax.jit(step, donate_argnums=0)
+        .lower(cache, *(jnp.ones((1, 2, n, 16), jnp.float32) for n in (2, 1)), 3)
+        .compile()
+    )
     assert compiled.memory_analysis().temp_size_in_bytes >= cache.nbytes
 
 
 def test_decode_speed_record(mesh8):
+    """The record against what this test computes itself: the bytes by closed form (as in
+    `test_step_bytes_by_closed_form`), the rates from the recorded step times at batch 2,
+    and the step times within the wall time of the call."""
+    import statistics
+    import time
+
     params = model.init_params(CFG, jax.random.key(0))
-    rec = speed.decode_speed(params, CFG, mesh8, "tree", 40, steps=2)
-    assert rec.capacity % 8 == 0 and rec.capacity >= 40 + 2 + 1
-    assert len(rec.step_s) == 2 and rec.median_s == float(np.median(rec.step_s))
-    nb = speed.step_bytes(params, CFG, rec.capacity, 1, 8)
-    assert (rec.machine_bytes, rec.per_device_bytes) == (nb.machine, nb.per_device)
-    assert rec.roofline_s == pytest.approx(nb.machine / (rec.read_gbs * 1e9), rel=1e-12)
-    assert rec.tokens_per_s == pytest.approx(1 / rec.median_s)
-    assert rec.fraction == pytest.approx(rec.roofline_s / rec.median_s)
+    t0 = time.perf_counter()
+    rec = speed.decode_speed(params, CFG, mesh8, "tree", 40, steps=2, batch=2)
+    wall = time.perf_counter() - t0
+    assert rec.capacity % 8 == 0 and rec.capacity >= 40 + 2 + 1 and rec.batch == 2
+    # Seconds, of the steps themselves: positive, and with the compiling step within the call.
+    assert len(rec.step_s) == 2 and all(t > 0 for t in rec.step_s)
+    assert 0 < rec.compile_s and rec.compile_s + sum(rec.step_s) < wall
+    median = statistics.median(rec.step_s)
+    assert rec.median_s == median
+    d, hq, hkv, hd, h = CFG.dim, CFG.q_heads, CFG.kv_heads, CFG.head_dim, CFG.hidden
+    weights = 4 * (
+        CFG.layers * (d * hq * hd * 2 + d * hkv * hd * 2 + 3 * d * h + 2 * d) + d + CFG.vocab * d
+    )
+    cache = 4 * 2 * CFG.layers * 2 * hkv * rec.capacity * hd
+    assert (rec.weight_bytes, rec.cache_bytes) == (weights, cache)
+    assert (rec.machine_bytes, rec.per_device_bytes) == (8 * weights + cache, weights + cache // 8)
+    roofline = (8 * weights + cache) / (rec.read_gbs * 1e9)
+    assert rec.read_gbs > 0 and rec.roofline_s == pytest.approx(roofline, rel=1e-12)
+    assert rec.gpu_roofline_s == pytest.approx(
+        (weights + cache // 8) / (rec.read_gbs * 1e9), rel=1e-12
+    )
+    row = rec.as_json()  # what a report records: two tokens per step, one per sequence
+    assert row["tokens_per_s"] == pytest.approx(2 / median, rel=1e-12)
+    assert row["fraction"] == pytest.approx(roofline / median, rel=1e-12)
+    assert row["step_s"] == rec.step_s and row["method"] == "tree" and row["devices"] == 8
     with pytest.raises(ValueError, match="context"):
         speed.synthetic_cache(CFG, 1, 40, 40, mesh8, jax.random.key(0))
 
@@ -92,8 +119,22 @@ def test_decode_speed_record(mesh8):
 @pytest.mark.cpu_only
 def test_speed_command(tmp_path, capsys):
     out = tmp_path / "speed.json"
-    assert cli.main(["speed", "--contexts", "24", "--methods", "single,tree", "--steps", "2",
-                     "--json", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "speed",
+                "--contexts",
+                "24",
+                "--methods",
+                "single,tree",
+                "--steps",
+                "2",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "roofline ms" in text and "tokens/s" in text
     report = json.loads(out.read_text())
@@ -101,13 +142,16 @@ def test_speed_command(tmp_path, capsys):
     assert all(r["context"] == 24 and r["devices"] in (1, 8) for r in report["records"])
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["speed", "--contexts", "0"], "--contexts"),
-    (["speed", "--methods", "tree,foo"], "'foo'"),
-    (["speed", "--steps", "0"], "--steps"),
-    (["speed", "--checkpoint", "x.gguf", "--preset", "tiny"], "--preset"),
-    (["speed", "--checkpoint", "/nonexistent/model.gguf"], "--checkpoint"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["speed", "--contexts", "0"], "--contexts"),
+        (["speed", "--methods", "tree,foo"], "'foo'"),
+        (["speed", "--steps", "0"], "--steps"),
+        (["speed", "--checkpoint", "x.gguf", "--preset", "tiny"], "--preset"),
+        (["speed", "--checkpoint", "/nonexistent/model.gguf"], "--checkpoint"),
+    ],
+)
 def test_speed_rejects_bad_flags(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(argv)

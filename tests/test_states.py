@@ -2,6 +2,7 @@
 
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from conftest import rand_qkv, tol
@@ -14,8 +15,11 @@ import tree_attention_edu as tae
 # lse values that exercise the hard cases: empty chunks (-inf), huge and tiny magnitudes.
 # XLA's CPU backend flushes subnormals to zero, so they are left out: exactness is claimed for
 # the algebra, not for the float environment.
-LSE = st.one_of(st.just(-np.inf), st.floats(-1e4, 1e4, allow_subnormal=False),
-                st.floats(-1e300, 1e300, allow_subnormal=False))
+LSE = st.one_of(
+    st.just(-np.inf),
+    st.floats(-1e4, 1e4, allow_subnormal=False),
+    st.floats(-1e300, 1e300, allow_subnormal=False),
+)
 OUT = st.floats(-10, 10, allow_subnormal=False)
 
 
@@ -26,8 +30,11 @@ def states(draw, n=1, size=3):
         o = draw(st.lists(OUT, min_size=size, max_size=size))
         l = draw(st.lists(LSE, min_size=size, max_size=size))
         o = [0.0 if np.isneginf(li) else oi for oi, li in zip(o, l, strict=True)]
-        out.append(tae.AttentionState.from_lse(jnp.array(o).reshape(1, size, 1, 1),
-                                               jnp.array(l).reshape(1, size, 1)))
+        out.append(
+            tae.AttentionState.from_lse(
+                jnp.array(o).reshape(1, size, 1, 1), jnp.array(l).reshape(1, size, 1)
+            )
+        )
     return out
 
 
@@ -46,12 +53,18 @@ def test_combine_associative(s):
     np.testing.assert_allclose(left.out, right.out, rtol=0, atol=atol)
 
 
+COMBINE_JIT = jax.jit(tae.combine)
+
+
 @given(states(n=2))
 def test_combine_commutative_exactly(s):
+    """Bit for bit, eagerly and under `jit` (where XLA may fuse a product and a sum into an
+    FMA, whose rounding depends on the operands' order)."""
     a, b = s
-    left, right = tae.combine(a, b), tae.combine(b, a)
-    np.testing.assert_array_equal(left.out, right.out)
-    np.testing.assert_array_equal(left.lse, right.lse)
+    for combine in (tae.combine, COMBINE_JIT):
+        left, right = combine(a, b), combine(b, a)
+        np.testing.assert_array_equal(left.out, right.out)
+        np.testing.assert_array_equal(left.lse, right.lse)
 
 
 @given(states(n=1))
@@ -74,7 +87,8 @@ def problems(draw):
     lengths = draw(st.one_of(st.none(), st.lists(st.integers(0, Tk), min_size=B, max_size=B)))
     seed = draw(st.integers(0, 2**16))
     return dict(seed=seed, B=B, Tq=Tq, Hq=hq, Hkv=hkv, D=4, Dv=3, Tk=Tk), dict(
-        causal=causal, kv_lengths=None if lengths is None else np.array(lengths))
+        causal=causal, kv_lengths=None if lengths is None else np.array(lengths)
+    )
 
 
 def random_chunks(draw, tk):
@@ -86,7 +100,14 @@ def random_chunks(draw, tk):
 @settings(max_examples=8)
 @given(problems(), st.data())
 def test_tree_reduce_invariant_to_chunking_and_tree_shape(problem, data):
+    """Any chunking, any branching, and the sequential order give attention. The batch,
+    query and head sizes are fixed here (2, 3, 4 over 2 kv heads: several queries and
+    grouped heads), so that `combine` compiles once for all examples; the shapes themselves
+    are the differential grid's (tests/test_differential.py)."""
     shape, kw = problem
+    shape = {**shape, "B": 2, "Tq": 3, "Hq": 4, "Hkv": 2}
+    if kw["kv_lengths"] is not None:
+        kw = {**kw, "kv_lengths": np.resize(kw["kv_lengths"], 2)}
     q, k, v = rand_qkv(**shape)
     ref = np_attention(q, k, v, **kw)
     chunks = tae.chunk_states(q, k, v, random_chunks(data.draw, shape["Tk"]), **kw)
@@ -102,8 +123,9 @@ def test_low_precision_agreement(problem, dtype):
     shape, kw = problem
     q, k, v = rand_qkv(**shape, dtype=dtype)
     out = tae.attention(q, k, v, **kw)
-    np.testing.assert_allclose(np.asarray(out, np.float64), np_attention(q, k, v, **kw),
-                               **tol(dtype))
+    np.testing.assert_allclose(
+        np.asarray(out, np.float64), np_attention(q, k, v, **kw), **tol(dtype)
+    )
 
 
 def test_chunk_offsets_use_global_positions():

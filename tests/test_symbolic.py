@@ -68,15 +68,18 @@ def test_any_n_checks_can_fail():
     n, a, s, w, t = symbolic.symbols_any_n()
     F = symbolic.directional_energy_any_n()
     mean = symbolic.expectation_any_n(w[a], n, a, s)
-    wrong = [(2, symbolic.expectation_any_n(w[a] ** 2, n, a, s)),
-             (3, symbolic.expectation_any_n(w[a] ** 3, n, a, s)),
-             (4, symbolic.expectation_any_n((w[a] - mean) ** 4, n, a, s))]
+    wrong = [
+        (2, symbolic.expectation_any_n(w[a] ** 2, n, a, s)),
+        (3, symbolic.expectation_any_n(w[a] ** 3, n, a, s)),
+        (4, symbolic.expectation_any_n((w[a] - mean) ** 4, n, a, s)),
+    ]
     for order, rhs in wrong:
         assert not symbolic.Identity("wrong", sp.diff(F, t, order).subs(t, 0), rhs).holds()
     m = sp.Symbol("m", integer=True, positive=True)
     whole = sp.log(sp.Sum(sp.exp(s[a]), (a, 1, n)))
-    overlap = symbolic.lse([sp.log(sp.Sum(sp.exp(s[a]), (a, 1, m))),
-                            sp.log(sp.Sum(sp.exp(s[a]), (a, m, n)))])
+    overlap = symbolic.lse(
+        [sp.log(sp.Sum(sp.exp(s[a]), (a, 1, m))), sp.log(sp.Sum(sp.exp(s[a]), (a, m, n)))]
+    )
     assert not symbolic.Identity("overlapping chunks", whole, overlap).holds()
 
 

@@ -28,7 +28,7 @@ from .core.decode import (
     tree_energy,
 )
 from .core.devices import make_mesh, pad_cache, simulate_devices
-from .core.merges import MERGES, set_auto_policy
+from .core.merges import MERGES
 from .core.reference import attention
 from .core.states import (
     AttentionState,
@@ -40,7 +40,6 @@ from .core.states import (
     sequential_reduce,
     tree_reduce,
 )
-from .perf.costmodel import auto_merge
 from .perf.introspect import collective_stats, memory_stats
 from .theory.bayes import (
     conjugate_energy,
@@ -58,9 +57,6 @@ from .theory.energy import (
     value_covariance,
     value_covariance_formula,
 )
-
-# `merge="auto"` asks the cost model (the core is given the policy; it never imports perf).
-set_auto_policy(auto_merge)
 
 
 def _version() -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
@@ -48,7 +49,11 @@ def count_label(n: int) -> str:
     return str(n)
 
 
-def bytes_axis(ax, which: str = "y") -> None:
+Axis = Literal["x", "y"]
+"""Which axis of a matplotlib `Axes` a helper formats."""
+
+
+def bytes_axis(ax, which: Axis = "y") -> None:
     """Log-scale `which` axis ("x" or "y") of byte counts, with one readable tick per power
     of ten (1 kB, 10 kB, 100 kB, 1 MB, ...) and no minor labels."""
     axis = {"x": ax.xaxis, "y": ax.yaxis}[which]
@@ -58,7 +63,7 @@ def bytes_axis(ax, which: str = "y") -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def plain_log_axis(ax, which: str = "y") -> None:
+def plain_log_axis(ax, which: Axis = "y") -> None:
     """Log-scale `which` axis with one tick per power of ten, labelled as plain numbers
     (0.1, 1, 10, 100, 1000) rather than as powers."""
     axis = {"x": ax.xaxis, "y": ax.yaxis}[which]
@@ -68,7 +73,7 @@ def plain_log_axis(ax, which: str = "y") -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def pow2_axis(ax, values: Sequence[int], which: str = "x") -> None:
+def pow2_axis(ax, values: Sequence[int], which: Axis = "x") -> None:
     """Log-2 scale `which` axis with a tick at each of `values`, labelled 4k, 64k, 1M."""
     axis = {"x": ax.xaxis, "y": ax.yaxis}[which]
     (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=2)
@@ -82,12 +87,22 @@ def _ring(ax, p: int) -> None:
     xy = [(math.cos(a), math.sin(a)) for a in angles]
     for i, (x, y) in enumerate(xy):
         nx, ny = xy[(i + 1) % p]
-        ax.annotate("", (nx * 0.85, ny * 0.85), (x * 0.85, y * 0.85),
-                    arrowprops=dict(arrowstyle="-|>", lw=3, color=RING_COLOR))
+        ax.annotate(
+            "",
+            (nx * 0.85, ny * 0.85),
+            (x * 0.85, y * 0.85),
+            arrowprops=dict(arrowstyle="-|>", lw=3, color=RING_COLOR),
+        )
         ax.add_patch(plt.Circle((x, y), 0.17, color="0.85", zorder=3))
         ax.text(x, y, str(i), ha="center", va="center", zorder=4)
-    ax.text(0, 0, f"p−1 = {p - 1} steps\neach sends a\nwhole K/V shard", ha="center",
-            va="center", fontsize=9)
+    ax.text(
+        0,
+        0,
+        f"p−1 = {p - 1} steps\neach sends a\nwhole K/V shard",
+        ha="center",
+        va="center",
+        fontsize=9,
+    )
     ax.set_title("Ring Attention: K/V blocks travel")
     ax.set_xlim(-1.4, 1.4)
     ax.set_ylim(-1.4, 1.4)
@@ -109,8 +124,9 @@ def reduction_tree(ax, p: int, branching: int = 2, title: str | None = None) -> 
             group = level[j : j + branching]
             parent = (sum(x for x, _ in group) / len(group), float(depth))
             for x, y in group:
-                ax.annotate("", parent, (x, y), arrowprops=dict(arrowstyle="-|>", lw=1.2,
-                                                                  color=TREE_COLOR))
+                ax.annotate(
+                    "", parent, (x, y), arrowprops=dict(arrowstyle="-|>", lw=1.2, color=TREE_COLOR)
+                )
             ax.add_patch(plt.Circle(parent, 0.18, color=TREE_COLOR, zorder=3))
             nxt.append(parent)
         level = nxt
@@ -126,8 +142,9 @@ def message_patterns(bytes_per_method: Mapping[str, int], p: int = 8, path: str 
     """Ring versus tree message flow, and the measured bytes per device (log scale)."""
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), gridspec_kw=dict(width_ratios=[1, 1.3, 1.2]))
     _ring(axes[0], p)
-    reduction_tree(axes[1], p, title="Tree Attention: only (out, lse) meet\n"
-                   "Allreduce(max), Allreduce(sum)")
+    reduction_tree(
+        axes[1], p, title="Tree Attention: only (out, lse) meet\nAllreduce(max), Allreduce(sum)"
+    )
     names = list(bytes_per_method)
     vals = [max(bytes_per_method[n], 1) for n in names]
     colors = [method_color(n, "0.5") for n in names]
@@ -145,9 +162,18 @@ def message_patterns(bytes_per_method: Mapping[str, int], p: int = 8, path: str 
     return fig
 
 
-def scaling(xs: Sequence[float], series: Mapping[str, Sequence[float]], *, xlabel: str,
-            ylabel: str, title: str, logx: bool = True, logy: bool = True, ax=None,
-            styles: Mapping[str, str] | None = None):
+def scaling(
+    xs: Sequence[float],
+    series: Mapping[str, Sequence[float]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    logx: bool = True,
+    logy: bool = True,
+    ax=None,
+    styles: Mapping[str, str] | None = None,
+):
     """Line plot of several named series against `xs`.
 
     A series whose name mentions "ring" is red and "tree" blue; the others take
@@ -186,24 +212,35 @@ def two_level_schedule(inner: Sequence[Sequence[int]], outer: Sequence[Sequence[
     pos = {}
     for n, group in enumerate(inner):
         y = 1.6 * (len(inner) - 1 - n)
-        ax.add_patch(plt.Rectangle((-0.6, y - 0.45), len(group) + 0.2, 0.9, fill=False,
-                                   ec="0.4", lw=1.2, ls="--"))
+        ax.add_patch(
+            plt.Rectangle(
+                (-0.6, y - 0.45), len(group) + 0.2, 0.9, fill=False, ec="0.4", lw=1.2, ls="--"
+            )
+        )
         ax.text(-0.75, y, f"node {n}", ha="right", va="center")
         for i, dev in enumerate(group):
             pos[dev] = (float(i), y)
             ax.add_patch(plt.Circle((i, y), 0.22, color="0.85", zorder=3))
             ax.text(i, y, str(dev), ha="center", va="center", zorder=4)
         for a, b in itertools.pairwise(group):
-            ax.annotate("", pos[b], pos[a], arrowprops=dict(arrowstyle="<->", color=TREE_COLOR,
-                                                            lw=2, shrinkA=9, shrinkB=9))
+            ax.annotate(
+                "",
+                pos[b],
+                pos[a],
+                arrowprops=dict(arrowstyle="<->", color=TREE_COLOR, lw=2, shrinkA=9, shrinkB=9),
+            )
     for group in outer:
         for a, b in itertools.pairwise(group):
-            ax.annotate("", pos[b], pos[a], arrowprops=dict(arrowstyle="<->",
-                                                            color=NEUTRAL_COLOR, lw=1.8, ls=":",
-                                                            shrinkA=9, shrinkB=9))
+            ax.annotate(
+                "",
+                pos[b],
+                pos[a],
+                arrowprops=dict(
+                    arrowstyle="<->", color=NEUTRAL_COLOR, lw=1.8, ls=":", shrinkA=9, shrinkB=9
+                ),
+            )
     ax.plot([], [], color=TREE_COLOR, lw=2, label="level 1: inside a node (NVLink)")
-    ax.plot([], [], color=NEUTRAL_COLOR, lw=1.8, ls=":",
-            label="level 2: across nodes (InfiniBand)")
+    ax.plot([], [], color=NEUTRAL_COLOR, lw=1.8, ls=":", label="level 2: across nodes (InfiniBand)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, frameon=False)
     ax.set_xlim(-1.8, max(len(g) for g in inner))
     ax.set_ylim(-0.9, 1.6 * (len(inner) - 1) + 0.7)
@@ -222,21 +259,26 @@ def cache_partition(lengths: Sequence[int], capacity: int, p: int, ax=None):
     shard = capacity // p
     for b, n in enumerate(lengths):
         y = len(lengths) - 1 - b
-        ax.add_patch(plt.Rectangle((0, y + 0.1), min(n, capacity), 0.8, color=NEUTRAL_COLOR,
-                                   alpha=0.6))
+        ax.add_patch(
+            plt.Rectangle((0, y + 0.1), min(n, capacity), 0.8, color=NEUTRAL_COLOR, alpha=0.6)
+        )
         if n < capacity:
-            ax.add_patch(plt.Rectangle((n, y + 0.1), 1, 0.8, fill=False, ec=OTHER_COLORS[0],
-                                       lw=2, ls="--"))
-            ax.annotate(f"next: pos {n} -> device {n // shard}", (n + 1.5, y + 0.5),
-                        va="center", fontsize=8)
+            ax.add_patch(
+                plt.Rectangle((n, y + 0.1), 1, 0.8, fill=False, ec=OTHER_COLORS[0], lw=2, ls="--")
+            )
+            ax.annotate(
+                f"next: pos {n} -> device {n // shard}", (n + 1.5, y + 0.5), va="center", fontsize=8
+            )
     for d in range(p + 1):
         ax.axvline(d * shard, color="k", lw=1 if 0 < d < p else 2)
     for d in range(p):
         ax.text((d + 0.5) * shard, len(lengths) + 0.15, f"dev {d}", ha="center", fontsize=8)
     ax.set_xlim(0, capacity)
     ax.set_ylim(0, len(lengths) + 0.6)
-    ax.set_yticks([len(lengths) - 0.5 - b for b in range(len(lengths))],
-                  [f"seq {b} (len {n})" for b, n in enumerate(lengths)])
+    ax.set_yticks(
+        [len(lengths) - 0.5 - b for b in range(len(lengths))],
+        [f"seq {b} (len {n})" for b, n in enumerate(lengths)],
+    )
     ax.set_xlabel(f"cache position (capacity {capacity}, {shard} slots per device)")
     return ax
 
@@ -256,9 +298,15 @@ REFERENCE_COLOR = "black"
 """The exact answer: attention itself, a float64 reference, a closed form."""
 BASELINE_COLOR = "0.55"
 """A baseline or a bound: one device, a roofline, the paper's formula, a serial count."""
-COLORS = {**PATTERN_COLORS, "tree": TREE_COLOR, "tree_2level": TREE_COLOR,
-          "tree_energy": TREE_COLOR, "reference": REFERENCE_COLOR, "single": BASELINE_COLOR,
-          "baseline": BASELINE_COLOR}
+COLORS = {
+    **PATTERN_COLORS,
+    "tree": TREE_COLOR,
+    "tree_2level": TREE_COLOR,
+    "tree_energy": TREE_COLOR,
+    "reference": REFERENCE_COLOR,
+    "single": BASELINE_COLOR,
+    "baseline": BASELINE_COLOR,
+}
 """Every named series of the course and its one colour (see the module docstring)."""
 
 
@@ -283,8 +331,9 @@ def winner_margins(data: Mapping) -> list[list[float]]:
     return margins
 
 
-def crossover_map(data: Mapping, ax=None, path: str | None = None, annotate: bool = True,
-                  min_gain: float = 0.0):
+def crossover_map(
+    data: Mapping, ax=None, path: str | None = None, annotate: bool = True, min_gain: float = 0.0
+):
     """Which merge pattern wins where: `costmodel.crossover_map`'s plain dict, drawn as a
     grid of device count (x) against batch × heads (y), each cell in its winner's colour
     (`PATTERN_COLORS`) and labelled with the winner's speedup over "allreduce".
@@ -302,21 +351,32 @@ def crossover_map(data: Mapping, ax=None, path: str | None = None, annotate: boo
     if ax is None:
         _, ax = plt.subplots(figsize=(1.1 * len(ps) + 3.2, 0.55 * len(bhs) + 1.8))
     margins = winner_margins(data) if min_gain > 0 else None
-    close = [[margins is not None and margins[i][j] < min_gain for j in range(len(row))]
-             for i, row in enumerate(winner)]
-    index = [[len(names) if close[i][j] else names.index(w) for j, w in enumerate(row)]
-             for i, row in enumerate(winner)]
-    cmap = ListedColormap([PATTERN_COLORS.get(n, NEUTRAL_COLOR) for n in names]
-                          + [BASELINE_COLOR])
-    ax.imshow(index, cmap=cmap, vmin=-0.5, vmax=len(names) + 0.5, origin="lower",
-              aspect="auto", alpha=0.85)
+    close = [
+        [margins is not None and margins[i][j] < min_gain for j in range(len(row))]
+        for i, row in enumerate(winner)
+    ]
+    index = [
+        [len(names) if close[i][j] else names.index(w) for j, w in enumerate(row)]
+        for i, row in enumerate(winner)
+    ]
+    cmap = ListedColormap([PATTERN_COLORS.get(n, NEUTRAL_COLOR) for n in names] + [BASELINE_COLOR])
+    ax.imshow(
+        index,
+        cmap=cmap,
+        vmin=-0.5,
+        vmax=len(names) + 0.5,
+        origin="lower",
+        aspect="auto",
+        alpha=0.85,
+    )
     if annotate and "speedup" in data:
         for i, row in enumerate(data["speedup"]):
             for j, s in enumerate(row):
                 # A grey cell still names its (narrow) winner.
                 label = f"{s:.2f}×\n{winner[i][j]}" if close[i][j] else f"{s:.2f}×"
-                ax.text(j, i, label, ha="center", va="center", fontsize=7 - close[i][j],
-                        color="white")
+                ax.text(
+                    j, i, label, ha="center", va="center", fontsize=7 - close[i][j], color="white"
+                )
     ax.set_xticks(range(len(ps)), [str(p) for p in ps])
     ax.set_yticks(range(len(bhs)), [count_label(b) for b in bhs])
     ax.set_xlabel("devices p")
@@ -325,14 +385,21 @@ def crossover_map(data: Mapping, ax=None, path: str | None = None, annotate: boo
     if data.get("topology"):
         title += f"\n{data['topology']}"
     ax.set_title(title, fontsize=10)
-    shown = [n for n in names
-             if any(w == n and not c for row, crow in zip(winner, close, strict=True)
-                    for w, c in zip(row, crow, strict=True))]
+    shown = [
+        n
+        for n in names
+        if any(
+            w == n and not c
+            for row, crow in zip(winner, close, strict=True)
+            for w, c in zip(row, crow, strict=True)
+        )
+    ]
     handles = [Patch(color=PATTERN_COLORS.get(n, NEUTRAL_COLOR), label=n) for n in shown]
     if any(any(row) for row in close):
         handles.append(Patch(color=BASELINE_COLOR, label=f"won by < {min_gain:.0%}"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False,
-              fontsize=8)
+    ax.legend(
+        handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False, fontsize=8
+    )
     if path:
         ax.figure.tight_layout()
         ax.figure.savefig(path, dpi=110)

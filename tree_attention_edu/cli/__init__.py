@@ -4,7 +4,10 @@ cluster`.
 Device setup must happen before JAX computes anything, so every subcommand parses its
 arguments, calls `simulate_devices`, and only then computes. One module per subcommand
 (`demo`, `bench`, `generate`, `speed`, `fetch_model`, `launch`, `cluster`), each with
-`add_arguments`, `validate` and `run`.
+`add_arguments`, `validate` and `run`; what they share is in `plumbing` (the parser,
+argument types, one-line errors), `memory` (what each run needs) and `common` (the decode
+problem and device setup). `worker` is the entry point of the launchers' worker processes.
+Every entry point of the package is here.
 
 Every argument is checked before any work starts: a bad flag, an unwritable output path or
 a size this machine cannot hold ends in one line on stderr and exit status 2; a failure
@@ -19,22 +22,35 @@ import os
 import sys
 
 from .. import __version__
-from .. import commandline as cl
 from . import bench, cluster, demo, fetch_model, generate, launch, speed
+from . import plumbing as cl
 
 COMMANDS = (demo, bench, generate, speed, fetch_model, launch, cluster)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = cl.Parser(prog=cl.PROG, description=__doc__.split("\n")[0],
-                       formatter_class=cl.HelpFormatter)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
-                        help="show the installed version and exit")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                help="what to run; 'COMMAND --help' lists its options")
+    parser = cl.Parser(
+        prog=cl.PROG, description=__doc__.split("\n")[0], formatter_class=cl.HelpFormatter
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {__version__}",
+        help="show the installed version and exit",
+    )
+    sub = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        help="what to run; 'COMMAND --help' lists its options",
+    )
     for command in COMMANDS:
-        p = sub.add_parser(command.NAME, help=command.HELP, description=command.HELP,
-                           formatter_class=cl.HelpFormatter)
+        p = sub.add_parser(
+            command.NAME,
+            help=command.HELP,
+            description=command.HELP,
+            formatter_class=cl.HelpFormatter,
+        )
         p.set_defaults(command_module=command, subparser=p)
         command.add_arguments(p)
     return parser
@@ -61,7 +77,3 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{cl.PROG}: error: {cl.one_line(e)}", file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,24 +7,31 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
-from .. import commandline as cl
+from . import memory
+from . import plumbing as cl
+
+if TYPE_CHECKING:
+    from ..cluster.run import ClusterConfig
 
 NAME = "cluster"
-HELP = ("a cluster on this machine: network namespaces, shaped links, jax.distributed "
-        "workers (needs root)")
+HELP = (
+    "a cluster on this machine: network namespaces, shaped links, jax.distributed "
+    "workers (needs root)"
+)
 
 
 def _rates(text: str) -> list[float]:
     parts = [s.strip() for s in text.split(",")]
     if not text.strip() or any(not s for s in parts):
-        raise argparse.ArgumentTypeError(f"expected comma-separated rates in Gbit/s, got "
-                                         f"{text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated rates in Gbit/s, got {text!r}")
     # tc's token bucket counts whole bits per second; below 1 Mbit/s a decode step's few
     # kilobytes would take seconds per message anyway.
-    return [cl.finite(s, "a rate in Gbit/s", lambda r: 0.001 <= r <= 100, "in [0.001, 100]")
-            for s in parts]
+    return [
+        cl.finite(s, "a rate in Gbit/s", lambda r: 0.001 <= r <= 100, "in [0.001, 100]")
+        for s in parts
+    ]
 
 
 def _lengths_or_none(text: str) -> list[int]:
@@ -34,72 +41,146 @@ def _lengths_or_none(text: str) -> list[int]:
 def _prefix(text: str) -> str:
     if not re.fullmatch(r"[a-z][a-z0-9-]{1,15}", text):
         raise argparse.ArgumentTypeError(
-            f"expected 2-16 lower-case letters, digits or '-', starting with a letter, got "
-            f"{text!r}")
+            f"expected 2-16 lower-case letters, digits or '-', starting with a letter, got {text!r}"
+        )
     return text
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..cluster.netns import PREFIX
-    from ..cluster.worker import CLUSTER_METHODS
 
     p.add_argument("--nodes", type=cl.positive, default=2, help="nodes: network namespaces")
-    p.add_argument("--processes-per-node", type=cl.positive, default=1,
-                   help="jax.distributed processes in each node")
-    p.add_argument("--devices-per-process", type=cl.positive, default=2,
-                   help="simulated CPU devices per process")
-    p.add_argument("--link-gbit", type=_rates, default="1,0.5",
-                   help="inter-node link rate(s) in Gbit/s, each direction; a second rate "
-                        "repeats the measurements at that rate (e.g. 1,0.5 halves it)")
-    p.add_argument("--seq-len", type=cl.positive, default=16384,
-                   help="KV length Tk (a multiple of the device count)")
-    p.add_argument("--heads", type=cl.positive, default=8, help="query heads")
-    p.add_argument("--kv-heads", type=cl.positive, default=None,
-                   help="key/value heads, dividing --heads (default: --heads)")
-    p.add_argument("--head-dim", type=cl.positive, default=64, help="size of each head")
-    p.add_argument("--methods", type=cl.names(CLUSTER_METHODS),
-                   default=",".join(CLUSTER_METHODS),
-                   help=f"comma-separated subset of {','.join(CLUSTER_METHODS)}")
-    p.add_argument("--repeats", type=cl.positive, default=9,
-                   help="interleaved rounds, each timing every method and every message size "
-                        "of the link fits once (medians; per-call fits pool them)")
-    p.add_argument("--sweep", type=_lengths_or_none, default="",
-                   help="comma-separated KV lengths at which tree and ring are also timed, "
-                        "for the crossover ('' for none)")
-    p.add_argument("--timeout", type=cl.seconds, default=600.0,
-                   help="seconds for the whole run; then everything is torn down")
-    p.add_argument("--init-timeout", type=cl.positive, default=60,
-                   help="seconds jax.distributed start-up waits for the other workers")
-    p.add_argument("--prefix", type=_prefix, default=PREFIX,
-                   help="name prefix of the namespaces this run owns (leftovers of killed "
-                        "runs with this prefix are removed at start)")
-    p.add_argument("--keep-outputs", action="store_true",
-                   help="store each replicated method's output in the JSON (small shapes)")
+    p.add_argument(
+        "--processes-per-node",
+        type=cl.positive,
+        default=1,
+        help="jax.distributed processes in each node",
+    )
+    p.add_argument(
+        "--devices-per-process",
+        type=cl.positive,
+        default=2,
+        help="simulated CPU devices per process",
+    )
+    p.add_argument(
+        "--link-gbit",
+        type=_rates,
+        default="1,0.5",
+        help="inter-node link rate(s) in Gbit/s, each direction; a second rate "
+        "repeats the measurements at that rate (e.g. 1,0.5 halves it)",
+    )
+    _measurement_args(p.add_argument_group("what is measured"))
+    p.add_argument(
+        "--timeout",
+        type=cl.seconds,
+        default=600.0,
+        help="seconds for the whole run; then everything is torn down",
+    )
+    p.add_argument(
+        "--init-timeout",
+        type=cl.positive,
+        default=60,
+        help="seconds jax.distributed start-up waits for the other workers",
+    )
+    p.add_argument(
+        "--prefix",
+        type=_prefix,
+        default=PREFIX,
+        help="name prefix of the namespaces this run owns (leftovers of killed "
+        "runs with this prefix are removed at start)",
+    )
+    p.add_argument(
+        "--keep-outputs",
+        action="store_true",
+        help="store each replicated method's output in the JSON (small shapes)",
+    )
     p.add_argument("--json", default=None, metavar="OUT", help="write the report to this path")
 
 
-def _config(args: Any):
+def _measurement_args(g: argparse._ArgumentGroup) -> None:
+    from ..cluster.methods import CLUSTER_METHODS
+
+    g.add_argument(
+        "--seq-len",
+        type=cl.positive,
+        default=16384,
+        help="KV length Tk (a multiple of the device count)",
+    )
+    g.add_argument("--heads", type=cl.positive, default=8, help="query heads")
+    g.add_argument(
+        "--kv-heads",
+        type=cl.positive,
+        default=None,
+        help="key/value heads, dividing --heads (default: --heads)",
+    )
+    g.add_argument("--head-dim", type=cl.positive, default=64, help="size of each head")
+    g.add_argument(
+        "--methods",
+        type=cl.names(CLUSTER_METHODS),
+        default=",".join(CLUSTER_METHODS),
+        help=f"comma-separated subset of {','.join(CLUSTER_METHODS)}",
+    )
+    g.add_argument(
+        "--repeats",
+        type=cl.positive,
+        default=9,
+        help="interleaved rounds, each timing every method and every message size "
+        "of the link fits once (medians; per-call fits pool them)",
+    )
+    g.add_argument(
+        "--sweep",
+        type=_lengths_or_none,
+        default="",
+        help="comma-separated KV lengths at which tree and ring are also timed, "
+        "for the crossover ('' for none)",
+    )
+
+
+def _config(args: argparse.Namespace) -> ClusterConfig:
     from ..cluster.run import ClusterConfig
 
     return ClusterConfig(
-        nodes=args.nodes, processes_per_node=args.processes_per_node,
-        devices_per_process=args.devices_per_process, link_gbit=tuple(args.link_gbit),
-        seq_len=args.seq_len, methods=tuple(args.methods), repeats=args.repeats,
-        sweep=tuple(args.sweep), q_heads=args.heads, kv_heads=args.kv_heads or args.heads,
-        head_dim=args.head_dim, timeout=args.timeout, init_timeout=args.init_timeout,
-        prefix=args.prefix, keep_outputs=args.keep_outputs)
+        nodes=args.nodes,
+        processes_per_node=args.processes_per_node,
+        devices_per_process=args.devices_per_process,
+        link_gbit=tuple(args.link_gbit),
+        seq_len=args.seq_len,
+        methods=tuple(args.methods),
+        repeats=args.repeats,
+        sweep=tuple(args.sweep),
+        q_heads=args.heads,
+        kv_heads=args.kv_heads or args.heads,
+        head_dim=args.head_dim,
+        timeout=args.timeout,
+        init_timeout=args.init_timeout,
+        prefix=args.prefix,
+        keep_outputs=args.keep_outputs,
+    )
 
 
-def validate(parser: argparse.ArgumentParser, args: Any) -> None:
+def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    config = _config(args)
     try:
-        _config(args).check()
+        config.check()
     except ValueError as e:
         parser.error(str(e).replace("`", ""))
+    _check_memory(parser, config)
     if args.json:
         cl.check_output(parser, "--json", args.json)
 
 
-def run(args: Any) -> int:
+def _check_memory(parser: argparse.ArgumentParser, config: ClusterConfig) -> None:
+    """Each worker holds the problem at --seq-len and, while it sweeps, at the longest
+    --sweep length (`cluster.context.Settings.problem`)."""
+    settings = config.settings(coordinator="", control="")
+    problems = {"--seq-len": settings.problem(config.seq_len)}
+    if config.sweep:
+        problems["--sweep"] = settings.problem(max(config.sweep))
+    memory.check(parser, memory.workers(problems, config.processes))
+    memory.check_positions(parser, "--seq-len/--sweep", max((config.seq_len, *config.sweep)))
+
+
+def run(args: argparse.Namespace) -> int:
     """A cluster of network namespaces on this machine (needs root): `cluster.run`."""
     from ..cluster import netns
     from ..cluster import run as cluster_run
@@ -108,8 +189,9 @@ def run(args: Any) -> int:
     if reason:  # a usage problem, not a failure of the run: one line, status 2
         print(f"{cl.PROG} cluster: error: {reason}", file=sys.stderr)
         return 2
-    code, rep = cluster_run.run_cluster(_config(args), args.json,
-                                        command=" ".join([cl.PROG, *sys.argv[1:]]))
+    code, rep = cluster_run.run_cluster(
+        _config(args), args.json, command=" ".join([cl.PROG, *sys.argv[1:]])
+    )
     if rep is not None:
         print(cluster_run.summary(rep))
         if args.json:

@@ -7,8 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .. import commandline as cl
 from . import common
+from . import plumbing as cl
 
 NAME = "demo"
 HELP = "three-way agreement, then tree vs ring on 8 devices"
@@ -16,13 +16,16 @@ HELP = "three-way agreement, then tree vs ring on 8 devices"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     common.problem_args(p)
-    p.add_argument("--figure", default="out/demo_message_patterns.png",
-                   help="where to save the message-pattern figure ('' to skip)")
+    p.add_argument(
+        "--figure",
+        default="out/demo_message_patterns.png",
+        help="where to save the message-pattern figure ('' to skip)",
+    )
 
 
-def validate(parser: argparse.ArgumentParser, args: Any) -> None:
+def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     common.check_mesh(parser, args)
-    common.check_decode_memory(parser, args, "--seq-len", args.seq_len)
+    common.check_problem(parser, args, "--seq-len", args.seq_len)
     if args.figure:
         cl.check_output(parser, "--figure", args.figure, cl.figure_formats())
 
@@ -49,24 +52,30 @@ def three_way_agreement() -> float:
     e1 = float(np.abs(grad - soft).max())
     e2 = float(np.abs(z - soft).max())
     print(f"   softmax vs grad_zeta F(0):        max |diff| = {e1:.1e}")
-    print(f"   softmax vs saddle z* of Gamma:    max |diff| = {e2:.1e}   (|zeta*| <= "
-          f"{float(np.abs(zeta).max()):.1e})")
+    print(
+        f"   softmax vs saddle z* of Gamma:    max |diff| = {e2:.1e}   (|zeta*| <= "
+        f"{float(np.abs(zeta).max()):.1e})"
+    )
     ok = symbolic.verify_all()
     print(f"   sympy identities that hold:       {sum(ok.values())}/{len(ok)}")
     if max(e1, e2) > 1e-10 or not all(ok.values()):
-        raise cl.CommandFailed(f"three-way agreement FAILED (max |diff| {max(e1, e2):.1e}; "
-                            f"{sum(ok.values())}/{len(ok)} sympy identities hold)")
+        raise cl.CommandFailed(
+            f"three-way agreement FAILED (max |diff| {max(e1, e2):.1e}; "
+            f"{sum(ok.values())}/{len(ok)} sympy identities hold)"
+        )
     return max(e1, e2)
 
 
-def run(args: Any) -> int:
+def run(args: argparse.Namespace) -> int:
     common.setup(args)
     from ..perf.benchmark import table
     from ..plots import message_patterns
 
     three_way_agreement()
-    print(f"\n2. {args.devices} devices ({args.mesh} mesh): Tk={args.seq_len}, "
-          f"{args.heads} heads x {args.head_dim}, {args.dtype}, batch {args.batch}")
+    print(
+        f"\n2. {args.devices} devices ({args.mesh} mesh): Tk={args.seq_len}, "
+        f"{args.heads} heads x {args.head_dim}, {args.dtype}, batch {args.batch}"
+    )
     records = common.measure(args, args.seq_len, ["single", "tree", "tree_energy", "ring"])
     print(table(records))
     worst = max(r.max_abs_err for r in records)
@@ -77,11 +86,14 @@ def run(args: Any) -> int:
 
         matplotlib.use("Agg")
         Path(args.figure).parent.mkdir(parents=True, exist_ok=True)
-        message_patterns({r.method: r.collective_bytes for r in records if r.method != "single"},
-                         p=args.devices, path=args.figure)
+        message_patterns(
+            {r.method: r.collective_bytes for r in records if r.method != "single"},
+            p=args.devices,
+            path=args.figure,
+        )
         print(f"   figure: {args.figure}")
     if worst > tol:
-        raise cl.CommandFailed(f"the methods disagree with float64 attention: max |err| = "
-                            f"{worst:.1e} > tol {tol:g}")
+        raise cl.CommandFailed(
+            f"the methods disagree with float64 attention: max |err| = {worst:.1e} > tol {tol:g}"
+        )
     return 0
-

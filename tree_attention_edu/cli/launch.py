@@ -1,50 +1,91 @@
 """`tree-attention-edu launch`: tree and ring decoding across real processes on this machine
-(`jax.distributed` over gloo), or one process of a SLURM run with `--cluster`."""
+(`jax.distributed` over gloo), or one process of a SLURM run with `--cluster`
+(`cluster.launch`)."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from .. import commandline as cl
-from ..cluster import launch
+from . import memory
+from . import plumbing as cl
 
 NAME = "launch"
 HELP = "tree and ring decoding across real processes (jax.distributed)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    launch.add_arguments(p)
+    from ..cluster.launch import INIT_TIMEOUT_S
+
+    p.add_argument(
+        "--processes",
+        type=cl.positive,
+        default=2,
+        help="local processes, one mesh 'node' each",
+    )
+    p.add_argument(
+        "--devices-per-process",
+        type=cl.positive,
+        default=4,
+        help="simulated CPU devices per process",
+    )
+    p.add_argument("--seq-len", type=cl.positive, default=4096, help="KV length Tk")
+    p.add_argument(
+        "--timeout",
+        type=cl.seconds,
+        default=120.0,
+        help="seconds for the whole run; then every worker is killed",
+    )
+    p.add_argument(
+        "--init-timeout",
+        type=cl.positive,
+        default=None,
+        help=f"seconds jax.distributed start-up waits for the other workers "
+        f"(default: {INIT_TIMEOUT_S}, or --timeout if shorter)",
+    )
+    p.add_argument(
+        "--port",
+        type=cl.port,
+        default=0,
+        help="coordinator port on 127.0.0.1 (0: pick a free one)",
+    )
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="be one process of a cluster run (e.g. under srun): "
+        "jax.distributed.initialize() reads SLURM's environment; "
+        "--processes, --devices-per-process, --port and the timeouts are not used",
+    )
 
 
-def validate(parser: argparse.ArgumentParser, args: Any) -> None:
+def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from ..cluster.launch import launch_problem
+
     if args.cluster and args.port:
-        parser.error("--port is for local runs; with --cluster the coordinator comes from "
-                     "SLURM")
+        parser.error("--port is for local runs; with --cluster the coordinator comes from SLURM")
     total = args.processes * args.devices_per_process
     if not args.cluster and total > cl.MAX_DEVICES:
-        parser.error(f"--processes x --devices-per-process = {total} devices is more than "
-                     f"{cl.MAX_DEVICES}")
-    _check_launch_memory(parser, args)
-
-
-def _check_launch_memory(parser, args) -> None:
-    """Each worker holds the launch problem's q, K, V (float32, padded) and a float64 copy."""
-    kv = 2 * 2 * args.seq_len * 2 * 64 * 4  # batch 2, 2 kv heads x 64 (launch.worker)
-    per_process = 4 * kv + 400 * 2**20  # + the JAX runtime of one process
+        parser.error(
+            f"--processes x --devices-per-process = {total} devices is more than {cl.MAX_DEVICES}"
+        )
     processes = 1 if args.cluster else args.processes
-    cl.check_memory(parser, "--seq-len/--processes", processes * per_process,
-                  f"{processes} process(es) at Tk={args.seq_len} (K and V: {kv:,} bytes in "
-                  "each, with copies)")
-    cl.check_positions(parser, "--seq-len", args.seq_len)
+    need = memory.workers({"--seq-len/--processes": launch_problem(args.seq_len)}, processes)
+    memory.check(parser, need)
+    memory.check_positions(parser, "--seq-len", args.seq_len)
 
 
-def run(args: Any) -> int:
-    if args.cluster:
-        return launch.main(["--cluster", "--seq-len", str(args.seq_len)])
-    code = launch.run_local(args.processes, args.devices_per_process, args.seq_len,
-                            args.timeout, port=args.port, init_timeout=args.init_timeout)
+def run(args: argparse.Namespace) -> int:
+    from ..cluster import launch
+
+    if args.cluster:  # this process is one of the run's: srun started it
+        return launch.slurm_worker(args.seq_len)
+    code = launch.run_local(
+        args.processes,
+        args.devices_per_process,
+        args.seq_len,
+        args.timeout,
+        port=args.port,
+        init_timeout=args.init_timeout,
+    )
     if code == 0:
         print("launch: all processes agree with the single-device answer")
     return code  # on failure run_local has printed its one line
-

@@ -1,14 +1,19 @@
-"""Real processes and a cluster on one machine.
+"""Real processes and a cluster on one machine. Library functions only: the commands are
+`tree-attention-edu launch` and `tree-attention-edu cluster` (`cli/`), and every worker
+process is started as `python -m tree_attention_edu.cli.worker SPEC.json`.
 
-* `launch`: `jax.distributed` workers on localhost (or one process of a SLURM run), with
-  teardown on every way out;
+* `processes`: what both launchers share: worker specs (JSON), starting and watching the
+  workers, teardown on every way out, and each worker's guard against outliving its launcher;
+* `launch`: `jax.distributed` workers on localhost (or one process of a SLURM run) decoding
+  one problem with tree and ring, checked against a float64 reference;
 * `netns`: network namespaces as nodes and a switch, veth links shaped by `tc ... tbf`,
   teardown and the clearing of what killed runs left behind (by name prefix only);
-* `worker`: one `jax.distributed` process (gloo) inside a node: the `("node", "gpu")` and flat
-  meshes, each level's α and β, every decode method on the same cache, bytes per level from
-  the compiled program, the cost model's prediction;
-* `run`: the launcher (`tree-attention-edu cluster`): builds the network, starts and watches
-  the workers, tears everything down on every way out, writes the report.
+* `context`, `levels`, `methods`, `worker`: one `jax.distributed` process (gloo) inside a
+  node: its settings and the `("node", "gpu")` and flat meshes; each level's α and β and the
+  local work; every decode method on the same cache, bytes per level from the compiled
+  program, the cost model's prediction; the rates, phases and crossover sweep in turn;
+* `run`: the cluster launcher (`tree-attention-edu cluster`): builds the network, starts and
+  watches the workers, tears everything down on every way out, writes the report.
 
 Uses `core` and `perf`; the namespaces need root (CAP_NET_ADMIN and CAP_SYS_ADMIN);
 `netns.missing_privileges` says what is missing.

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TextIO
 
 PREFIX = "tae-cl"
 SUBNET = "198.18.0.0/24"
@@ -91,8 +91,10 @@ def missing_privileges() -> str | None:
         return None
     lacking = [name for name, bit in need.items() if not caps >> bit & 1]
     if lacking:
-        return (f"creating network namespaces needs root ({' and '.join(lacking)} missing "
-                f"from this process); run it as root (e.g. with sudo)")
+        return (
+            f"creating network namespaces needs root ({' and '.join(lacking)} missing "
+            f"from this process); run it as root (e.g. with sudo)"
+        )
     return None
 
 
@@ -109,8 +111,15 @@ def tbf_args(rate_bps: float) -> list[str]:
     if not rate_bps > 0:
         raise ValueError(f"the link rate must be positive bits per second, got {rate_bps!r}")
     burst = max(MIN_BURST, int(rate_bps / 8 * BURST_S))
-    return ["tbf", "rate", f"{int(rate_bps)}bit", "burst", str(burst),
-            "latency", f"{int(QUEUE_S * 1000)}ms"]
+    return [
+        "tbf",
+        "rate",
+        f"{int(rate_bps)}bit",
+        "burst",
+        str(burst),
+        "latency",
+        f"{int(QUEUE_S * 1000)}ms",
+    ]
 
 
 @dataclass
@@ -123,7 +132,7 @@ class Network:
     addresses: list[str]
     rate_bps: float
     hostname: str
-    _lock: Any = field(default=None, repr=False)
+    _lock: TextIO | None = field(default=None, repr=False)
 
     @property
     def base(self) -> str:
@@ -151,7 +160,7 @@ def _lock_path(prefix: str, run_id: str) -> str:
     return os.path.join(LOCK_DIR, f"{prefix}-{run_id}.lock")
 
 
-def _take_lock(prefix: str, run_id: str):
+def _take_lock(prefix: str, run_id: str) -> TextIO:
     os.makedirs(LOCK_DIR, exist_ok=True)
     f = open(_lock_path(prefix, run_id), "w")  # held for the run's life
     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -174,8 +183,15 @@ def _is_live(prefix: str, run_id: str) -> bool:
         return False
 
 
-def plan(nodes: int, rate_bps: float, *, prefix: str = PREFIX, subnet: str = SUBNET,
-         hostname: str | None = None, run_id: str = "RUN") -> tuple[Network, list[list[str]]]:
+def plan(
+    nodes: int,
+    rate_bps: float,
+    *,
+    prefix: str = PREFIX,
+    subnet: str = SUBNET,
+    hostname: str | None = None,
+    run_id: str = "RUN",
+) -> tuple[Network, list[list[str]]]:
     """The network `create` makes, and every command it runs for it, in order (the hosts
     files `/etc/netns/NODE/hosts` aside). Pure: runs nothing, needs no privilege."""
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
@@ -185,26 +201,40 @@ def plan(nodes: int, rate_bps: float, *, prefix: str = PREFIX, subnet: str = SUB
     if nodes > net_range.num_addresses - 2:
         raise ValueError(f"{nodes} nodes do not fit in {subnet}; pass a larger subnet")
     hosts = [str(a) for a in list(net_range.hosts())[:nodes]]
-    net = Network(prefix, run_id, nodes, hosts, float(rate_bps),
-                  hostname or socket.gethostname())
+    net = Network(prefix, run_id, nodes, hosts, float(rate_bps), hostname or socket.gethostname())
     sw = net.switch
-    cmds = [["ip", "netns", "add", sw],
-            ["ip", "-n", sw, "link", "add", BRIDGE, "type", "bridge"],
-            ["ip", "-n", sw, "link", "set", BRIDGE, "up"]]
+    cmds = [
+        ["ip", "netns", "add", sw],
+        ["ip", "-n", sw, "link", "add", BRIDGE, "type", "bridge"],
+        ["ip", "-n", sw, "link", "set", BRIDGE, "up"],
+    ]
     for i in range(nodes):
         ns, port = net.node(i), f"port{i}"
-        cmds += [["ip", "netns", "add", ns],
-                 # Both ends are born in their namespaces: nothing appears in the machine's.
-                 ["ip", "link", "add", UPLINK, "netns", ns, "type", "veth", "peer", "name",
-                  port, "netns", sw],
-                 ["ip", "-n", sw, "link", "set", port, "master", BRIDGE],
-                 ["ip", "-n", sw, "link", "set", port, "up"],
-                 ["ip", "-n", ns, "addr", "add", f"{hosts[i]}/{net_range.prefixlen}", "dev",
-                  UPLINK],
-                 ["ip", "-n", ns, "link", "set", UPLINK, "up"],
-                 ["ip", "-n", ns, "link", "set", "lo", "up"]]  # same-node peers use lo
-    cmds += [["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", *tbf]
-             for ns, dev in net.shaped()]
+        cmds += [
+            ["ip", "netns", "add", ns],
+            # Both ends are born in their namespaces: nothing appears in the machine's.
+            [
+                "ip",
+                "link",
+                "add",
+                UPLINK,
+                "netns",
+                ns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                port,
+                "netns",
+                sw,
+            ],
+            ["ip", "-n", sw, "link", "set", port, "master", BRIDGE],
+            ["ip", "-n", sw, "link", "set", port, "up"],
+            ["ip", "-n", ns, "addr", "add", f"{hosts[i]}/{net_range.prefixlen}", "dev", UPLINK],
+            ["ip", "-n", ns, "link", "set", UPLINK, "up"],
+            ["ip", "-n", ns, "link", "set", "lo", "up"],
+        ]  # same-node peers use lo
+    cmds += [["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", *tbf] for ns, dev in net.shaped()]
     return net, cmds
 
 
@@ -214,8 +244,14 @@ def hosts_file(net: Network, i: int) -> str:
     return f"127.0.0.1 localhost\n{net.addresses[i]} {net.hostname}\n"
 
 
-def create(nodes: int, rate_bps: float, *, prefix: str = PREFIX, subnet: str = SUBNET,
-           hostname: str | None = None) -> Network:
+def create(
+    nodes: int,
+    rate_bps: float,
+    *,
+    prefix: str = PREFIX,
+    subnet: str = SUBNET,
+    hostname: str | None = None,
+) -> Network:
     """Make `nodes` namespaces and a switch, with links shaped to `rate_bps` bits per second
     (the commands of `plan`, then the hosts files).
 
@@ -227,8 +263,9 @@ def create(nodes: int, rate_bps: float, *, prefix: str = PREFIX, subnet: str = S
     if reason:
         raise NoPrivilege(reason)
     run_id = f"{os.getpid()}{os.urandom(2).hex()}"
-    net, cmds = plan(nodes, rate_bps, prefix=prefix, subnet=subnet, hostname=hostname,
-                     run_id=run_id)
+    net, cmds = plan(
+        nodes, rate_bps, prefix=prefix, subnet=subnet, hostname=hostname, run_id=run_id
+    )
     net._lock = _take_lock(prefix, run_id)
     try:
         for cmd in cmds:
@@ -306,13 +343,13 @@ def _owned(prefix: str) -> dict[str, list[str]]:
     for name in sorted(names):
         if not name.startswith(prefix + "-"):
             continue
-        run_id, sep, _ = name[len(prefix) + 1:].rpartition("-")
+        run_id, sep, _ = name[len(prefix) + 1 :].rpartition("-")
         if sep and run_id:
             runs.setdefault(run_id, []).append(name)
     with contextlib.suppress(OSError):
         for lock in os.listdir(LOCK_DIR):
             if lock.startswith(prefix + "-") and lock.endswith(".lock"):
-                runs.setdefault(lock[len(prefix) + 1:-len(".lock")], [])
+                runs.setdefault(lock[len(prefix) + 1 : -len(".lock")], [])
     return runs
 
 

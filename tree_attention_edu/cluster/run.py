@@ -6,12 +6,13 @@
    by name prefix only; live runs are kept);
 2. makes one namespace per node and a switch, links shaped to the first rate (`netns`);
 3. starts `nodes × processes_per_node` workers (`worker.py`), each with
-   `ip netns exec NODE`, and watches them with the multi-process launcher's loop
-   (`launch.watch_workers`); when process 0 asks for the next link rate, it sets it;
+   `ip netns exec NODE python -m tree_attention_edu.cli.worker SPEC.json`, and watches them
+   with the launchers' loop (`processes.watch_workers`); when process 0 asks for the next
+   link rate, it sets it;
 4. tears everything down on every way out: success, failure, SIGINT/SIGTERM/SIGHUP (exit
    128 + signal), a worker that dies; if the launcher itself is killed with SIGKILL, the
-   workers die with it (PR_SET_PDEATHSIG and a watchdog, as `launch` does) and the next
-   start removes the namespaces;
+   workers die with it (`processes.guard_parent`) and the next start removes the
+   namespaces;
 5. writes the JSON report (`report`) and prints its tables (`summary`).
 
 Each failure ends in one line on stderr; the workers' logs are kept in a folder it names.
@@ -28,15 +29,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
-from . import launch, netns
-from .worker import CLUSTER_METHODS
+from . import netns
+from . import processes as ps
+from .context import Settings
+from .methods import CLUSTER_METHODS
 
 COORDINATOR_PORT = 47100  # in node 0's fresh namespace nothing else can hold it
-WORKER_MODULE = "tree_attention_edu.cluster.worker"
 
 
 @dataclass
@@ -60,7 +64,7 @@ class ClusterConfig:
     init_timeout: float = 60.0
     prefix: str = netns.PREFIX
     keep_outputs: bool = False
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def processes(self) -> int:
@@ -72,58 +76,95 @@ class ClusterConfig:
 
     def check(self) -> None:
         """Raise ValueError naming the setting and the fix, before anything is made."""
-        for name in ("nodes", "processes_per_node", "devices_per_process", "seq_len",
-                     "repeats", "batch", "q_heads", "kv_heads", "head_dim"):
+        for name in (
+            "nodes",
+            "processes_per_node",
+            "devices_per_process",
+            "seq_len",
+            "repeats",
+            "batch",
+            "q_heads",
+            "kv_heads",
+            "head_dim",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be an int >= 1, got {value!r}")
         if self.nodes < 2:
-            raise ValueError(f"`nodes` must be >= 2 (one node has no inter-node link), got "
-                             f"{self.nodes}")
+            raise ValueError(
+                f"`nodes` must be >= 2 (one node has no inter-node link), got {self.nodes}"
+            )
         if self.processes_per_node * self.devices_per_process < 2:
-            raise ValueError("a node needs 2 or more devices (processes_per_node × "
-                             "devices_per_process), or it has no intra-node level")
+            raise ValueError(
+                "a node needs 2 or more devices (processes_per_node × "
+                "devices_per_process), or it has no intra-node level"
+            )
         for name, n in (("seq_len", self.seq_len), *(("sweep", s) for s in self.sweep)):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1 or n % self.devices:
-                raise ValueError(f"`{name}` lengths must be multiples of the {self.devices} "
-                                 f"devices (each holds a whole shard), got {n!r}")
+                raise ValueError(
+                    f"`{name}` lengths must be multiples of the {self.devices} "
+                    f"devices (each holds a whole shard), got {n!r}"
+                )
         if self.q_heads % self.kv_heads:
-            raise ValueError(f"`kv_heads` ({self.kv_heads}) must divide `q_heads` "
-                             f"({self.q_heads})")
+            raise ValueError(f"`kv_heads` ({self.kv_heads}) must divide `q_heads` ({self.q_heads})")
         if not self.link_gbit or not all(0 < r <= 100 for r in self.link_gbit):
-            raise ValueError(f"`link_gbit` must be one or more rates in (0, 100] Gbit/s, "
-                             f"got {self.link_gbit!r}")
+            raise ValueError(
+                f"`link_gbit` must be one or more rates in (0, 100] Gbit/s, got {self.link_gbit!r}"
+            )
         bad = [m for m in self.methods if m not in CLUSTER_METHODS]
         if bad or not self.methods:
-            raise ValueError(f"`methods` must be among {', '.join(CLUSTER_METHODS)}, got "
-                             f"{bad or 'none'}")
+            raise ValueError(
+                f"`methods` must be among {', '.join(CLUSTER_METHODS)}, got {bad or 'none'}"
+            )
+
+    def settings(self, coordinator: str, control: str) -> Settings:
+        """What each worker is told (`processes.WorkerSpec`)."""
+        return Settings(
+            nodes=self.nodes,
+            processes_per_node=self.processes_per_node,
+            devices_per_process=self.devices_per_process,
+            coordinator=coordinator,
+            rates_bps=[r * 1e9 for r in self.link_gbit],
+            seq_len=self.seq_len,
+            methods=list(self.methods),
+            repeats=self.repeats,
+            sweep=list(self.sweep),
+            batch=self.batch,
+            q_heads=self.q_heads,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            seed=self.seed,
+            init_timeout=self.init_timeout,
+            control=control,
+            keep_outputs=self.keep_outputs,
+        )
 
 
-def _serve(net: netns.Network, control: str, served: set[str]):
+def _serve(
+    net: netns.Network, control: str, served: set[str]
+) -> Callable[[list[int | None]], ps.Outcome | None]:
     """A `watch_workers` check: set the link rate that process 0 asks for."""
 
-    def check(codes):
+    def check(codes: list[int | None]) -> ps.Outcome | None:
         for name in sorted(os.listdir(control)):
             if name.endswith(".request") and name not in served:
                 with open(os.path.join(control, name)) as f:
                     rate = float(json.load(f)["rate_bps"])
                 netns.set_rate(net, rate)
                 served.add(name)
-                with open(os.path.join(control, name[:-len(".request")] + ".done"), "w"):
+                with open(os.path.join(control, name[: -len(".request")] + ".done"), "w"):
                     pass
-                print(f"cluster: link rate set to {rate / 1e9:g} Gbit/s", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"cluster: link rate set to {rate / 1e9:g} Gbit/s", file=sys.stderr, flush=True
+                )
         return None
 
     return check
 
 
-def _package_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def run_cluster(cfg: ClusterConfig, json_out: str | None = None, *,
-                command: str | None = None) -> tuple[int, dict | None]:
+def run_cluster(
+    cfg: ClusterConfig, json_out: str | None = None, *, command: str | None = None
+) -> tuple[int, dict | None]:
     """Run the cluster; returns `(exit status, report)` (report None on failure).
 
     Raises `netns.NoPrivilege` before making anything when this process may not create
@@ -135,68 +176,22 @@ def run_cluster(cfg: ClusterConfig, json_out: str | None = None, *,
     if reason:
         raise netns.NoPrivilege(reason)
     t_start = time.monotonic()
-    removed = netns.clear_leftovers(cfg.prefix)
-    if removed:
-        print(f"cluster: note: removed {len(removed)} leftover(s) of a run killed without "
-              f"teardown: {', '.join(removed)}", file=sys.stderr, flush=True)
+    _clear_leftovers(cfg.prefix)
     control = tempfile.mkdtemp(prefix="tae-cluster-")
-    logs = [os.path.join(control, f"worker{i}.log") for i in range(cfg.processes)]
-    procs: list[subprocess.Popen] = []
-    net = None
-    keep = False
-    outcome = launch.Outcome(1, "no worker started")
+    failed = False
     try:
-        with launch.signal_flag() as flag:
-            try:
-                net = netns.create(cfg.nodes, cfg.link_gbit[0] * 1e9, prefix=cfg.prefix)
-                settings = dict(
-                    nodes=cfg.nodes, processes_per_node=cfg.processes_per_node,
-                    devices_per_process=cfg.devices_per_process,
-                    coordinator=f"{net.addresses[0]}:{COORDINATOR_PORT}",
-                    rates_bps=[r * 1e9 for r in cfg.link_gbit], seq_len=cfg.seq_len,
-                    methods=list(cfg.methods), repeats=cfg.repeats, sweep=list(cfg.sweep),
-                    batch=cfg.batch, q_heads=cfg.q_heads, kv_heads=cfg.kv_heads,
-                    head_dim=cfg.head_dim, seed=cfg.seed, init_timeout=cfg.init_timeout,
-                    control=control, keep_outputs=cfg.keep_outputs)
-                config_path = os.path.join(control, "config.json")
-                with open(config_path, "w") as f:
-                    json.dump(settings, f)
-                env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-                env["PYTHONUNBUFFERED"] = "1"
-                env["JAX_PLATFORMS"] = "cpu"  # simulated CPU devices, even beside a GPU
-                env[launch.PARENT_ENV] = str(os.getpid())
-                env["PYTHONPATH"] = os.pathsep.join(
-                    [_package_root(), *filter(None, [env.get("PYTHONPATH")])])
-                for i in range(cfg.processes):
-                    if flag.signum is not None:
-                        break
-                    cmd = ["ip", "netns", "exec", net.node(i // cfg.processes_per_node),
-                           sys.executable, "-m", WORKER_MODULE, "--config", config_path,
-                           "--process-id", str(i)]
-                    with open(logs[i], "wb") as log:
-                        procs.append(subprocess.Popen(cmd, env=env, stderr=log,
-                                                      start_new_session=True))
-                deadline = time.monotonic() + cfg.timeout
-                outcome = launch.watch_workers(procs, logs[:len(procs)], flag, deadline,
-                                               cfg.timeout, check=_serve(net, control, set()))
-            except netns.NetworkError as e:
-                if flag.signum is None:
-                    raise
-                outcome = launch.Outcome(128 + flag.signum, f"stopped while building the "
-                                         f"network ({e})")
-            finally:
-                killed = launch.kill_workers(procs)
-                if net is not None:
-                    netns.destroy(net)
+        with ps.signal_flag() as flag:
+            outcome, net, killed = _build_and_watch(cfg, control, flag)
         if flag.signum is not None and outcome.code == 128 + flag.signum:
             name = signal.Signals(flag.signum).name
-            print(f"cluster: stopped by {name}; killed {killed} worker(s) and removed the "
-                  f"namespaces", file=sys.stderr)
+            print(
+                f"cluster: stopped by {name}; killed {killed} worker(s) and removed the namespaces",
+                file=sys.stderr,
+            )
             raise SystemExit(outcome.code)
         if outcome.code:
-            keep = True
-            print(f"cluster: error: {outcome.message} (worker logs: {control})",
-                  file=sys.stderr)
+            failed = True
+            print(f"cluster: error: {outcome.message} (worker logs: {control})", file=sys.stderr)
             return outcome.code, None
         assert net is not None  # created before any worker started
         rep = report(cfg, net, control, command, time.monotonic() - t_start)
@@ -205,12 +200,77 @@ def run_cluster(cfg: ClusterConfig, json_out: str | None = None, *,
                 json.dump(rep, f, indent=1)
         return 0, rep
     finally:
-        if not keep:
+        if not failed:  # the logs of a failed run stay, for its one line names them
             shutil.rmtree(control, ignore_errors=True)
 
 
-def report(cfg: ClusterConfig, net: netns.Network, control: str, command: str | None,
-           wall_s: float) -> dict:
+def _clear_leftovers(prefix: str) -> None:
+    removed = netns.clear_leftovers(prefix)
+    if removed:
+        print(
+            f"cluster: note: removed {len(removed)} leftover(s) of a run killed without "
+            f"teardown: {', '.join(removed)}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _build_and_watch(
+    cfg: ClusterConfig, control: str, flag: ps.SignalFlag
+) -> tuple[ps.Outcome, netns.Network | None, int]:
+    """Make the network, start the workers in it and watch them to the end; then kill
+    every worker and remove the network, whatever happened. Returns the outcome, the
+    network (None if it was never made) and how many workers were killed."""
+    procs: list[subprocess.Popen] = []
+    logs = [os.path.join(control, f"worker{i}.log") for i in range(cfg.processes)]
+    net = None
+    try:
+        net = netns.create(cfg.nodes, cfg.link_gbit[0] * 1e9, prefix=cfg.prefix)
+        _start_workers(cfg, net, control, flag, procs, logs)
+        deadline = time.monotonic() + cfg.timeout
+        outcome = ps.watch_workers(
+            procs,
+            logs[: len(procs)],
+            flag,
+            deadline,
+            cfg.timeout,
+            check=_serve(net, control, set()),
+        )
+    except netns.NetworkError as e:
+        if flag.signum is None:
+            raise
+        outcome = ps.Outcome(128 + flag.signum, f"stopped while building the network ({e})")
+    finally:
+        killed = ps.kill_workers(procs)
+        if net is not None:
+            netns.destroy(net)
+    return outcome, net, killed
+
+
+def _start_workers(
+    cfg: ClusterConfig,
+    net: netns.Network,
+    control: str,
+    flag: ps.SignalFlag,
+    procs: list[subprocess.Popen],
+    logs: list[str],
+) -> None:
+    """Start every worker in its node's namespace (into `procs`, as each starts), unless a
+    signal arrives first."""
+    settings = asdict(cfg.settings(f"{net.addresses[0]}:{COORDINATOR_PORT}", control))
+    env = ps.worker_env()
+    for i in range(cfg.processes):
+        if flag.signum is not None:
+            break
+        spec = ps.WorkerSpec("cluster", i, settings)
+        cmd = spec.write(os.path.join(control, f"worker{i}.json"))
+        netns_exec = ["ip", "netns", "exec", net.node(i // cfg.processes_per_node)]
+        procs.append(ps.start_worker([*netns_exec, *cmd], env, logs[i]))
+
+
+def report(
+    cfg: ClusterConfig, net: netns.Network, control: str, command: str | None, wall_s: float
+) -> dict:
     """The JSON report from process 0's result and every process's lines.
 
     `links` and `methods` are those at the first rate (`config.link_gbit[0]`); `rates`
@@ -219,8 +279,7 @@ def report(cfg: ClusterConfig, net: netns.Network, control: str, command: str | 
         result = json.load(f)
     lines = {}
     for i in range(cfg.processes):
-        with contextlib.suppress(OSError), open(os.path.join(control,
-                                                             f"lines-{i}.json")) as f:
+        with contextlib.suppress(OSError), open(os.path.join(control, f"lines-{i}.json")) as f:
             lines[str(i)] = json.load(f)
     phases = result["phases"]
     keep = ("median_s", "predicted_s", "bytes_inter", "bytes_intra", "max_abs_err")
@@ -228,33 +287,54 @@ def report(cfg: ClusterConfig, net: netns.Network, control: str, command: str | 
     def links_of(phase):  # the brief's keys first, then the raw points
         inter, intra = phase["links"]["inter"], phase["links"]["intra"]
         first = ("alpha_s", "beta_Bps", "set_Bps")
-        return {"inter": {**{k: inter[k] for k in first}, **inter},
-                "intra": {**{k: intra[k] for k in first[:2]}, **intra},
-                "overhead_s": phase["links"]["overhead_s"]}
+        return {
+            "inter": {**{k: inter[k] for k in first}, **inter},
+            "intra": {**{k: intra[k] for k in first[:2]}, **intra},
+            "overhead_s": phase["links"]["overhead_s"],
+        }
 
     def methods_of(phase):
-        return {n: {**{k: r[k] for k in keep}, **{k: v for k, v in r.items() if k not in keep}}
-                for n, r in phase["methods"].items()}
+        return {
+            n: {**{k: r[k] for k in keep}, **{k: v for k, v in r.items() if k not in keep}}
+            for n, r in phase["methods"].items()
+        }
 
     first = phases[0]
     config = asdict(cfg)
     config.pop("extra")
     config.update(cfg.extra)
-    config.update(devices=cfg.devices, processes=cfg.processes, command=command,
-                  addresses=net.addresses, namespaces=net.namespaces,
-                  link="veth pairs to a bridge in a switch namespace; tbf on both ends' "
-                       "egress (node -> switch and switch -> node)",
-                  tbf=netns.tbf_args(cfg.link_gbit[0] * 1e9),
-                  problem=dict(batch=cfg.batch, q_len=1, q_heads=cfg.q_heads,
-                               kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
-                               dtype="float32"))
+    config.update(
+        devices=cfg.devices,
+        processes=cfg.processes,
+        command=command,
+        addresses=net.addresses,
+        namespaces=net.namespaces,
+        link="veth pairs to a bridge in a switch namespace; tbf on both ends' "
+        "egress (node -> switch and switch -> node)",
+        tbf=netns.tbf_args(cfg.link_gbit[0] * 1e9),
+        problem=dict(
+            batch=cfg.batch,
+            q_len=1,
+            q_heads=cfg.q_heads,
+            kv_heads=cfg.kv_heads,
+            head_dim=cfg.head_dim,
+            dtype="float32",
+        ),
+    )
     rep = {
         "config": config,
         "links": links_of(first),
         "methods": methods_of(first),
         "local": result["local"],
-        "rates": [{"set_Bps": ph["set_Bps"], "links": links_of(ph), "local": ph["local"],
-                   "methods": methods_of(ph)} for ph in phases],
+        "rates": [
+            {
+                "set_Bps": ph["set_Bps"],
+                "links": links_of(ph),
+                "local": ph["local"],
+                "methods": methods_of(ph),
+            }
+            for ph in phases
+        ],
         "process_lines": lines,
         "wall_s": wall_s,
     }
@@ -273,11 +353,16 @@ def comparisons(rep: dict) -> dict:
     if {"tree", "tree_2level"} <= set(slow["methods"]):
         flat, two = slow["methods"]["tree"], slow["methods"]["tree_2level"]
         out["topology_claim"] = {
-            "set_Bps": slow["set_Bps"], "flat_s": flat["median_s"], "two_level_s": two["median_s"],
-            "flat_predicted_s": flat["predicted_s"], "two_level_predicted_s": two["predicted_s"],
+            "set_Bps": slow["set_Bps"],
+            "flat_s": flat["median_s"],
+            "two_level_s": two["median_s"],
+            "flat_predicted_s": flat["predicted_s"],
+            "two_level_predicted_s": two["predicted_s"],
             "flat_over_two_level": flat["median_s"] / two["median_s"],
-            "flat_link_bytes": flat["link_bytes"], "two_level_link_bytes": two["link_bytes"],
-            "flat_collectives": flat["collectives"], "two_level_collectives": two["collectives"],
+            "flat_link_bytes": flat["link_bytes"],
+            "two_level_link_bytes": two["link_bytes"],
+            "flat_collectives": flat["collectives"],
+            "two_level_collectives": two["collectives"],
             **verdict(flat.get("round_s", []), two.get("round_s", [])),
         }
     if len(rates) > 1:
@@ -286,8 +371,10 @@ def comparisons(rep: dict) -> dict:
             "set_Bps": [r["set_Bps"] for r in rates],
             "median_s": {n: [r["methods"][n]["median_s"] for r in rates] for n in names},
             "predicted_s": {n: [r["methods"][n]["predicted_s"] for r in rates] for n in names},
-            "slowdown": {n: rates[0]["methods"][n]["median_s"] / rates[-1]["methods"][n]["median_s"]
-                         for n in names},
+            "slowdown": {
+                n: rates[0]["methods"][n]["median_s"] / rates[-1]["methods"][n]["median_s"]
+                for n in names
+            },
             "rate_ratio": rates[-1]["set_Bps"] / rates[0]["set_Bps"],
         }
     return out
@@ -304,51 +391,77 @@ def verdict(flat_s: list[float], two_level_s: list[float]) -> dict:
     d = np.array(flat_s) - np.array(two_level_s)
     med, (q1, q3) = float(np.median(d)), np.percentile(d, [25, 75])
     spread = float(q3 - q1)
-    word = ("2-level faster" if med > spread / 2 else "flat faster" if -med > spread / 2
-            else "no measurable difference")
-    return {"difference_s": med, "difference_iqr_s": spread,
-            "two_level_faster_rounds": int((d > 0).sum()), "rounds": len(d), "verdict": word}
+    word = (
+        "2-level faster"
+        if med > spread / 2
+        else "flat faster"
+        if -med > spread / 2
+        else "no measurable difference"
+    )
+    return {
+        "difference_s": med,
+        "difference_iqr_s": spread,
+        "two_level_faster_rounds": int((d > 0).sum()),
+        "rounds": len(d),
+        "verdict": word,
+    }
 
 
 def summary(rep: dict) -> str:
     """The report as fixed-width tables: links, methods at each rate, the comparisons."""
     c = rep["config"]
-    rows = [f"cluster: {c['nodes']} nodes x {c['processes_per_node']} process(es) x "
-            f"{c['devices_per_process']} device(s) = {c['devices']} devices; Tk={c['seq_len']}, "
-            f"{c['problem']['q_heads']} q heads / {c['problem']['kv_heads']} kv heads x "
-            f"{c['problem']['head_dim']}, float32"]
+    rows = [
+        f"cluster: {c['nodes']} nodes x {c['processes_per_node']} process(es) x "
+        f"{c['devices_per_process']} device(s) = {c['devices']} devices; Tk={c['seq_len']}, "
+        f"{c['problem']['q_heads']} q heads / {c['problem']['kv_heads']} kv heads x "
+        f"{c['problem']['head_dim']}, float32"
+    ]
     for r in rep["rates"]:
         inter, intra = r["links"]["inter"], r["links"]["intra"]
         rows.append("")
         set_ = r["set_Bps"]
-        rows.append(f"link set to {set_ * 8 / 1e9:g} Gbit/s ({set_ / 1e6:.1f} MB/s): inter "
-                    f"alpha {inter['alpha_s'] * 1e6:.0f} us, beta "
-                    f"{inter['beta_Bps'] / 1e6:.1f} MB/s ({inter['beta_Bps'] / set_:.0%} of "
-                    f"set); intra alpha {intra['alpha_s'] * 1e6:.0f} us, beta "
-                    f"{intra['beta_Bps'] / 1e6:.0f} MB/s")
-        head = (f"{'method':<15}{'median ms':>11}{'predicted':>11}{'rel err':>9}"
-                f"{'inter B/dev':>13}{'intra B/dev':>13}{'link B':>12}{'max |err|':>11}")
+        rows.append(
+            f"link set to {set_ * 8 / 1e9:g} Gbit/s ({set_ / 1e6:.1f} MB/s): inter "
+            f"alpha {inter['alpha_s'] * 1e6:.0f} us, beta "
+            f"{inter['beta_Bps'] / 1e6:.1f} MB/s ({inter['beta_Bps'] / set_:.0%} of "
+            f"set); intra alpha {intra['alpha_s'] * 1e6:.0f} us, beta "
+            f"{intra['beta_Bps'] / 1e6:.0f} MB/s"
+        )
+        head = (
+            f"{'method':<15}{'median ms':>11}{'predicted':>11}{'rel err':>9}"
+            f"{'inter B/dev':>13}{'intra B/dev':>13}{'link B':>12}{'max |err|':>11}"
+        )
         rows += [head, "-" * len(head)]
         for name, m in r["methods"].items():
-            rows.append(f"{name:<15}{m['median_s'] * 1e3:>11.2f}{m['predicted_s'] * 1e3:>11.2f}"
-                        f"{m['predicted_s'] / m['median_s'] - 1:>+9.0%}{m['bytes_inter']:>13,.0f}"
-                        f"{m['bytes_intra']:>13,.0f}{m['link_bytes']:>12,.0f}"
-                        f"{m['max_abs_err']:>11.1e}")
+            rows.append(
+                f"{name:<15}{m['median_s'] * 1e3:>11.2f}{m['predicted_s'] * 1e3:>11.2f}"
+                f"{m['predicted_s'] / m['median_s'] - 1:>+9.0%}{m['bytes_inter']:>13,.0f}"
+                f"{m['bytes_intra']:>13,.0f}{m['link_bytes']:>12,.0f}"
+                f"{m['max_abs_err']:>11.1e}"
+            )
     if "topology_claim" in rep:
         t = rep["topology_claim"]
-        rows += ["", f"2-level vs flat tree at {t['set_Bps'] * 8 / 1e9:g} Gbit/s: flat "
-                     f"{t['flat_s'] * 1e3:.2f} ms, 2-level {t['two_level_s'] * 1e3:.2f} ms "
-                     f"(flat / 2-level = {t['flat_over_two_level']:.2f}): {t['verdict']}"]
+        rows += [
+            "",
+            f"2-level vs flat tree at {t['set_Bps'] * 8 / 1e9:g} Gbit/s: flat "
+            f"{t['flat_s'] * 1e3:.2f} ms, 2-level {t['two_level_s'] * 1e3:.2f} ms "
+            f"(flat / 2-level = {t['flat_over_two_level']:.2f}): {t['verdict']}",
+        ]
     if "ring_vs_rate" in rep:
         v = rep["ring_vs_rate"]
-        rows += ["", f"rate x{v['rate_ratio']:g}: slowdown " + ", ".join(
-            f"{n} x{s:.2f}" for n, s in v["slowdown"].items())]
+        rows += [
+            "",
+            f"rate x{v['rate_ratio']:g}: slowdown "
+            + ", ".join(f"{n} x{s:.2f}" for n, s in v["slowdown"].items()),
+        ]
     if "crossover" in rep:
         x = rep["crossover"]
         for key in ("tree_2level_vs_ring", "tree_vs_ring"):
             if key in x:
                 m, p = x[key]["measured"], x[key]["predicted"]
-                rows.append(f"{key}: tree overtakes ring at Tk ~ "
-                            f"{'none in range' if m is None else f'{m:.0f}'} measured, "
-                            f"{'none' if p is None else f'{p:.0f}'} predicted")
+                rows.append(
+                    f"{key}: tree overtakes ring at Tk ~ "
+                    f"{'none in range' if m is None else f'{m:.0f}'} measured, "
+                    f"{'none' if p is None else f'{p:.0f}'} predicted"
+                )
     return "\n".join(rows)

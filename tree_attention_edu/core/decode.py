@@ -40,12 +40,13 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import devices, inputs, kernels, masks, merges, validate
+from .names import KernelChoice, KernelName, Layout, MergeChoice, MergeName
 from .numerics import accum_dtype
 from .states import (
     AttentionState,
-    combine,
+    combine_core,
     from_parts,
-    identity_state,
+    identity_core,
     merge_stacked,
     state_weight,
     weighted_out,
@@ -63,8 +64,8 @@ class Plan:
     shard_len: int  # keys per device
     scale: float
     causal: bool
-    kernel: str  # a concrete name of `kernels.KERNELS`
-    layout: str
+    kernel: KernelName  # a concrete name of `kernels.CORES`
+    layout: Layout
     masked: bool  # kv_lengths were given, or a causal mask over several queries
 
     @property
@@ -76,26 +77,47 @@ class Plan:
         the shard holds data and is visible (a single causal query sees them all), and the
         kernel is given no lengths."""
         offset = devices.shard_index(self.mesh, self.axes) * self.shard_len
-        return kernels.KERNELS[self.kernel](
-            q, k, v, kv_offset=offset, scale=self.scale, causal=self.causal and self.masked,
-            kv_lengths=lengths if self.masked else None, layout=self.layout, **kw)
+        return kernels.CORES[self.kernel](
+            q,
+            k,
+            v,
+            kv_offset=offset,
+            scale=self.scale,
+            causal=self.causal and self.masked,
+            kv_lengths=lengths if self.masked else None,
+            layout=self.layout,
+            **kw,
+        )
 
 
-def kv_spec(axes: Sequence[str], layout: str = "bthd") -> P:
+def kv_spec(axes: Sequence[str], layout: Layout = "bthd") -> P:
     """PartitionSpec of a K or V array sharded along its sequence axis over mesh `axes`."""
     spec: list[Any] = [None] * (inputs.SEQ_AXIS[layout] + 1)
     spec[-1] = tuple(axes)
     return P(*spec)
 
 
-def make_plan(q: Any, k: Any, v: Any, *, mesh: Any, seq_axes: Any, scale: Any, causal: Any,
-              kv_lengths: Any, local_kernel: Any, layout: Any) -> tuple[Plan, inputs.Dims]:
-    """Check every argument (shapes, dtypes and static values only) and fix the plan."""
+def make_plan(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mesh: Mesh | None,
+    seq_axes: str | Sequence[str] | None,
+    scale: float | None,
+    causal: bool,
+    kv_lengths: Array | None,
+    local_kernel: KernelChoice,
+    layout: Layout,
+) -> tuple[Plan, inputs.Dims]:
+    """Check every argument (shapes, dtypes and static values only) and fix the plan: the
+    decoders' one door. What runs after it, inside `jit` and `shard_map`, calls the
+    unchecked forms (`kernels.CORES`, `merges.MERGE_CORES`, `states.combine_core`)."""
     dims = inputs.check_qkv(q, k, v, kv_lengths, layout=layout)
-    mesh = devices.resolve_mesh(mesh)
-    axes = devices.check_seq_axes(seq_axes, mesh)
+    the_mesh: Any = devices.resolve_mesh(mesh)  # a Mesh, or the abstract mesh of set_mesh
+    axes = devices.check_seq_axes(seq_axes, the_mesh)
     validate.check_bool(causal, "causal")
-    p = devices.axis_size(mesh, axes)
+    p = devices.axis_size(the_mesh, axes)
     devices.check_divisible(dims.kv_len, p, axes)
     masked = kv_lengths is not None or (causal and dims.q_len > 1)
     # The kernels compute in the common dtype (a bfloat16 q with a float64 cache is float64
@@ -110,12 +132,21 @@ def make_plan(q: Any, k: Any, v: Any, *, mesh: Any, seq_axes: Any, scale: Any, c
         layout=layout,
     )
     scale = inputs.resolve_scale(scale, dims.head_dim, q.dtype)
-    return Plan(mesh, axes, p, dims.kv_len // p, scale, bool(causal), kernel, layout,
-                masked), dims
+    return Plan(
+        the_mesh, axes, p, dims.kv_len // p, scale, bool(causal), kernel, layout, masked
+    ), dims
 
 
-def _sharded(plan: Plan, body: Callable[..., Any], out_specs: Any, q: Array, k: Array,
-             v: Array, kv_lengths: Array | None, *extra: Array) -> Any:
+def _sharded(
+    plan: Plan,
+    body: Callable[..., Any],
+    out_specs: Any,
+    q: Array,
+    k: Array,
+    v: Array,
+    kv_lengths: Array | None,
+    *extra: Array,
+) -> Any:
     """Run `body(q, k, v, lengths, *extra)` under `shard_map`: q, the lengths and `extra`
     replicated, K and V sharded along the sequence. On an Explicit mesh the inputs are
     resharded first (`jax.reshard`); on an Auto mesh `jit` places them."""
@@ -123,15 +154,19 @@ def _sharded(plan: Plan, body: Callable[..., Any], out_specs: Any, q: Array, k: 
     args = (q, k, v, lengths, *extra)
     specs = (P(), plan.kv_spec, plan.kv_spec, P(), *(P() for _ in extra))
     if devices.is_explicit(plan.mesh):
-        args = tuple(jax.reshard(x, NamedSharding(plan.mesh, s))
-                     for x, s in zip(args, specs, strict=True))
+        args = tuple(
+            jax.reshard(x, NamedSharding(plan.mesh, s)) for x, s in zip(args, specs, strict=True)
+        )
     return jax.shard_map(body, mesh=plan.mesh, in_specs=specs, out_specs=out_specs)(*args)
 
 
 def _place(plan: Plan, q: Any, k: Any, v: Any, kv_lengths: Any, *extra: Any) -> tuple:
     """Arrays already placed on other devices than the mesh's (committed to one device, or
-    sharded on another mesh) are moved onto it, as `jit` would place uncommitted ones; under
-    an outer `jit` the arguments are traced and the outer program places them.
+    sharded on another mesh) are moved onto it, as `jit` would place uncommitted ones.
+    Under an outer `jit` the arguments are traced and cannot be moved here: arguments of
+    that outer program committed to other devices than the mesh's (one device, another
+    order) are refused by JAX itself ("incompatible devices"); place them on the mesh, or
+    leave them uncommitted, before calling it.
 
     `jit` needs the mesh's devices *in its order*: the same devices in another order (a
     mesh built from a reversed device list) are refused as "incompatible devices", so an
@@ -157,8 +192,7 @@ def _place(plan: Plan, q: Any, k: Any, v: Any, kv_lengths: Any, *extra: Any) -> 
             return x
         return jax.device_put(x, NamedSharding(plan.mesh, spec))
 
-    return tuple(place(x, s) for x, s in zip((q, k, v, kv_lengths, *extra), specs,
-                                              strict=True))
+    return tuple(place(x, s) for x, s in zip((q, k, v, kv_lengths, *extra), specs, strict=True))
 
 
 def _nothing_to_attend(dims: inputs.Dims) -> bool:
@@ -174,10 +208,19 @@ def _empty(dims: inputs.Dims, dtype: Any) -> Array:
 
 
 def tree_decode(
-    q: Array, k: Array, v: Array, *, mesh: Mesh | None = None,
-    seq_axes: str | Sequence[str] | None = None, scale: float | None = None,
-    causal: bool = False, kv_lengths: Array | None = None, local_kernel: str = "auto",
-    layout: str = "bthd", merge: str = "allreduce",
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mesh: Mesh | None = None,
+    seq_axes: str | Sequence[str] | None = None,
+    scale: float | None = None,
+    causal: bool = False,
+    kv_lengths: Array | None = None,
+    local_kernel: KernelChoice = "auto",
+    layout: Layout = "bthd",
+    merge: MergeChoice = "allreduce",
+    merge_policy: merges.MergePolicy | None = None,
 ) -> Array:
     """Tree decoding (paper, Algorithm 3): local states, then Allreduce(max) and
     Allreduce(sum).
@@ -199,32 +242,61 @@ def tree_decode(
       layout: "bthd" (default) or "bhtd", the head-major layout the xla kernel streams
         fastest.
       merge: how the states meet (`core.merges.MERGES`): "allreduce" (the paper's),
-        "allgather", "reduce_scatter", "all_to_all", "one_pass", or "auto" (the pattern the
-        registered policy picks, `core.merges.set_auto_policy`; the package registers the
-        cost model's). "reduce_scatter" and "all_to_all" leave each device with its own
-        heads (`P(None, None, seq_axes, None)`) when p divides Hq.
+        "allgather", "reduce_scatter", "all_to_all", "one_pass", or "auto" (the pattern
+        `merge_policy` picks). "reduce_scatter" and "all_to_all" leave each device with its
+        own heads (`P(None, None, seq_axes, None)`) when p divides Hq.
+      merge_policy: who decides `merge="auto"`: a function of a `merges.MergeProblem` that
+        returns a pattern name; `None` is `merges.DEFAULT_POLICY`, the cost model's pick
+        (`perf.crossover.auto_merge`).
 
     Returns:
       `[B, Tq, Hq, Dv]` in q's dtype (replicated, or sharded over heads as above).
       Differentiable in q, k and v with every kernel but "flash" (forward-only).
     """
-    plan, dims = make_plan(q, k, v, mesh=mesh, seq_axes=seq_axes, scale=scale, causal=causal,
-                           kv_lengths=kv_lengths, local_kernel=local_kernel, layout=layout)
+    plan, dims = make_plan(
+        q,
+        k,
+        v,
+        mesh=mesh,
+        seq_axes=seq_axes,
+        scale=scale,
+        causal=causal,
+        kv_lengths=kv_lengths,
+        local_kernel=local_kernel,
+        layout=layout,
+    )
     validate.check_str_choice(merge, (*merges.MERGES, "auto"), "merge")
     if _nothing_to_attend(dims):  # no collective, and no pattern to pick
         return _empty(dims, q.dtype)
-    merge = merges.resolve_merge(merge, merges.MergeProblem(
-        dims.batch, dims.q_len, dims.q_heads, dims.kv_heads, dims.head_dim, dims.v_dim,
-        dims.kv_len, jnp.dtype(q.dtype), tuple(plan.mesh.shape[a] for a in plan.axes)))
+    if merge_policy is not None:
+        validate.check_callable(
+            merge_policy, "merge_policy", "a function of a MergeProblem that returns a pattern name"
+        )
+    merge = merges.resolve_merge(
+        merge,
+        merges.MergeProblem(
+            dims.batch,
+            dims.q_len,
+            dims.q_heads,
+            dims.kv_heads,
+            dims.head_dim,
+            dims.v_dim,
+            dims.kv_len,
+            jnp.dtype(q.dtype),
+            tuple(plan.mesh.shape[a] for a in plan.axes),
+        ),
+        merge_policy,
+    )
     return _tree(plan, merge, *_place(plan, q, k, v, kv_lengths))
 
 
 @partial(jax.jit, static_argnums=(0, 1))
-def _tree(plan: Plan, merge: str, q: Array, k: Array, v: Array, kv_lengths: Array | None
-          ) -> Array:
+def _tree(
+    plan: Plan, merge: MergeName, q: Array, k: Array, v: Array, kv_lengths: Array | None
+) -> Array:
     def body(q, k, v, lengths):
-        state = plan.local(q, k, v, lengths)                 # this device's shard -> state
-        merged = merges.MERGES[merge](state, plan.axes)       # the states meet
+        state = plan.local(q, k, v, lengths)  # this device's shard -> state
+        merged = merges.MERGE_CORES[merge](state, plan.axes)  # the states meet
         return merged.out.astype(q.dtype)
 
     if merge not in merges.HEAD_SCATTERED:
@@ -233,7 +305,7 @@ def _tree(plan: Plan, merge: str, q: Array, k: Array, v: Array, kv_lengths: Arra
     if out.shape[2] == q.shape[2]:
         return out  # each device keeps its own heads: no further collective
     # Heads that p does not divide were padded: replicate, then drop the padding.
-    return _replicate(plan, out)[:, :, :q.shape[2]]
+    return _replicate(plan, out)[:, :, : q.shape[2]]
 
 
 def _replicate(plan: Plan, x: Array) -> Array:
@@ -247,10 +319,17 @@ def _replicate(plan: Plan, x: Array) -> Array:
 
 
 def ring_decode(
-    q: Array, k: Array, v: Array, *, mesh: Mesh | None = None,
-    seq_axes: str | Sequence[str] | None = None, scale: float | None = None,
-    causal: bool = False, kv_lengths: Array | None = None, local_kernel: str = "auto",
-    layout: str = "bthd",
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mesh: Mesh | None = None,
+    seq_axes: str | Sequence[str] | None = None,
+    scale: float | None = None,
+    causal: bool = False,
+    kv_lengths: Array | None = None,
+    local_kernel: KernelChoice = "auto",
+    layout: Layout = "bthd",
 ) -> Array:
     """Ring Attention decoding: K/V blocks pass around the ring for p−1 steps.
 
@@ -270,8 +349,18 @@ def ring_decode(
     Returns:
       `[B, Tq, Hq, Dv]` in q's dtype, replicated.
     """
-    plan, dims = make_plan(q, k, v, mesh=mesh, seq_axes=seq_axes, scale=scale, causal=causal,
-                           kv_lengths=kv_lengths, local_kernel=local_kernel, layout=layout)
+    plan, dims = make_plan(
+        q,
+        k,
+        v,
+        mesh=mesh,
+        seq_axes=seq_axes,
+        scale=scale,
+        causal=causal,
+        kv_lengths=kv_lengths,
+        local_kernel=local_kernel,
+        layout=layout,
+    )
     if _nothing_to_attend(dims):
         return _empty(dims, q.dtype)
     return _ring(plan, *_place(plan, q, k, v, kv_lengths))
@@ -286,10 +375,17 @@ def _ring(plan: Plan, q: Array, k: Array, v: Array, kv_lengths: Array | None) ->
 
         def visit(state, k, v, step):  # fold the block that started on shard idx − step
             offset = ((idx - step) % plan.p) * plan.shard_len
-            block = kernels.KERNELS[plan.kernel](
-                q, k, v, kv_offset=offset, scale=plan.scale, causal=plan.causal and plan.masked,
-                kv_lengths=lengths if plan.masked else None, layout=plan.layout)
-            return combine(state, block)
+            block = kernels.CORES[plan.kernel](
+                q,
+                k,
+                v,
+                kv_offset=offset,
+                scale=plan.scale,
+                causal=plan.causal and plan.masked,
+                kv_lengths=lengths if plan.masked else None,
+                layout=plan.layout,
+            )
+            return combine_core(state, block)
 
         def step(carry, i):
             k, v, state = carry
@@ -299,7 +395,7 @@ def _ring(plan: Plan, q: Array, k: Array, v: Array, kv_lengths: Array | None) ->
             return (k_next, v_next, visit(state, k, v, i)), None
 
         B, Tq, Hq, _ = q.shape
-        state = identity_state(B, Tq, Hq, v.shape[-1], accum_dtype(q.dtype))
+        state = identity_core(B, Tq, Hq, v.shape[-1], accum_dtype(q.dtype))
         state = devices.varying_like(state, k)
         (k, v, state), _ = lax.scan(step, (k, v, state), jnp.arange(plan.p - 1))
         out = visit(state, k, v, plan.p - 1).out.astype(q.dtype)
@@ -310,10 +406,17 @@ def _ring(plan: Plan, q: Array, k: Array, v: Array, kv_lengths: Array | None) ->
 
 
 def ring_decode_pass_q(
-    q: Array, k: Array, v: Array, *, mesh: Mesh | None = None,
-    seq_axes: str | Sequence[str] | None = None, scale: float | None = None,
-    causal: bool = False, kv_lengths: Array | None = None, local_kernel: str = "auto",
-    layout: str = "bthd",
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mesh: Mesh | None = None,
+    seq_axes: str | Sequence[str] | None = None,
+    scale: float | None = None,
+    causal: bool = False,
+    kv_lengths: Array | None = None,
+    local_kernel: KernelChoice = "auto",
+    layout: Layout = "bthd",
 ) -> Array:
     """Pass-Q ring decoding: the queries travel, the K/V stay put.
 
@@ -334,8 +437,18 @@ def ring_decode_pass_q(
     Returns:
       `[B, Tq, Hq, Dv]` in q's dtype, replicated.
     """
-    plan, dims = make_plan(q, k, v, mesh=mesh, seq_axes=seq_axes, scale=scale, causal=causal,
-                           kv_lengths=kv_lengths, local_kernel=local_kernel, layout=layout)
+    plan, dims = make_plan(
+        q,
+        k,
+        v,
+        mesh=mesh,
+        seq_axes=seq_axes,
+        scale=scale,
+        causal=causal,
+        kv_lengths=kv_lengths,
+        local_kernel=local_kernel,
+        layout=layout,
+    )
     if _nothing_to_attend(dims):
         return _empty(dims, q.dtype)
     return _pass_q(plan, *_place(plan, q, k, v, kv_lengths))
@@ -388,8 +501,7 @@ def _pass_q(plan: Plan, q: Array, k: Array, v: Array, kv_lengths: Array | None) 
         by_block = parts[(idx - jnp.arange(plan.p)) % plan.p]
         # The partial states go home (block j to device j) and are merged there; the
         # finished outputs are shared (typed invariant: the same on every device).
-        mine = merge_stacked(merges.unpack(lax.all_to_all(by_block, plan.axes, 0, 0,
-                                                          tiled=True)))
+        mine = merge_stacked(merges.unpack(lax.all_to_all(by_block, plan.axes, 0, 0, tiled=True)))
         out = lax.all_gather(mine.out, plan.axes, axis=0, tiled=False, to="invarying")
         out = out.reshape(plan.p, B, Tq, hs, group, -1)[owner, :, :, slot]  # [Hkv, B, Tq, G, Dv]
         return jnp.moveaxis(out, 0, 2).reshape(B, Tq, Hq, -1).astype(q.dtype)
@@ -401,9 +513,17 @@ def _pass_q(plan: Plan, q: Array, k: Array, v: Array, kv_lengths: Array | None) 
 
 
 def tree_energy(
-    q: Array, k: Array, v: Array, zeta: Array, *, mesh: Mesh | None = None,
-    seq_axes: str | Sequence[str] | None = None, scale: float | None = None,
-    causal: bool = False, kv_lengths: Array | None = None, layout: str = "bthd",
+    q: Array,
+    k: Array,
+    v: Array,
+    zeta: Array,
+    *,
+    mesh: Mesh | None = None,
+    seq_axes: str | Sequence[str] | None = None,
+    scale: float | None = None,
+    causal: bool = False,
+    kv_lengths: Array | None = None,
+    layout: Layout = "bthd",
 ) -> Array:
     """The energy F(ζ) of the whole sharded cache (paper, Algorithm 1), streamed by the xla
     kernel, as a scalar replicated on every device; `theory.energy.energy` of the same
@@ -422,8 +542,18 @@ def tree_energy(
     Returns:
       A scalar in the accumulation dtype (float32, or float64 for float64 inputs).
     """
-    plan, dims = make_plan(q, k, v, mesh=mesh, seq_axes=seq_axes, scale=scale, causal=causal,
-                           kv_lengths=kv_lengths, local_kernel="xla", layout=layout)
+    plan, dims = make_plan(
+        q,
+        k,
+        v,
+        mesh=mesh,
+        seq_axes=seq_axes,
+        scale=scale,
+        causal=causal,
+        kv_lengths=kv_lengths,
+        local_kernel="xla",
+        layout=layout,
+    )
     inputs.check_zeta(zeta, dims)
     acc = accum_dtype(q.dtype)
     if _nothing_to_attend(dims):
@@ -432,10 +562,17 @@ def tree_energy(
 
 
 def tree_decode_from_energy(
-    q: Array, k: Array, v: Array, *, mesh: Mesh | None = None,
-    seq_axes: str | Sequence[str] | None = None, scale: float | None = None,
-    causal: bool = False, kv_lengths: Array | None = None, local_kernel: str = "xla",
-    layout: str = "bthd",
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mesh: Mesh | None = None,
+    seq_axes: str | Sequence[str] | None = None,
+    scale: float | None = None,
+    causal: bool = False,
+    kv_lengths: Array | None = None,
+    local_kernel: KernelChoice = "xla",
+    layout: Layout = "bthd",
 ) -> Array:
     """Attention as `jax.grad` of the tree-reduced energy (paper, Algorithms 1-2).
 
@@ -451,19 +588,32 @@ def tree_decode_from_energy(
     """
     kernels.check_name(local_kernel)
     if local_kernel in ("flash", "cudnn"):
-        raise ValueError(f"`local_kernel`={local_kernel!r}: tree_decode_from_energy "
-                         "differentiates the energy in JAX and has no flash or cudnn kernel. "
-                         "Use local_kernel='xla' (or tree_decode for flash or cudnn).")
-    plan, dims = make_plan(q, k, v, mesh=mesh, seq_axes=seq_axes, scale=scale, causal=causal,
-                           kv_lengths=kv_lengths, local_kernel="xla", layout=layout)
+        raise ValueError(
+            f"`local_kernel`={local_kernel!r}: tree_decode_from_energy "
+            "differentiates the energy in JAX and has no flash or cudnn kernel. "
+            "Use local_kernel='xla' (or tree_decode for flash or cudnn)."
+        )
+    plan, dims = make_plan(
+        q,
+        k,
+        v,
+        mesh=mesh,
+        seq_axes=seq_axes,
+        scale=scale,
+        causal=causal,
+        kv_lengths=kv_lengths,
+        local_kernel="xla",
+        layout=layout,
+    )
     if _nothing_to_attend(dims):
         return _empty(dims, q.dtype)
     return _energy_grad(plan, *_place(plan, q, k, v, kv_lengths))
 
 
 @partial(jax.jit, static_argnums=0)
-def _energy(plan: Plan, q: Array, k: Array, v: Array, kv_lengths: Array | None,
-            zeta: Array) -> Array:
+def _energy(
+    plan: Plan, q: Array, k: Array, v: Array, kv_lengths: Array | None, zeta: Array
+) -> Array:
     return _sharded(plan, partial(_sharded_energy, plan), P(), q, k, v, kv_lengths, zeta)
 
 
@@ -475,8 +625,7 @@ def _energy_grad(plan: Plan, q: Array, k: Array, v: Array, kv_lengths: Array | N
     return grad.astype(q.dtype)
 
 
-def _sharded_energy(plan: Plan, q: Array, k: Array, v: Array, lengths: Array,
-                    zeta: Array) -> Array:
+def _sharded_energy(plan: Plan, q: Array, k: Array, v: Array, lengths: Array, zeta: Array) -> Array:
     """Inside `shard_map`: F(ζ) of the whole cache, with Algorithm 2 as the ζ-cotangent."""
 
     def total(lse: Array, lse_lo: Array) -> Array:  # a row that sees no key adds 0 to F

@@ -21,6 +21,7 @@ from jax import Array, lax
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from . import inputs, masks, validate
+from .names import Layout
 
 
 def simulate_devices(n: int) -> None:
@@ -52,8 +53,9 @@ def simulate_devices(n: int) -> None:
 def mesh_devices(n: int, devices: Sequence[jax.Device] | None = None) -> list[jax.Device]:
     """The first `n` devices, ordered by (process, id): process i's devices are contiguous,
     so in a ("node", "gpu") mesh each node is one process (one machine)."""
-    devs = sorted(jax.devices() if devices is None else devices,
-                  key=lambda d: (d.process_index, d.id))
+    devs = sorted(
+        jax.devices() if devices is None else devices, key=lambda d: (d.process_index, d.id)
+    )
     return devs[:n]
 
 
@@ -90,17 +92,23 @@ def resolve_mesh(mesh: Any) -> Mesh | AbstractMesh:
     if mesh is None:
         mesh = jax.sharding.get_abstract_mesh()
         if mesh.empty:
-            raise ValueError("`mesh` is None and no mesh is set; pass `mesh=` (see "
-                             "tree_attention_edu.make_mesh) or call inside `with "
-                             "jax.set_mesh(mesh):`.")
+            raise ValueError(
+                "`mesh` is None and no mesh is set; pass `mesh=` (see "
+                "tree_attention_edu.make_mesh) or call inside `with "
+                "jax.set_mesh(mesh):`."
+            )
     if not isinstance(mesh, Mesh | AbstractMesh):
-        raise TypeError(f"`mesh` must be a jax.sharding.Mesh, got {type(mesh).__name__}; "
-                        f"build one with tree_attention_edu.make_mesh(...).")
+        raise TypeError(
+            f"`mesh` must be a jax.sharding.Mesh, got {type(mesh).__name__}; "
+            f"build one with tree_attention_edu.make_mesh(...)."
+        )
     types = set(mesh.axis_types)
     if AxisType.Manual in types or len(types) > 1:
-        raise ValueError(f"`mesh` has axis types {mesh.axis_types}; the decoders take a mesh "
-                         f"whose axes are all Auto (tree_attention_edu.make_mesh) or all "
-                         f"Explicit (jax.make_mesh's default).")
+        raise ValueError(
+            f"`mesh` has axis types {mesh.axis_types}; the decoders take a mesh "
+            f"whose axes are all Auto (tree_attention_edu.make_mesh) or all "
+            f"Explicit (jax.make_mesh's default)."
+        )
     return mesh
 
 
@@ -177,7 +185,7 @@ def pad_cache(
     multiple: int | Mesh,
     *,
     kv_lengths: Array | None = None,
-    layout: str = "bthd",
+    layout: Layout = "bthd",
 ) -> tuple[Array, Array, Array]:
     """Pad a K/V cache along its sequence axis to a multiple of the device count, once.
 
@@ -198,13 +206,20 @@ def pad_cache(
       lengths that mask the padding.
     """
     inputs.check_layout(layout)
-    p = multiple.size if isinstance(multiple, Mesh) else validate.check_int(
-        multiple, "multiple", example="`pad_cache(k, v, 8)` or `pad_cache(k, v, mesh)`")
+    p = (
+        multiple.size
+        if isinstance(multiple, Mesh)
+        else validate.check_int(
+            multiple, "multiple", example="`pad_cache(k, v, 8)` or `pad_cache(k, v, mesh)`"
+        )
+    )
     ks, vs = validate.shape_of(k, "k"), validate.shape_of(v, "v")
     ax = inputs.SEQ_AXIS[layout]
     if len(ks) != 4 or len(vs) != 4 or ks[:3] != vs[:3]:
-        raise ValueError(f"`k` {ks} and `v` {vs} must agree on all but their last axis, as "
-                         f"rank-4 caches of layout {layout!r}.")
+        raise ValueError(
+            f"`k` {ks} and `v` {vs} must agree on all but their last axis, as "
+            f"rank-4 caches of layout {layout!r}."
+        )
     inputs.check_kv_lengths(kv_lengths, ks[0])
     tk = ks[ax]
     lengths = masks.clamp_lengths(kv_lengths, ks[0], tk)
@@ -224,11 +239,17 @@ def check_divisible(kv_len: int, p: int, axes: Sequence[str]) -> None:
             f"`seq_axes` "
             f"{tuple(axes)} do not divide; the decoders never pad (it would copy the cache on "
             f"every call). Pad it once with `k, v, kv_lengths = tae.pad_cache(k, v, {p}, "
-            f"kv_lengths=kv_lengths)` (or allocate it at a multiple of {p}).")
+            f"kv_lengths=kv_lengths)` (or allocate it at a multiple of {p})."
+        )
 
 
-def _check_mesh_shape(shape: tuple[int, ...], axis_names: tuple[str, ...], available: int,
-                     *, devices_given: bool = False) -> None:
+def _check_mesh_shape(
+    shape: tuple[int, ...],
+    axis_names: tuple[str, ...],
+    available: int,
+    *,
+    devices_given: bool = False,
+) -> None:
     """`make_mesh`'s normalised `shape` and `axis_names` against the devices available."""
     if not axis_names:
         raise ValueError("`axis_names` is empty; give one name per mesh axis, e.g. 'x'.")
@@ -239,9 +260,7 @@ def _check_mesh_shape(shape: tuple[int, ...], axis_names: tuple[str, ...], avail
             f"('node', 'gpu'))."
         )
     if len(set(axis_names)) != len(axis_names):
-        raise ValueError(
-            f"`axis_names` {axis_names} repeats a name; name each mesh axis once."
-        )
+        raise ValueError(f"`axis_names` {axis_names} repeats a name; name each mesh axis once.")
     if any(int(s) < 1 for s in shape):
         raise ValueError(
             f"`shape` {shape} has an axis of size < 1; every axis needs at least one device."
@@ -303,12 +322,16 @@ def _mesh_shape(shape: Any) -> tuple[int, ...]:
     if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool | np.bool_):
         return (int(shape),)
     if not isinstance(shape, list | tuple | np.ndarray):
-        raise TypeError(f"`shape` must be an int or a sequence of ints, e.g. {example}, got "
-                        f"{validate.describe(shape)}.")
+        raise TypeError(
+            f"`shape` must be an int or a sequence of ints, e.g. {example}, got "
+            f"{validate.describe(shape)}."
+        )
     for s in shape:
         if isinstance(s, bool | np.bool_) or not isinstance(s, (int, np.integer)):
-            raise TypeError(f"`shape` must hold ints (devices per axis), e.g. {example}, got "
-                            f"{validate.describe(s)} in {tuple(shape)}.")
+            raise TypeError(
+                f"`shape` must hold ints (devices per axis), e.g. {example}, got "
+                f"{validate.describe(s)} in {tuple(shape)}."
+            )
     if len(shape) == 0:
         raise ValueError(f"`shape` is empty; give at least one axis, e.g. {example}.")
     return tuple(int(s) for s in shape)
@@ -318,10 +341,11 @@ def _mesh_axis_names(axis_names: Any) -> tuple[str, ...]:
     """`make_mesh`'s `axis_names`: a name or a sequence of names, as a tuple."""
     if isinstance(axis_names, str):
         return (axis_names,)
-    if (not isinstance(axis_names, list | tuple)
-            or not all(isinstance(a, str) for a in axis_names)):
-        raise TypeError(f"`axis_names` must be a name or a sequence of names, e.g. 'x' or "
-                        f"('node', 'gpu'), got {validate.describe(axis_names)}.")
+    if not isinstance(axis_names, list | tuple) or not all(isinstance(a, str) for a in axis_names):
+        raise TypeError(
+            f"`axis_names` must be a name or a sequence of names, e.g. 'x' or "
+            f"('node', 'gpu'), got {validate.describe(axis_names)}."
+        )
     return tuple(axis_names)
 
 
@@ -330,18 +354,22 @@ def _mesh_device_list(devices: Any) -> list | None:
     if devices is None:
         return None
     if isinstance(devices, jax.Device) or not isinstance(devices, list | tuple | np.ndarray):
-        raise TypeError(f"`devices` must be a sequence of jax devices, e.g. jax.devices()[:4], "
-                        f"got {validate.describe(devices)}.")
+        raise TypeError(
+            f"`devices` must be a sequence of jax devices, e.g. jax.devices()[:4], "
+            f"got {validate.describe(devices)}."
+        )
     devs = list(np.asarray(devices, dtype=object).ravel())
     bad = [d for d in devs if not isinstance(d, jax.Device)]
     if bad:
-        raise TypeError(f"`devices` must hold jax devices (from jax.devices()), got "
-                        f"{validate.describe(bad[0])}.")
+        raise TypeError(
+            f"`devices` must hold jax devices (from jax.devices()), got "
+            f"{validate.describe(bad[0])}."
+        )
     if not devs:
-        raise ValueError("`devices` is empty; pass None for all devices, or some of "
-                         "jax.devices().")
+        raise ValueError("`devices` is empty; pass None for all devices, or some of jax.devices().")
     if len(set(devs)) != len(devs):
-        raise ValueError(f"`devices` names a device more than once ({len(devs)} entries, "
-                         f"{len(set(devs))} distinct); a mesh places each device once.")
+        raise ValueError(
+            f"`devices` names a device more than once ({len(devs)} entries, "
+            f"{len(set(devs))} distinct); a mesh places each device once."
+        )
     return devs
-

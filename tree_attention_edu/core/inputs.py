@@ -18,12 +18,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .names import LAYOUTS, Layout
 from .validate import check_float, check_shape, is_number, is_traced, shape_of
 
-LAYOUTS = ("bthd", "bhtd")
-"""Cache layouts: "bthd" is `k [B, Tk, Hkv, D]` (`jax.nn.dot_product_attention`'s), "bhtd" the
-head-major `k [B, Hkv, Tk, D]` that a decode kernel streams fastest."""
-SEQ_AXIS = {"bthd": 1, "bhtd": 2}
+# Cache layouts (`names.Layout`): "bthd" is `k [B, Tk, Hkv, D]`
+# (`jax.nn.dot_product_attention`'s), "bhtd" the head-major `k [B, Hkv, Tk, D]` that a decode
+# kernel streams fastest.
+SEQ_AXIS: dict[Layout, int] = {"bthd": 1, "bhtd": 2}
 """Axis of `k` and `v` that holds the keys, per layout."""
 
 
@@ -48,8 +49,10 @@ class Dims:
 def check_qk(q: Any, k: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Validate q and k alone (for functions that take no values, like `posterior`)."""
     qs, ks = shape_of(q, "q"), shape_of(k, "k")
-    for name, s, layout in (("q", qs, "[batch, q_len, q_heads, head_dim]"),
-                            ("k", ks, "[batch, kv_len, kv_heads, head_dim]")):
+    for name, s, layout in (
+        ("q", qs, "[batch, q_len, q_heads, head_dim]"),
+        ("k", ks, "[batch, kv_len, kv_heads, head_dim]"),
+    ):
         if len(s) != 4:
             raise ValueError(
                 f"`{name}` must have rank 4, {layout}, got shape {s}. "
@@ -59,13 +62,10 @@ def check_qk(q: Any, k: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     check_float(q, "q")
     check_float(k, "k")
     if qs[0] != ks[0]:
-        raise ValueError(
-            f"batch sizes differ: `q` has {qs[0]}, `k` has {ks[0]}; they must match."
-        )
+        raise ValueError(f"batch sizes differ: `q` has {qs[0]}, `k` has {ks[0]}; they must match.")
     if qs[3] != ks[3]:
         raise ValueError(
-            f"head_dim differs: `q` has D={qs[3]}, `k` has D={ks[3]}; q·k needs the same last "
-            f"axis."
+            f"head_dim differs: `q` has D={qs[3]}, `k` has D={ks[3]}; q·k needs the same last axis."
         )
     hq, hkv = qs[2], ks[2]
     if hkv == 0 or hq % hkv:
@@ -84,16 +84,14 @@ def check_qk(q: Any, k: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return qs, ks
 
 
-def check_qkv(q: Any, k: Any, v: Any, kv_lengths: Any = None, *, layout: str = "bthd") -> Dims:
+def check_qkv(q: Any, k: Any, v: Any, kv_lengths: Any = None, *, layout: Layout = "bthd") -> Dims:
     """Validate the attention inputs and return their sizes (in "bthd" terms whatever the
     cache's `layout`)."""
     k, v = bthd_view(k, layout, "k"), bthd_view(v, layout, "v")
     qs, ks = check_qk(q, k)
     vs = shape_of(v, "v")
     if len(vs) != 4:
-        raise ValueError(
-            f"`v` must have rank 4, [batch, kv_len, kv_heads, v_dim], got shape {vs}."
-        )
+        raise ValueError(f"`v` must have rank 4, [batch, kv_len, kv_heads, v_dim], got shape {vs}.")
     check_float(v, "v")
     if vs[:3] != ks[:3]:
         raise ValueError(
@@ -147,10 +145,11 @@ def check_kv_offset(kv_offset: Any) -> Any:
         f"`kv_offset` must be one integer (the global position of the chunk's first key), got "
         f"{type(kv_offset).__name__}"
         f"{' of shape ' + str(tuple(shape)) if shape is not None else ''}"
-        f"{' and dtype ' + str(dtype) if dtype is not None else ''}; e.g. `kv_offset=1024`.")
+        f"{' and dtype ' + str(dtype) if dtype is not None else ''}; e.g. `kv_offset=1024`."
+    )
 
 
-def bthd_view(x: Any, layout: str, name: str = "k or v") -> Any:
+def bthd_view(x: Any, layout: Layout, name: str = "k or v") -> Any:
     """Shape-and-dtype stand-in of a K or V array in "bthd" order, for validation."""
     check_layout(layout)
     if layout == "bthd":
@@ -181,8 +180,9 @@ def resolve_scale(scale: Any, head_dim: int, dtype: Any = None) -> float:
     """
     if scale is None:
         if head_dim < 1:
-            raise ValueError(f"head_dim is {head_dim}; the default scale 1/sqrt(head_dim) "
-                             f"needs head_dim >= 1.")
+            raise ValueError(
+                f"head_dim is {head_dim}; the default scale 1/sqrt(head_dim) needs head_dim >= 1."
+            )
         return 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool | str) or not is_number(scale):
         raise TypeError(
@@ -221,16 +221,19 @@ def check_layout(layout: Any, known: tuple[str, ...] = LAYOUTS) -> None:
 def check_like_output(x: Any, name: str, dims: Dims) -> None:
     """`x` (a source ζ or an estimate z) is a float array shaped like attention's output."""
     want = (dims.batch, dims.q_len, dims.q_heads, dims.v_dim)
-    check_shape(shape_of(x, name), want, name, "[batch, q_len, q_heads, v_dim] (attention's "
-                "output)")
+    check_shape(
+        shape_of(x, name), want, name, "[batch, q_len, q_heads, v_dim] (attention's output)"
+    )
     check_float(x, name)
 
 
 def check_head_groups(q_heads: Any, kv_heads: Any) -> None:
-    if isinstance(q_heads, int | np.integer) and isinstance(kv_heads, int | np.integer) \
-            and q_heads % kv_heads:
+    if (
+        isinstance(q_heads, int | np.integer)
+        and isinstance(kv_heads, int | np.integer)
+        and q_heads % kv_heads
+    ):
         raise ValueError(
             f"`q_heads` ({q_heads}) must be a multiple of `kv_heads` ({kv_heads}) "
             f"(grouped-query attention); use a kv_heads that divides {q_heads}."
         )
-

@@ -96,8 +96,9 @@ def as_lengths(kv_lengths: Any) -> Array:
     return saturate(jnp.asarray(kv_lengths), jnp.clip).astype(jnp.int32)
 
 
-def select_valid_keys(x: Array, kv_lengths: Array, kv_offset: int | Array = 0,
-                      seq_axis: int = 1) -> Array:
+def select_valid_keys(
+    x: Array, kv_lengths: Array, kv_offset: int | Array = 0, seq_axis: int = 1
+) -> Array:
     """Zero the keys or values of `x` at global positions `>= kv_lengths[b]` (with `where`).
 
     Such slots hold an uninitialised cache or another sequence's leftovers; a zero weight

@@ -14,6 +14,7 @@ inter-node links carry one already-reduced message per node position.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -25,6 +26,7 @@ from jax.sharding import AxisType
 from jax.typing import DTypeLike
 
 from . import validate
+from .names import MERGE_NAMES, MergeChoice, MergeName
 from .numerics import finite_or_zero, lse_pair, nonzero_or_one
 from .states import (
     AttentionState,
@@ -44,22 +46,32 @@ def check_axes(state: Any, axes: Any) -> tuple[str, ...]:
     manual axis of the enclosing `jax.shard_map` (the merges are collectives over them)."""
     if not isinstance(state, AttentionState):
         raise TypeError(f"`state` must be an AttentionState, got {type(state).__name__}.")
-    if isinstance(axes, str) or not (isinstance(axes, list | tuple)
-                                     and all(isinstance(a, str) for a in axes)):
-        raise TypeError(f"`axes` must be a list or tuple of mesh axis names, outermost first, "
-                        f"got {axes!r}.")
+    if isinstance(axes, str) or not (
+        isinstance(axes, list | tuple) and all(isinstance(a, str) for a in axes)
+    ):
+        raise TypeError(
+            f"`axes` must be a list or tuple of mesh axis names, outermost first, got {axes!r}."
+        )
     mesh = jax.sharding.get_abstract_mesh()
-    manual = () if mesh.empty else tuple(
-        a for a, t in zip(mesh.axis_names, mesh.axis_types, strict=True)
-        if t == AxisType.Manual)
+    manual = (
+        ()
+        if mesh.empty
+        else tuple(
+            a for a, t in zip(mesh.axis_names, mesh.axis_types, strict=True) if t == AxisType.Manual
+        )
+    )
     outside = [a for a in axes if a not in manual]
     if outside:
-        where = (f"the enclosing shard_map's manual axes are {manual}" if manual
-                 else "this call is not inside jax.shard_map")
+        where = (
+            f"the enclosing shard_map's manual axes are {manual}"
+            if manual
+            else "this call is not inside jax.shard_map"
+        )
         raise ValueError(
             f"`axes` {tuple(axes)} names {outside}, but {where}. A merge is a collective over "
             f"the devices of a shard_map: call it inside `jax.shard_map(..., mesh=mesh)` with "
-            f"axes of that mesh (tree_decode does this for you).")
+            f"axes of that mesh (tree_decode does this for you)."
+        )
     return tuple(axes)
 
 
@@ -86,7 +98,11 @@ def allreduce_combine(state: AttentionState, axes: Sequence[str]) -> AttentionSt
 
     Only `B·Tq·Hq·(Dv + 2)` numbers per device cross the wire, whatever the sequence length.
     """
-    axes = check_axes(state, axes)
+    return allreduce_core(state, check_axes(state, axes))
+
+
+def allreduce_core(state: AttentionState, axes: Sequence[str]) -> AttentionState:
+    """`allreduce_combine` without its checks (the decoders' form)."""
     m = shared_max(state, axes)
     w = state_weight(state, m)
     num, den = psum_inner_first((weighted_out(w, state.out), w), axes)
@@ -109,8 +125,9 @@ def global_lse(state: AttentionState, axes: Sequence[str]) -> tuple[Array, Array
 def pack(state: AttentionState) -> Array:
     """`[..., Dv + 2]`: out, lse and lse_lo side by side, so that one collective moves them."""
     dt = state.out.dtype
-    return jnp.concatenate([state.out, state.lse[..., None].astype(dt),
-                            state.lse_lo[..., None].astype(dt)], axis=-1)
+    return jnp.concatenate(
+        [state.out, state.lse[..., None].astype(dt), state.lse_lo[..., None].astype(dt)], axis=-1
+    )
 
 
 def unpack(packed: Array) -> AttentionState:
@@ -131,9 +148,11 @@ def pad_heads(state: AttentionState, heads: int) -> AttentionState:
     if not extra:
         return state
     pad = [(0, 0), (0, 0), (0, extra)]
-    return AttentionState(jnp.pad(state.out, [*pad, (0, 0)]),
-                          jnp.pad(state.lse, pad, constant_values=-jnp.inf),
-                          jnp.pad(state.lse_lo, pad))
+    return AttentionState(
+        jnp.pad(state.out, [*pad, (0, 0)]),
+        jnp.pad(state.lse, pad, constant_values=-jnp.inf),
+        jnp.pad(state.lse_lo, pad),
+    )
 
 
 def allgather_combine(state: AttentionState, axes: Sequence[str]) -> AttentionState:
@@ -144,7 +163,11 @@ def allgather_combine(state: AttentionState, axes: Sequence[str]) -> AttentionSt
     typed invariant (every device holds the same stack), so the merged result is provably
     replicated.
     """
-    axes = check_axes(state, axes)
+    return allgather_core(state, check_axes(state, axes))
+
+
+def allgather_core(state: AttentionState, axes: Sequence[str]) -> AttentionState:
+    """`allgather_combine` without its checks (the decoders' form)."""
     gathered = lax.all_gather(pack(state), axes, axis=0, tiled=False, to="invarying")
     return merge_stacked(unpack(gathered))
 
@@ -156,10 +179,14 @@ def all_to_all_combine(state: AttentionState, axes: Sequence[str]) -> AttentionS
     Returns the state of `heads_per_device(Hq, p)` query heads `[B, Tq, Hs, ·]`: those of the
     device's index along `axes` after padding the heads to a multiple of p.
     """
-    axes = check_axes(state, axes)
+    return all_to_all_core(state, check_axes(state, axes))
+
+
+def all_to_all_core(state: AttentionState, axes: Sequence[str]) -> AttentionState:
+    """`all_to_all_combine` without its checks (the decoders' form)."""
     p = lax.axis_size(axes)
     B, Tq, Hq, Dv = state.out.shape
-    hs = heads_per_device(Hq, p)
+    hs = -(-Hq // p)  # heads_per_device, on sizes the decoder checked
     packed = pack(pad_heads(state, hs * p)).reshape(B, Tq, p, hs, Dv + 2)
     packed = jnp.moveaxis(packed, 2, 0)  # [p (destination), B, Tq, Hs, Dv + 2]
     received = lax.all_to_all(packed, axes, 0, 0, tiled=True)  # [p (source), ...]
@@ -173,25 +200,34 @@ def reduce_scatter_combine(state: AttentionState, axes: Sequence[str]) -> Attent
     Returns the state of the device's `heads_per_device(Hq, p)` query heads, as
     `all_to_all_combine` does; the lse of those heads is known to every device anyway.
     """
-    axes = check_axes(state, axes)
+    return reduce_scatter_core(state, check_axes(state, axes))
+
+
+def reduce_scatter_core(state: AttentionState, axes: Sequence[str]) -> AttentionState:
+    """`reduce_scatter_combine` without its checks (the decoders' form)."""
     p = lax.axis_size(axes)
-    hs = heads_per_device(state.lse.shape[2], p)
+    hs = -(-state.lse.shape[2] // p)  # heads_per_device, on sizes the decoder checked
     state = pad_heads(state, hs * p)
     pairs = lax.all_gather(jnp.stack([state.lse, state.lse_lo], -1), axes, axis=0, tiled=False)
     lse_all, lo_all = pairs[..., 0], pairs[..., 1]  # [p, B, Tq, Hq]
     m = finite_or_zero(lax.stop_gradient(jnp.max(lse_all, axis=0)))
     total = jnp.sum(lse_weight(lse_all, lo_all, m), axis=0)
     share = state_weight(state, m) / nonzero_or_one(total)  # this shard's weight in the union
-    mine = lax.psum_scatter(weighted_out(share, state.out), axes, scatter_dimension=2,
-                            tiled=True)  # [B, Tq, Hs, Dv]
+    mine = lax.psum_scatter(
+        weighted_out(share, state.out), axes, scatter_dimension=2, tiled=True
+    )  # [B, Tq, Hs, Dv]
     lse, lse_lo = lse_pair(total, m)
     start = lax.axis_index(axes) * hs
-    return AttentionState(mine, lax.dynamic_slice_in_dim(lse, start, hs, 2),
-                          lax.dynamic_slice_in_dim(lse_lo, start, hs, 2))
+    return AttentionState(
+        mine,
+        lax.dynamic_slice_in_dim(lse, start, hs, 2),
+        lax.dynamic_slice_in_dim(lse_lo, start, hs, 2),
+    )
 
 
-def one_pass_window(dtype: DTypeLike, p: int, out_max: float = 1.0,
-                    out_min: float = 1.0) -> tuple[float, float]:
+def one_pass_window(
+    dtype: DTypeLike, p: int, out_max: float = 1.0, out_min: float = 1.0
+) -> tuple[float, float]:
     """The range of `x = lse - shift` inside which the one-pass merge is exact to the dtype's
     rounding, for p devices whose outputs' nonzero entries lie in `[out_min, out_max]` in
     magnitude.
@@ -207,8 +243,9 @@ def one_pass_window(dtype: DTypeLike, p: int, out_max: float = 1.0,
       partial sum below `tiny` is then below ε times each of its terms, and flushing it
       errs by less than the rounding of the sum already allows (`ε·Σ|terms|`), the bound
       every merge meets. Low end: `e^x · min(out_min, 1) >= tiny/ε`, i.e.
-      `x >= ln(tiny) + ln(1/ε) - min(ln out_min, 0)` (-71.40 in float32 for outputs of size
-      at least 1; the earlier bound without `ln(1/ε)`, -87.34, let that sum flush).
+      `x >= ln(tiny) + ln(1/ε) - min(ln out_min, 0)` (-71.39 in float32 for outputs of size
+      at least 1, before the margin below; the earlier bound without `ln(1/ε)`, -87.34, let
+      that sum flush).
     * **No sum overflows:** `p · e^x · max(out_max, 1) <= max`.
     * **The division stays exact:** XLA divides by a broadcast denominator as a
       multiplication by its reciprocal, and a subnormal reciprocal is flushed to zero (N/L
@@ -216,6 +253,9 @@ def one_pass_window(dtype: DTypeLike, p: int, out_max: float = 1.0,
 
     High end: `x <= min(ln(max) - max(ln out_max, 0), -ln(tiny)) - ln(p)` (87.34 - ln p in
     float32 for outputs of size at most 1: 85.26 on 8 devices).
+
+    Each end is then moved `WINDOW_MARGIN` (2^-8) inward, for the rounding of the test
+    itself (85.25 on 8 devices; -71.39 at the bottom).
 
     `one_pass_combine` applies these bounds row by row, with each row's own smallest nonzero
     and largest `|out|`, and weighs each state by a split exponent (`states.lse_weight`), so
@@ -237,18 +277,32 @@ def one_pass_window(dtype: DTypeLike, p: int, out_max: float = 1.0,
     return low, high
 
 
+WINDOW_MARGIN = 2.0**-8
+"""How far inside each of its three bounds `one_pass_window` keeps `x`: the test of a row
+runs on a rounded `x = (lse - shift) + lse_lo` (off by half a unit in its last place and
+`lse_lo`'s own half unit), against bounds rounded to the test's dtype, and `exp`, `log` and
+the sum of p terms each add a few units more. 2^-8 is far more than all of them (under 1e-5
+at |x| = 90 in float32), and costs nothing of the window's width that matters. Without it
+a row exactly at the top bound, or a hair past it that rounds inside, had a subnormal
+reciprocal and the merge returned 0."""
+
+
 def _window_logs(dtype: DTypeLike, p: int) -> tuple[float, float, float]:
-    """`one_pass_window`'s three constants for outputs of size one: the lowest term
-    `ln(tiny/ε)`, the largest sum `ln(max) - ln p`, and the largest denominator whose
-    reciprocal is normal, `-ln(tiny) - ln p`."""
+    """`one_pass_window`'s three constants for outputs of size one, each `WINDOW_MARGIN`
+    inside: the lowest term `ln(tiny/ε)`, the largest sum `ln(max) - ln p`, and the
+    largest denominator whose reciprocal is normal, `-ln(tiny) - ln p`."""
     info = jnp.finfo(dtype)
     tiny = math.log(float(info.tiny))
-    return (tiny - math.log(float(info.eps)), math.log(float(info.max)) - math.log(p),
-            -tiny - math.log(p))
+    return (
+        tiny - math.log(float(info.eps)) + WINDOW_MARGIN,
+        math.log(float(info.max)) - math.log(p) - WINDOW_MARGIN,
+        -tiny - math.log(p) - WINDOW_MARGIN,
+    )
 
 
-def one_pass_combine(state: AttentionState, axes: Sequence[str],
-                     shift: float = 0.0) -> AttentionState:
+def one_pass_combine(
+    state: AttentionState, axes: Sequence[str], shift: float = 0.0
+) -> AttentionState:
     """FlashDecoding++'s unified max: one Allreduce(sum) with a shared shift in place of the
     Allreduce(max).
 
@@ -260,22 +314,35 @@ def one_pass_combine(state: AttentionState, axes: Sequence[str],
     flag that travels in the same Allreduce, and if any flag is up all devices fall back to
     `allreduce_combine` (a conditional: the exact two-collective merge runs only then).
     """
-    axes = check_axes(state, axes)
+    return one_pass_core(state, check_axes(state, axes), shift)
+
+
+def one_pass_core(state: AttentionState, axes: Sequence[str], shift: float = 0.0) -> AttentionState:
+    """`one_pass_combine` without its checks (the decoders' form)."""
     p = lax.axis_size(axes)
     dt = state.out.dtype
+    ct = jnp.promote_types(dt, jnp.float32)  # the test runs in at least float32
     empty = jnp.isneginf(state.lse)
-    x = (state.lse - shift) + state.lse_lo  # a rounded exponent is close enough to test
-    mag = jnp.abs(jnp.where(empty[..., None], jnp.zeros((), dt), state.out))
+    x = (state.lse.astype(ct) - shift) + state.lse_lo.astype(ct)  # rounded: see the margin
+    mag = jnp.abs(jnp.where(empty[..., None], jnp.zeros((), dt), state.out)).astype(ct)
     big = jnp.log(jnp.maximum(jnp.max(mag, axis=-1), 1.0))  # >= 0
     small = jnp.log(jnp.minimum(jnp.min(jnp.where(mag > 0, mag, 1.0), axis=-1), 1.0))  # <= 0
     low, top, recip = _window_logs(dt, p)
     outside = ~empty & ((x + small < low) | (x + big > top) | (x > recip))
     flag = jnp.any(outside).astype(dt)
-    w = state_weight(state, jnp.asarray(shift, dt))
+    # The fast sums see the rows outside at the shift itself (weight 1): their result is
+    # discarded (the flag is up), and an overflowed weight there would put inf, and through
+    # its zero cotangent NaN, into the gradient.
+    fast_state = AttentionState(
+        state.out,
+        jnp.where(outside, jnp.asarray(shift, state.lse.dtype), state.lse),
+        jnp.where(outside, jnp.zeros((), state.lse_lo.dtype), state.lse_lo),
+    )
+    w = state_weight(fast_state, jnp.asarray(shift, dt))
     num, den, flag = psum_inner_first((weighted_out(w, state.out), w, flag), axes)
 
     def exact(_):
-        return allreduce_combine(state, axes)
+        return allreduce_core(state, axes)
 
     def fast(_):
         return from_parts(num, den, jnp.full(den.shape, shift, den.dtype))
@@ -283,7 +350,7 @@ def one_pass_combine(state: AttentionState, axes: Sequence[str],
     return lax.cond(flag > 0, exact, fast, None)
 
 
-MERGES: dict[str, Merge] = {
+MERGES: dict[MergeName, Merge] = {
     "allreduce": allreduce_combine,
     "allgather": allgather_combine,
     "reduce_scatter": reduce_scatter_combine,
@@ -305,9 +372,18 @@ All five compute the same attention (exact to rounding); only the collectives di
 head-scattered patterns leave each device with its own heads' output
 (`P(None, None, seq_axes, None)`); the others are replicated.
 """
-HEAD_SCATTERED = ("reduce_scatter", "all_to_all")
+MERGE_CORES: dict[MergeName, Merge] = {
+    "allreduce": allreduce_core,
+    "allgather": allgather_core,
+    "reduce_scatter": reduce_scatter_core,
+    "all_to_all": all_to_all_core,
+    "one_pass": one_pass_core,
+}
+"""`MERGES` without their checks: what the decoders call, on states their own kernels made
+inside their own `shard_map` (the checks ran once, at the decoder's door)."""
+HEAD_SCATTERED: tuple[MergeName, ...] = ("reduce_scatter", "all_to_all")
 """Patterns whose result is split over query heads across the devices."""
-AUTO_MERGES = tuple(m for m in MERGES if m != "one_pass")
+AUTO_MERGES: tuple[MergeName, ...] = tuple(m for m in MERGE_NAMES if m != "one_pass")
 """The patterns "auto" chooses from. "one_pass" is left out: its cost depends on the data
 (past its window it runs the exact merge as well, and costs more than "allreduce")."""
 
@@ -328,27 +404,30 @@ class MergeProblem(NamedTuple):
 
 
 MergePolicy = Callable[[MergeProblem], str]
-_auto_policy: list[MergePolicy] = []
+"""What decides `merge="auto"`: a function of a `MergeProblem` that returns one of
+`AUTO_MERGES`."""
+DEFAULT_POLICY = "tree_attention_edu.perf.crossover:auto_merge"
+"""Who decides `merge="auto"` when the caller passes no `merge_policy`: the cost model's
+pick (`perf.crossover.auto_merge`), named here as a `module:function` path and imported
+only when "auto" is asked for, so that the core imports nothing of `perf`."""
 
 
-def set_auto_policy(policy: MergePolicy | None) -> None:
-    """Give the core the policy that `merge="auto"` asks: a function of a `MergeProblem`
-    that returns one of `AUTO_MERGES`. The package registers `perf.costmodel.auto_merge` on
-    import; `None` restores the default, "allreduce"."""
-    if policy is not None:
-        validate.check_callable(policy, "policy", "a function of a MergeProblem that returns "
-                                "a pattern name")
-    _auto_policy.clear()
-    if policy is not None:
-        _auto_policy.append(policy)
+def default_policy() -> MergePolicy:
+    """The function `DEFAULT_POLICY` names."""
+    module, name = DEFAULT_POLICY.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def resolve_merge(merge: str, problem: MergeProblem) -> str:
-    """The pattern a `merge=` argument names: itself, or the auto policy's choice."""
+def resolve_merge(
+    merge: MergeChoice, problem: MergeProblem, policy: MergePolicy | None = None
+) -> MergeName:
+    """The pattern a `merge=` argument names: itself, or, for "auto", `policy`'s choice
+    (`default_policy()` when None)."""
     if merge != "auto":
         return merge
-    choice = _auto_policy[0](problem) if _auto_policy else "allreduce"
+    choice = (policy or default_policy())(problem)
     if choice not in AUTO_MERGES:
-        raise ValueError(f"the auto merge policy returned {choice!r}; it must return one of "
-                         f"{AUTO_MERGES}.")
+        raise ValueError(
+            f"the auto merge policy returned {choice!r}; it must return one of {AUTO_MERGES}."
+        )
     return choice

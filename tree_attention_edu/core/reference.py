@@ -83,7 +83,10 @@ def weights(
     if kv_lengths is not None:
         kv_lengths = masks.clamp_lengths(kv_lengths, ks[0], ks[1])
     s, mask = scaled_scores(
-        q, k, scale=inputs.resolve_scale(scale, ks[3], q.dtype), causal=causal,
+        q,
+        k,
+        scale=inputs.resolve_scale(scale, ks[3], q.dtype),
+        causal=causal,
         kv_lengths=kv_lengths,
     )
     p, l, _ = masked_softmax_parts(s, mask)

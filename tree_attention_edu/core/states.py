@@ -21,6 +21,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
+import jax
 import jax.numpy as jnp
 from jax import Array, lax
 from jax.typing import DTypeLike
@@ -66,13 +67,20 @@ class AttentionState(NamedTuple):
         return cls(jnp.asarray(out), lse, jnp.zeros_like(lse))
 
 
-def identity_state(batch: int, q_len: int, q_heads: int, v_dim: int,
-                   dtype: DTypeLike = jnp.float32) -> AttentionState:
+def identity_state(
+    batch: int, q_len: int, q_heads: int, v_dim: int, dtype: DTypeLike = jnp.float32
+) -> AttentionState:
     """The state of an empty chunk, `(0, -inf)`: `combine(identity, s) == s` exactly."""
-    for name, n in (("batch", batch), ("q_len", q_len), ("q_heads", q_heads),
-                    ("v_dim", v_dim)):
+    for name, n in (("batch", batch), ("q_len", q_len), ("q_heads", q_heads), ("v_dim", v_dim)):
         validate.check_size(n, name)
     validate.check_float_dtype(dtype, "dtype")
+    return identity_core(batch, q_len, q_heads, v_dim, dtype)
+
+
+def identity_core(
+    batch: int, q_len: int, q_heads: int, v_dim: int, dtype: DTypeLike
+) -> AttentionState:
+    """`identity_state` without its checks, for sizes read off checked arrays."""
     return AttentionState(
         jnp.zeros((batch, q_len, q_heads, v_dim), dtype),
         jnp.full((batch, q_len, q_heads), -jnp.inf, dtype),
@@ -84,7 +92,23 @@ def from_parts(out_num: Array, l: Array, m: Array) -> AttentionState:
     """State from an unnormalised numerator `[..., Dv]`, a sum of `exp(s - m)` `[...]` and the
     shift `m` `[...]` (finite). `l == 0` (nothing visible) gives exactly `(0, -inf, 0)`."""
     lse, lse_lo = lse_pair(l, m)
-    return AttentionState(out_num / nonzero_or_one(l)[..., None], lse, lse_lo)
+    return AttentionState(ratio(out_num, nonzero_or_one(l)[..., None]), lse, lse_lo)
+
+
+@jax.custom_jvp
+def ratio(x: Array, y: Array) -> Array:
+    """`x / y`, whose derivative is `(dx - (x/y)·dy) / y`. JAX's own rule for a division
+    goes through `y^-2`, which under- or overflows long before `x/y` does: with the
+    one-pass merge's denominators near `e^{±60}` in float32 the gradient came out wrong or
+    NaN while the value was exact."""
+    return x / y
+
+
+@ratio.defjvp
+def _ratio_jvp(primals: tuple[Array, Array], tangents: tuple[Array, Array]):
+    (x, y), (dx, dy) = primals, tangents
+    out = x / y
+    return out, (dx - out * dy) / y
 
 
 def local_state(
@@ -131,23 +155,26 @@ def local_state(
     return from_parts(num, l.transpose(0, 2, 1), m.transpose(0, 2, 1))
 
 
-
 def lse_weight(lse: Array, lse_lo: Array, shift: Array) -> Array:
     """`e^{lse + lse_lo - shift}` of a double-word lse; exactly 0 where `lse = -inf` (an empty
     state), whatever its `lse_lo` holds (NaN included: another kernel may hand one over).
 
-    The exponent is split, `e^{hi} · e^{lo + lse_lo}` with `hi + lo = lse - shift` exactly
-    (`two_sum`), so the weight is as accurate as `exp` itself at any `|lse - shift|`. Rounding
+    The exponent is split, `e^{hi} · e^{r}` with `hi + r = lse + lse_lo - shift` to double
+    precision (`two_sum` twice, so an `lse_lo` of any size is renormalised), and `|r|` at most
+    half a unit in the last place of `hi`: under `jit` the weight is then within about two
+    units of the exact one at any `|lse - shift|` (checked in the tests). Rounding
     `(lse - shift) + lse_lo` to one word first would err by `u·|lse - shift|` relative: 40
     units in the last place at `|x| = 80` in float32, which a fixed shift (`one_pass`)
     reaches. The empty rows are selected away before the exponent too (so a NaN there
     reaches neither the value nor its gradient)."""
     empty = jnp.isneginf(lse)
     hi, lo = two_sum(jnp.where(empty, shift, lse), -shift)
+    hi, r = two_sum(hi, lo + jnp.where(empty, jnp.zeros((), lse_lo.dtype), lse_lo))
     e = jnp.exp(hi)
     # e·e^r as e + e·expm1(r): XLA rewrites exp(a)·exp(b) into exp(a + b), which is the
     # rounding this split avoids; it leaves expm1 alone (checked under jit by the tests).
-    w = e + e * jnp.expm1(lo + jnp.where(empty, jnp.zeros((), lse_lo.dtype), lse_lo))
+    # r == 0 is e itself (an overflowed e stays inf, not inf·0 = NaN).
+    w = jnp.where(r == 0, e, e + e * jnp.expm1(r))
     return jnp.where(empty, jnp.zeros((), w.dtype), w)
 
 
@@ -158,16 +185,24 @@ def state_weight(state: AttentionState, shift: Array) -> Array:
 
 def weighted_out(w: Array, out: Array) -> Array:
     """`w · out` `[..., Dv]`, selecting 0 where the weight is exactly 0 (an empty state's out
-    may hold anything); a NaN weight stays NaN."""
-    return jnp.where(w[..., None] == 0, jnp.zeros((), out.dtype), w[..., None] * out)
+    may hold anything); a NaN weight stays NaN. `out` is selected before the product too,
+    so that the gradient in `w` is `0`, not `0·NaN`, where `out` holds garbage; the product
+    is selected after it, so that XLA cannot fuse it with the sum that follows into an FMA
+    (whose rounding depends on the operands' order: `combine` would lose its bit-for-bit
+    commutativity under `jit`)."""
+    zero = jnp.zeros((), out.dtype)
+    empty = w[..., None] == 0
+    return jnp.where(empty, zero, w[..., None] * jnp.where(empty, zero, out))
 
 
 def check_state(state: Any, name: str) -> AttentionState:
     """An AttentionState of float arrays with matching shapes (static checks only)."""
     if not isinstance(state, AttentionState):
-        raise TypeError(f"`{name}` must be an AttentionState, got {type(state).__name__}; "
-                        f"make one with local_state(...), identity_state(...) or "
-                        f"AttentionState.from_lse(out, lse).")
+        raise TypeError(
+            f"`{name}` must be an AttentionState, got {type(state).__name__}; "
+            f"make one with local_state(...), identity_state(...) or "
+            f"AttentionState.from_lse(out, lse)."
+        )
     shapes = []
     for part in ("out", "lse", "lse_lo"):
         x = getattr(state, part)
@@ -175,8 +210,10 @@ def check_state(state: Any, name: str) -> AttentionState:
         validate.check_float(x, f"{name}.{part}")
     out, lse, lo = shapes
     if out[:-1] != lse or lo != lse:
-        raise ValueError(f"`{name}` has out {out}, lse {lse} and lse_lo {lo}; lse and lse_lo "
-                         f"must be out's shape without its last axis, [B, Tq, Hq].")
+        raise ValueError(
+            f"`{name}` has out {out}, lse {lse} and lse_lo {lo}; lse and lse_lo "
+            f"must be out's shape without its last axis, [B, Tq, Hq]."
+        )
     return state
 
 
@@ -200,6 +237,13 @@ def combine(a: AttentionState, b: AttentionState) -> AttentionState:
             f"`a` and `b` must have the same shapes to combine, got out {a.out.shape} and "
             f"{b.out.shape}: they must be states of the same queries (no broadcasting)."
         )
+    return combine_core(a, b)
+
+
+def combine_core(a: AttentionState, b: AttentionState) -> AttentionState:
+    """`combine` without its checks, for states of the same shape that the caller built
+    (the ring's online fold, the reductions): the decoders check their inputs once, at
+    their own door."""
     m = finite_or_zero(lax.stop_gradient(jnp.maximum(a.lse, b.lse)))
     w_a, w_b = state_weight(a, m), state_weight(b, m)
     merged = from_parts(weighted_out(w_a, a.out) + weighted_out(w_b, b.out), w_a + w_b, m)
@@ -224,8 +268,10 @@ def merge_stacked(stacked: AttentionState) -> AttentionState:
     weights `e^{lse_i - m}`, and selection where a weight is 0; all empty gives
     `(0, -inf, 0)`."""
     if not isinstance(stacked, AttentionState):
-        raise TypeError(f"`stacked` must be an AttentionState of arrays stacked along a leading "
-                        f"axis, got {type(stacked).__name__}.")
+        raise TypeError(
+            f"`stacked` must be an AttentionState of arrays stacked along a leading "
+            f"axis, got {type(stacked).__name__}."
+        )
     m = finite_or_zero(lax.stop_gradient(jnp.max(stacked.lse, axis=0)))
     w = state_weight(stacked, m)
     return from_parts(jnp.sum(weighted_out(w, stacked.out), axis=0), jnp.sum(w, axis=0), m)
@@ -244,15 +290,19 @@ def finalize(state: AttentionState, dtype: DTypeLike | None = None) -> Array:
 def _check_states_sequence(states: Any) -> list:
     """A reduction's input: a non-empty list or tuple (a generator would be consumed)."""
     if not isinstance(states, list | tuple):
-        raise TypeError(f"`states` must be a list or tuple of states, got "
-                        f"{type(states).__name__}; wrap an iterator in `list(...)`.")
+        raise TypeError(
+            f"`states` must be a list or tuple of states, got "
+            f"{type(states).__name__}; wrap an iterator in `list(...)`."
+        )
     if not states:
         raise ValueError("`states` is empty; a reduction needs at least one state.")
     return list(states)
 
 
 def tree_reduce(
-    states: Sequence[T], branching: int = 2, op: Callable[[T, T], T] = combine  # type: ignore[assignment]
+    states: Sequence[T],
+    branching: int = 2,
+    op: Callable[[T, T], T] = combine,  # type: ignore[assignment]
 ) -> T:
     """Reduce with a `branching`-ary tree: `ceil(log_branching(n))` levels, each group of up
     to `branching` merged left to right by `branching − 1` binary `op`s (so a ternary level
@@ -268,18 +318,21 @@ def tree_reduce(
     validate.check_callable(op, "op", "an associative function of two states, like combine")
     while len(level) > 1:
         level = [
-            functools.reduce(op, level[i : i + branching])
-            for i in range(0, len(level), branching)
+            functools.reduce(op, level[i : i + branching]) for i in range(0, len(level), branching)
         ]
     return level[0]
 
 
-def sequential_reduce(states: Sequence[T], op: Callable[[T, T], T] = combine  # type: ignore[assignment]
-                      ) -> T:
+def sequential_reduce(
+    states: Sequence[T],
+    op: Callable[[T, T], T] = combine,  # type: ignore[assignment]
+) -> T:
     """Reduce one after another, left to right: the order Ring Attention visits the blocks."""
     level = _check_states_sequence(states)
     validate.check_callable(op, "op", "an associative function of two states, like combine")
     return functools.reduce(op, level)
+
+
 def chunk_states(
     q: Array,
     k: Array,
@@ -296,9 +349,10 @@ def chunk_states(
     is clamped into `[0, Tk]`, as `attention` reads it.
     """
     dims = inputs.check_qkv(q, k, v, kv_lengths)
-    sizes = [validate.check_int(c, "chunk_sizes", minimum=None, example="[4, 4, 5]")
-             for c in validate.check_sequence(chunk_sizes, "chunk_sizes", "chunk sizes",
-                                              "[4, 4, 5]")]
+    sizes = [
+        validate.check_int(c, "chunk_sizes", minimum=None, example="[4, 4, 5]")
+        for c in validate.check_sequence(chunk_sizes, "chunk_sizes", "chunk sizes", "[4, 4, 5]")
+    ]
     if sum(sizes) != dims.kv_len or min(sizes) < 0:
         raise ValueError(
             f"`chunk_sizes` {sizes} must be non-negative and sum to kv_len = {dims.kv_len}."
@@ -313,10 +367,14 @@ def chunk_states(
         sl = slice(start, start + size)
         out.append(
             local_state(
-                q, k[:, sl], v[:, sl], kv_offset=start, scale=scale, causal=causal,
+                q,
+                k[:, sl],
+                v[:, sl],
+                kv_offset=start,
+                scale=scale,
+                causal=causal,
                 kv_lengths=kv_lengths,
             )
         )
         start += size
     return out
-

@@ -10,8 +10,6 @@ same eagerly and under `jax.jit`.
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -42,8 +40,11 @@ def is_number(x: Any) -> bool:
         return True
     shape = getattr(x, "shape", None)
     dtype = getattr(x, "dtype", None)
-    return shape == () and dtype is not None and (
-        jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer))
+    return (
+        shape == ()
+        and dtype is not None
+        and (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer))
+    )
 
 
 def is_traced(x: Any) -> bool:
@@ -72,11 +73,13 @@ def check_float_dtype(dtype: Any, name: str = "dtype") -> None:
     try:
         dt = jnp.dtype(dtype)
     except TypeError as err:
-        raise TypeError(f"`{name}` must be a floating dtype such as jnp.float32, got "
-                        f"{dtype!r}.") from err
+        raise TypeError(
+            f"`{name}` must be a floating dtype such as jnp.float32, got {dtype!r}."
+        ) from err
     if dt not in [jnp.dtype(d) for d in FLOAT_DTYPES]:
-        raise TypeError(f"`{name}` must be a floating dtype (float16, bfloat16, float32 or "
-                        f"float64), got {dt}.")
+        raise TypeError(
+            f"`{name}` must be a floating dtype (float16, bfloat16, float32 or float64), got {dt}."
+        )
 
 
 def check_positive(value: Any, name: str) -> None:
@@ -98,25 +101,14 @@ def describe(x: Any) -> str:
     return f"{type(x).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
-def _is_symbolic(x: Any) -> bool:
-    """A sympy expression: the cost model's formulas are also evaluated on symbols."""
-    return hasattr(x, "free_symbols") and hasattr(x, "subs")
-
-
-def check_int(value: Any, name: str, *, minimum: int | None = 1, symbolic: bool = False,
-              example: str = "") -> Any:
+def check_int(value: Any, name: str, *, minimum: int | None = 1, example: str = "") -> int:
     """An int (Python or numpy, not bool) of at least `minimum`: TypeError for another type,
-    ValueError below the minimum. With `symbolic=True` a sympy expression passes unchecked.
-    `example` (e.g. "`dim=64`") is quoted in the message."""
-    if symbolic and not isinstance(value, _REAL) and _is_symbolic(value):
-        return value
+    ValueError below the minimum. `example` (e.g. "`dim=64`") is quoted in the message."""
     eg = f", e.g. {example}" if example else ""
     if isinstance(value, bool | np.bool_) or not isinstance(value, _INTEGRAL):
-        raise TypeError(f"`{name}` must be an int, got {describe(value)}; pass a whole "
-                        f"number{eg}.")
+        raise TypeError(f"`{name}` must be an int, got {describe(value)}; pass a whole number{eg}.")
     if minimum is not None and value < minimum:
-        what = {1: "a positive int", 0: "a non-negative int"}.get(minimum,
-                                                                   f"an int >= {minimum}")
+        what = {1: "a positive int", 0: "a non-negative int"}.get(minimum, f"an int >= {minimum}")
         raise ValueError(f"`{name}` must be {what}, got {value!r}{eg}.")
     return int(value)
 
@@ -129,25 +121,33 @@ def _interval(low, high, low_open, high_open) -> str:
     return f"{'<' if high_open else '<='} {high:g}"
 
 
-def check_real(value: Any, name: str, *, low: float | None = None, high: float | None = None,
-               low_open: bool = False, high_open: bool = False, finite: bool = True,
-               symbolic: bool = False, traced: bool = False, hint: str = "") -> Any:
+def check_real(
+    value: Any,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    finite: bool = True,
+    traced: bool = False,
+    hint: str = "",
+) -> Any:
     """A real number (Python, numpy, or a 0-d numeric array), not NaN, finite unless
     `finite=False`, inside the given bounds. Returns it as a float.
 
     A traced scalar (under `jit`/`grad`) is a TypeError unless `traced=True`, where it is
-    returned unchecked; with `symbolic=True` a sympy expression is returned unchecked."""
-    if symbolic and not isinstance(value, _REAL) and _is_symbolic(value):
-        return value
+    returned unchecked."""
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    is_scalar_array = (shape == () and dtype is not None and not jnp.issubdtype(dtype, jnp.bool_)
-                       and (jnp.issubdtype(dtype, jnp.floating)
-                            or jnp.issubdtype(dtype, jnp.integer)))
-    if isinstance(value, bool | np.bool_) or not (isinstance(value, _REAL)
-                                                   or is_scalar_array):
+    is_scalar_array = (
+        shape == ()
+        and dtype is not None
+        and not jnp.issubdtype(dtype, jnp.bool_)
+        and (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer))
+    )
+    if isinstance(value, bool | np.bool_) or not (isinstance(value, _REAL) or is_scalar_array):
         raise TypeError(
-            f"`{name}` must be a real number, got {describe(value)}"
-            f"{'; ' + hint if hint else ''}."
+            f"`{name}` must be a real number, got {describe(value)}{'; ' + hint if hint else ''}."
         )
     number = concrete(value)
     if number is None:
@@ -168,8 +168,9 @@ def check_real(value: Any, name: str, *, low: float | None = None, high: float |
             f"`{name}` must be a finite number{' ' + bounds if bounds else ''}, got {x}"
             f"{'; ' + hint if hint else ''}."
         )
-    if ((low is not None and (x < low or (low_open and x == low)))
-            or (high is not None and (x > high or (high_open and x == high)))):
+    if (low is not None and (x < low or (low_open and x == low))) or (
+        high is not None and (x > high or (high_open and x == high))
+    ):
         raise ValueError(f"`{name}` must be {bounds}, got {x:g}{'; ' + hint if hint else ''}.")
     return x
 
@@ -178,15 +179,15 @@ def check_bool(value: Any, name: str, *, optional: bool = False) -> None:
     if (optional and value is None) or isinstance(value, bool | np.bool_):
         return
     raise TypeError(
-        f"`{name}` must be True or False{' (or None)' if optional else ''}, "
-        f"got {describe(value)}."
+        f"`{name}` must be True or False{' (or None)' if optional else ''}, got {describe(value)}."
     )
 
 
 def check_callable(value: Any, name: str, what: str = "") -> None:
     if not callable(value):
-        raise TypeError(f"`{name}` must be a callable{f' ({what})' if what else ''}, got "
-                        f"{describe(value)}.")
+        raise TypeError(
+            f"`{name}` must be a callable{f' ({what})' if what else ''}, got {describe(value)}."
+        )
 
 
 def check_instance(value: Any, cls: type | tuple[type, ...], name: str, hint: str = "") -> None:
@@ -207,16 +208,27 @@ def check_prng_key(key: Any, name: str = "key") -> None:
                 f"{tuple(key.shape)}; pass one, e.g. `{name}[0]`."
             )
         return
-    if (dtype is not None and not isinstance(dtype, type) and np.dtype(dtype) == np.uint32
-            and tuple(getattr(key, "shape", ())) == (2,)):
+    if (
+        dtype is not None
+        and not isinstance(dtype, type)
+        and np.dtype(dtype) == np.uint32
+        and tuple(getattr(key, "shape", ())) == (2,)
+    ):
         return
     raise TypeError(
         f"`{name}` must be a JAX PRNG key such as `jax.random.key(0)`, got {describe(key)}."
     )
 
 
-def check_array(x: Any, name: str, *, rank: int | None = None, layout: str = "",
-                kind: str | None = None, min_rank: int = 0) -> tuple[int, ...]:
+def check_array(
+    x: Any,
+    name: str,
+    *,
+    rank: int | None = None,
+    layout: str = "",
+    kind: str | None = None,
+    min_rank: int = 0,
+) -> tuple[int, ...]:
     """An array of the given rank (`layout` describes its axes), or at least `min_rank`, and
     dtype kind ("float" or "int"); returns its shape."""
     s = shape_of(x, name)
@@ -236,8 +248,9 @@ def check_array(x: Any, name: str, *, rank: int | None = None, layout: str = "",
     return s
 
 
-def check_shape(got: tuple[int, ...], want: tuple[int, ...], name: str, layout: str,
-                hint: str = "") -> None:
+def check_shape(
+    got: tuple[int, ...], want: tuple[int, ...], name: str, layout: str, hint: str = ""
+) -> None:
     if tuple(got) != tuple(want):
         raise ValueError(
             f"`{name}` must have shape {layout} = {tuple(want)}, got {tuple(got)}"
@@ -247,22 +260,26 @@ def check_shape(got: tuple[int, ...], want: tuple[int, ...], name: str, layout: 
 
 def check_no_empty_axis(shape: tuple[int, ...], name: str, layout: str) -> None:
     if 0 in tuple(shape):
-        raise ValueError(f"`{name}` has shape {tuple(shape)}; every axis of {layout} needs "
-                         f"size >= 1.")
+        raise ValueError(
+            f"`{name}` has shape {tuple(shape)}; every axis of {layout} needs size >= 1."
+        )
 
 
 def check_sequence(value: Any, name: str, what: str, example: str) -> list:
     """A non-empty list, tuple or 1-d array, returned as a list."""
     if isinstance(value, np.ndarray | jax.Array):
         if value.ndim != 1:
-            raise ValueError(f"`{name}` must be a 1-d sequence of {what}, e.g. {example}, got "
-                             f"shape {tuple(value.shape)}.")
+            raise ValueError(
+                f"`{name}` must be a 1-d sequence of {what}, e.g. {example}, got "
+                f"shape {tuple(value.shape)}."
+            )
         items = list(value)
     elif isinstance(value, list | tuple | range):
         items = list(value)
     else:
-        raise TypeError(f"`{name}` must be a sequence of {what}, e.g. {example}, got "
-                        f"{describe(value)}.")
+        raise TypeError(
+            f"`{name}` must be a sequence of {what}, e.g. {example}, got {describe(value)}."
+        )
     if not items:
         raise ValueError(f"`{name}` is empty; give at least one, e.g. {example}.")
     return items
@@ -278,9 +295,10 @@ def check_sizes_list(values: Any, name: str, example: str) -> list[int]:
 
 def check_multiple_of(value: int, name: str, divisor: int, divisor_name: str) -> None:
     if value % divisor:
-        raise ValueError(f"`{name}` holds {value}, not a multiple of `{divisor_name}` "
-                         f"({divisor}); give multiples of it.")
-
+        raise ValueError(
+            f"`{name}` holds {value}, not a multiple of `{divisor_name}` "
+            f"({divisor}); give multiples of it."
+        )
 
 
 def check_str_choice(value: Any, known: tuple[str, ...], name: str) -> str:
@@ -289,28 +307,3 @@ def check_str_choice(value: Any, known: tuple[str, ...], name: str) -> str:
         raise TypeError(f"`{name}` must be a str, one of {known}, got {describe(value)}.")
     check_choice(value, known, name)
     return value
-
-
-def check_path(path: Any, name: str = "path", what: str = "a path") -> Path:
-    """A filesystem path (str or os.PathLike), returned as a `pathlib.Path`; `what` says
-    what it should point to ("a folder", "a .gguf file or a folder")."""
-    if isinstance(path, bool) or not isinstance(path, str | os.PathLike):
-        raise TypeError(f"`{name}` must be {what} (str or pathlib.Path), got "
-                        f"{describe(path)}.")
-    return Path(path)
-
-
-def make_folder(path: Any, name: str = "path") -> Path:
-    """Create the folder `path` (and its parents) if needed and return it; a path that is a
-    file, cannot be created or cannot be written to is a ValueError naming `name`."""
-    folder = check_path(path, name, "a folder")
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"`{name}` {str(folder)!r} is a file, not a folder; pick another path.")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"`{name}` {str(folder)!r} cannot be used as a folder: "
-                         f"{err.strerror or err}; pick another path.") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"`{name}` {str(folder)!r} is not writable; pick another path.")
-    return folder

@@ -99,15 +99,22 @@ def _check_power(base: Any, exponent: Any) -> None:
     if isinstance(exponent, float) or isinstance(base, float):
         return  # floats overflow to OverflowError (or inf): no big allocation
     if abs(base) > 1 and exponent * math.log2(abs(base)) > 64 * 1024:
-        raise TemplateLimitError(f"it computes {base} ** {exponent}, a number of more than "
-                                 f"65,536 bits")
+        raise TemplateLimitError(
+            f"it computes {base} ** {exponent}, a number of more than 65,536 bits"
+        )
 
 
 def _check_repeat(seq: Any, times: Any) -> None:
-    if isinstance(seq, str | list | tuple | bytes) and _is_number(times) and not isinstance(
-            times, float) and len(seq) * times > MAX_SIZE:
-        raise TemplateLimitError(f"it repeats a sequence of {len(seq):,} items {times:,} "
-                                 f"times (more than {MAX_SIZE:,} in all)")
+    if (
+        isinstance(seq, str | list | tuple | bytes)
+        and _is_number(times)
+        and not isinstance(times, float)
+        and len(seq) * times > MAX_SIZE
+    ):
+        raise TemplateLimitError(
+            f"it repeats a sequence of {len(seq):,} items {times:,} "
+            f"times (more than {MAX_SIZE:,} in all)"
+        )
 
 
 def _check_args(args: Any, kwargs: dict | None = None) -> None:
@@ -115,8 +122,9 @@ def _check_args(args: Any, kwargs: dict | None = None) -> None:
     values += list((kwargs or {}).values())
     for x in values:
         if _is_number(x) and not isinstance(x, float) and abs(x) > MAX_SIZE:
-            raise TemplateLimitError(f"it calls a function with the size {x:,} (more than "
-                                     f"{MAX_SIZE:,})")
+            raise TemplateLimitError(
+                f"it calls a function with the size {x:,} (more than {MAX_SIZE:,})"
+            )
 
 
 def _is_number(x: Any) -> bool:
@@ -161,8 +169,9 @@ class _alarm:
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
-        self.active = (threading.current_thread() is threading.main_thread()
-                       and hasattr(signal, "SIGALRM"))
+        self.active = threading.current_thread() is threading.main_thread() and hasattr(
+            signal, "SIGALRM"
+        )
 
     def __enter__(self) -> None:
         if not self.active:

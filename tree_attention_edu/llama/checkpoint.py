@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path, PurePosixPath
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,17 +46,27 @@ import ml_dtypes
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from jax.typing import DTypeLike
 
 from ..core import validate
-from .model import Config, Params, RopeScaling, check_config, check_params
+from .config import Config, Params, check_config, check_params
+from .hf_config import config_from_hf, config_to_hf, not_hf_json, read_json
+from .paths import StrPath, check_path, make_folder
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 CONFIG = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 TOKENIZER = "tokenizer.json"
 
-READABLE = {"F32": np.dtype(np.float32), "BF16": np.dtype(ml_dtypes.bfloat16),
-            "F16": np.dtype(np.float16), "F64": np.dtype(np.float64)}
+READABLE = {
+    "F32": np.dtype(np.float32),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F16": np.dtype(np.float16),
+    "F64": np.dtype(np.float64),
+}
 """safetensors dtype names the loader reads, and their numpy dtypes."""
 
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # buffers some old checkpoints saved
@@ -88,17 +98,18 @@ class CheckpointInfo(NamedTuple):
     @property
     def stored_bytes(self) -> int:
         """Bytes of the weights as stored."""
-        return sum(math.prod(t.shape) * READABLE[t.dtype].itemsize
-                   for t in self.tensors.values())
+        return sum(math.prod(t.shape) * READABLE[t.dtype].itemsize for t in self.tensors.values())
 
 
 # --- names ------------------------------------------------------------------------------------
+
 
 def _layout(cfg: Config) -> list[tuple[str, tuple, tuple[int, ...], bool]]:
     """(Hugging Face name, params path, stored shape, transpose?) for every weight of `cfg`."""
     qd, kd = cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
     out: list[tuple[str, tuple, tuple[int, ...], bool]] = [
-        ("model.embed_tokens.weight", ("embed",), (cfg.vocab, cfg.dim), False)]
+        ("model.embed_tokens.weight", ("embed",), (cfg.vocab, cfg.dim), False)
+    ]
     for i in range(cfg.layers):
         pre = f"model.layers.{i}."
         out += [
@@ -107,8 +118,7 @@ def _layout(cfg: Config) -> list[tuple[str, tuple, tuple[int, ...], bool]]:
             (pre + "self_attn.k_proj.weight", ("layers", i, "wk"), (kd, cfg.dim), True),
             (pre + "self_attn.v_proj.weight", ("layers", i, "wv"), (kd, cfg.dim), True),
             (pre + "self_attn.o_proj.weight", ("layers", i, "wo"), (cfg.dim, qd), True),
-            (pre + "post_attention_layernorm.weight", ("layers", i, "mlp_norm"), (cfg.dim,),
-             False),
+            (pre + "post_attention_layernorm.weight", ("layers", i, "mlp_norm"), (cfg.dim,), False),
             (pre + "mlp.gate_proj.weight", ("layers", i, "w_gate"), (cfg.hidden, cfg.dim), True),
             (pre + "mlp.up_proj.weight", ("layers", i, "w_up"), (cfg.hidden, cfg.dim), True),
             (pre + "mlp.down_proj.weight", ("layers", i, "w_down"), (cfg.dim, cfg.hidden), True),
@@ -119,134 +129,31 @@ def _layout(cfg: Config) -> list[tuple[str, tuple, tuple[int, ...], bool]]:
     return out
 
 
-# --- config.json --------------------------------------------------------------------------------
-
-MAX_JSON_BYTES = 64 << 20  # config.json is ~1 KB, a 400-shard index ~100 KB
-
-
-def _read_json(file: Path) -> dict:
-    try:
-        if file.stat().st_size > MAX_JSON_BYTES:
-            raise ValueError(f"{file.stat().st_size:,} bytes, more than {MAX_JSON_BYTES:,}")
-        data = json.loads(file.read_text())
-    # ValueError: also an integer of more than 4300 digits; RecursionError: deep nesting
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise _checkpoint_json(file, err) from None
-    if not isinstance(data, dict):
-        raise _checkpoint_json(file)
-    return data
-
-
-def config_from_hf(config: dict, where: str = "config.json") -> Config:
-    """`model.Config` of a Hugging Face `LlamaConfig` dict (config.json's contents).
-
-    Reads `vocab_size`, `hidden_size`, `intermediate_size`, `num_hidden_layers`,
-    `num_attention_heads`, `num_key_value_heads` (default: the attention heads), `head_dim`
-    (default `hidden_size / num_attention_heads`), `rms_norm_eps` (default 1e-6),
-    `tie_word_embeddings` (default false), and the rope: `rope_theta` (default 10000) with
-    `rope_scaling`, or transformers 5's `rope_parameters`; `rope_type` "default" or "llama3".
-    Biases, activations other than SiLU, and other rope types are refused with a clear error.
-    """
-    validate.check_instance(config, dict, "config", "the parsed contents of config.json")
-    validate.check_instance(where, str, "where", "a name for messages, e.g. the folder")
-    model_type = config.get("model_type", "llama")
-    if model_type != "llama":
-        raise _config_unsupported(where, "model_type", model_type,
-                                         "Llama checkpoints (model_type \"llama\")")
-
-    def get(key, kind, default=None, minimum=None):
-        return _config_value(config, key, where, kind, default, minimum)
-
-    if get("hidden_act", "str", "silu") != "silu":
-        raise _config_unsupported(where, "hidden_act", config["hidden_act"],
-                                         "SwiGLU MLPs (\"silu\")")
-    for key in ("attention_bias", "mlp_bias"):
-        if get(key, "bool", False):
-            raise _config_unsupported(where, key, True, "Llama layers without biases")
-    heads = get("num_attention_heads", "int")
-    kv_heads = get("num_key_value_heads", "int", heads)
-    hidden_size = get("hidden_size", "int")
-    head_dim_given = config.get("head_dim") is not None
-    _check_config_heads(where, heads, kv_heads, hidden_size, head_dim_given)
-    head_dim = get("head_dim", "int", hidden_size // heads)
-    if head_dim % 2:
-        raise _config_unsupported(where, "head_dim", head_dim,
-                                         "an even head_dim (rotary embeddings rotate pairs)")
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if not isinstance(rope, dict):
-        raise _config_unsupported(where, "rope_parameters", rope, "a dict or null")
-    theta = _config_value(rope, "rope_theta", where, "real",
-                                 get("rope_theta", "real", 10000.0, 0.0), 0.0)
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope.get("partial_rotary_factor", 1.0) != 1.0:
-        raise _config_unsupported(where, "partial_rotary_factor",
-                                         rope["partial_rotary_factor"], "1.0 (full rotary)")
-    if rope_type not in ("default", "llama3"):
-        raise _config_unsupported(where, "rope_type", rope_type,
-                                         "\"default\" and \"llama3\" rotary embeddings")
-    sizes = dict(vocab=get("vocab_size", "int"), dim=hidden_size,
-                 layers=get("num_hidden_layers", "int"), q_heads=heads, kv_heads=kv_heads,
-                 head_dim=head_dim, hidden=get("intermediate_size", "int"),
-                 rope_theta=float(theta), norm_eps=float(get("rms_norm_eps", "real", 1e-6)),
-                 tie_embeddings=get("tie_word_embeddings", "bool", False))
-    try:  # Config and RopeScaling check the values' ranges
-        if rope_type == "llama3":
-            max_pos = get("max_position_embeddings", "int", 8192)
-            sizes["rope_scaling"] = RopeScaling(
-                factor=float(_config_value(rope, "factor", where, "real")),
-                low_freq_factor=float(_config_value(rope, "low_freq_factor", where,
-                                                           "real")),
-                high_freq_factor=float(_config_value(rope, "high_freq_factor", where,
-                                                            "real")),
-                original_max_position_embeddings=_config_value(
-                    rope, "original_max_position_embeddings", where, "int", max_pos))
-        return Config(**sizes)
-    except (ValueError, TypeError) as err:
-        if str(err).startswith("`config.json`"):
-            raise
-        raise _config_invalid(where, err) from None
-
-
-def config_to_hf(cfg: Config) -> dict:
-    """The config.json of `cfg` (a `LlamaConfig` that transformers 4 and 5 both read)."""
-    check_config(cfg)
-    rope_scaling: dict[str, Any] | None = None
-    if cfg.rope_scaling is not None:
-        s = cfg.rope_scaling
-        rope_scaling = {"rope_type": "llama3", "factor": s.factor,
-                        "low_freq_factor": s.low_freq_factor,
-                        "high_freq_factor": s.high_freq_factor,
-                        "original_max_position_embeddings": s.original_max_position_embeddings}
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": cfg.vocab, "hidden_size": cfg.dim, "intermediate_size": cfg.hidden,
-        "num_hidden_layers": cfg.layers, "num_attention_heads": cfg.q_heads,
-        "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
-        "hidden_act": "silu", "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
-        "rope_scaling": rope_scaling, "tie_word_embeddings": cfg.tie_embeddings,
-        "attention_bias": False, "mlp_bias": False,
-        "max_position_embeddings": max(8192, 2 * (rope_scaling or {}).get(
-            "original_max_position_embeddings", 0)),
-    }
-
-
 # --- finding and checking the tensors ---------------------------------------------------------
+
 
 def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None, Path | None]:
     """The safetensors files, and the index's weight map (None without an index)."""
     index = path / INDEX
     if index.is_file():
-        data = _read_json(index)
+        data = read_json(index)
         weight_map = data.get("weight_map")
         if not isinstance(weight_map, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
-            raise _checkpoint_json(index, what='an index with a "weight_map" of '
-                                                      'tensor names to file names')
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+        ):
+            raise not_hf_json(
+                index, what='an index with a "weight_map" of tensor names to file names'
+            )
         files = []
         for shard in dict.fromkeys(weight_map.values()):
             parts = PurePosixPath(shard).parts
-            if (not parts or PurePosixPath(shard).is_absolute() or ".." in parts
-                    or "\\" in shard or ":" in shard):  # a name inside the folder, nothing else
+            if (
+                not parts
+                or PurePosixPath(shard).is_absolute()
+                or ".." in parts
+                or "\\" in shard
+                or ":" in shard
+            ):  # a name inside the folder, nothing else
                 raise _checkpoint_shard_outside(index, shard)
             if not (path / shard).is_file():
                 raise _checkpoint_shard_missing(index, shard)
@@ -269,7 +176,7 @@ def _open(file: Path):
         raise _checkpoint_unreadable(file, err) from None
 
 
-def inspect_checkpoint(path: Any) -> CheckpointInfo:
+def inspect_checkpoint(path: StrPath) -> CheckpointInfo:
     """Read config.json and every tensor's name, dtype and shape (no weights), and check them.
 
     Raises a ValueError naming the problem, before any weight is read: no config.json, a
@@ -278,7 +185,7 @@ def inspect_checkpoint(path: Any) -> CheckpointInfo:
     than F32, BF16, F16 or F64.
     """
     path = _check_checkpoint_dir(path)
-    cfg = config_from_hf(_read_json(path / CONFIG), str(path))
+    cfg = config_from_hf(read_json(path / CONFIG), str(path))
     files, weight_map, index = _weight_files(path)
     found: dict[str, TensorInfo] = {}
     for file in files:
@@ -288,7 +195,7 @@ def inspect_checkpoint(path: Any) -> CheckpointInfo:
                 found[name] = TensorInfo(file, s.get_dtype(), tuple(s.get_shape()))
     if 9 * cfg.layers + 2 > len(found):  # before `_layout` lists 9 names per layer
         raise _checkpoint_too_few_tensors(path, cfg.layers, len(found))
-    if weight_map is not None:  # the index and the files must agree
+    if weight_map is not None and index is not None:  # the index and the files must agree
         for name, shard in weight_map.items():
             info = found.get(name)
             if info is None or info.file != path / shard:
@@ -298,12 +205,12 @@ def inspect_checkpoint(path: Any) -> CheckpointInfo:
         if name not in found:
             raise _checkpoint_tensor_missing(name, path, shape)
         t = found[name]
-        _check_checkpoint_tensor(name, t.file, t.dtype, list(t.shape), shape,
-                                        tuple(READABLE))
+        _check_checkpoint_tensor(name, t.file, t.dtype, list(t.shape), shape, tuple(READABLE))
         tensors[name] = t
     for name, t in found.items():
-        ignorable = name.endswith(_IGNORED_SUFFIXES) or (cfg.tie_embeddings
-                                                         and name == "lm_head.weight")
+        ignorable = name.endswith(_IGNORED_SUFFIXES) or (
+            cfg.tie_embeddings and name == "lm_head.weight"
+        )
         if name not in tensors and not ignorable:
             raise _checkpoint_tensor_unexpected(name, t.file)
     tokenizer = path / TOKENIZER
@@ -312,16 +219,18 @@ def inspect_checkpoint(path: Any) -> CheckpointInfo:
 
 # --- loading ------------------------------------------------------------------------------------
 
+
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialised array whose data starts on a 64-byte boundary."""
     n = math.prod(shape) * dtype.itemsize
     raw = np.empty(n + _ALIGN, np.uint8)
     start = -raw.ctypes.data % _ALIGN
-    return raw[start:start + n].view(dtype).reshape(shape)
+    return raw[start : start + n].view(dtype).reshape(shape)
 
 
-def load_checkpoint(path: Any, *, dtype: Any = np.float32, mesh: Mesh | None = None
-                    ) -> tuple[Params, Config]:
+def load_checkpoint(
+    path: StrPath, *, dtype: DTypeLike | None = np.float32, mesh: Mesh | None = None
+) -> tuple[Params, Config]:
     """Load a Hugging Face Llama checkpoint folder: `(params, cfg)` for `model.Generator`.
 
     Args:
@@ -374,16 +283,18 @@ def load_checkpoint(path: Any, *, dtype: Any = np.float32, mesh: Mesh | None = N
                 np.copyto(host, src, casting="unsafe")
                 del stored, src
                 if not np.isfinite(host).all():  # a NaN weight makes every logit NaN
-                    raise ValueError(f"{file}: tensor {name!r} holds NaN or inf weights (or "
-                                     f"values past {np.dtype(want).name}'s range); the "
-                                     "checkpoint is damaged.")
+                    raise ValueError(
+                        f"{file}: tensor {name!r} holds NaN or inf weights (or "
+                        f"values past {np.dtype(want).name}'s range); the "
+                        "checkpoint is damaged."
+                    )
                 placed = jax.device_put(host, where)
                 del host  # on CPU `placed` may use it in place; otherwise it is freed here
                 _leaf(params, dest[:-1])[dest[-1]] = placed
     return params, cfg
 
 
-def load_tokenizer(path: Any):
+def load_tokenizer(path: StrPath) -> Tokenizer | None:
     """The checkpoint's `tokenizer.json` as a `tokenizers.Tokenizer`, or None if it has none.
 
     `tok.encode(text).ids` gives token ids (with the checkpoint's special tokens, e.g. Llama
@@ -398,13 +309,20 @@ def load_tokenizer(path: Any):
     try:
         return Tokenizer.from_file(str(file))
     except Exception as err:  # tokenizers raises a bare Exception on a malformed file
-        raise _checkpoint_json(file, err, "a tokenizers file") from None
+        raise not_hf_json(file, err, "a tokenizers file") from None
 
 
 # --- writing ------------------------------------------------------------------------------------
 
-def save_checkpoint(path: Any, params: Params, cfg: Config, *, dtype: Any = None,
-                    max_shard_bytes: int | None = None) -> list[Path]:
+
+def save_checkpoint(
+    path: StrPath,
+    params: Params,
+    cfg: Config,
+    *,
+    dtype: DTypeLike | None = None,
+    max_shard_bytes: int | None = None,
+) -> list[Path]:
     """Write `params` of `cfg` as a Hugging Face Llama checkpoint that `load_checkpoint` and
     transformers' `LlamaForCausalLM.from_pretrained` read; return the files written.
 
@@ -422,12 +340,12 @@ def save_checkpoint(path: Any, params: Params, cfg: Config, *, dtype: Any = None
     """
     from safetensors.numpy import save_file
 
-    path = validate.check_path(path, "path", "a folder")
+    path = check_path(path, "path", "a folder")
     check_config(cfg)
     check_params(params, cfg)
     dtype = check_weight_dtype(dtype)
     max_shard_bytes = _check_shard_bytes(max_shard_bytes)
-    validate.make_folder(path, "path")
+    make_folder(path, "path")
     (path / CONFIG).write_text(json.dumps(config_to_hf(cfg), indent=2) + "\n")
 
     def stored(dest, transpose) -> np.ndarray:
@@ -436,8 +354,10 @@ def save_checkpoint(path: Any, params: Params, cfg: Config, *, dtype: Any = None
         return np.ascontiguousarray(x, dtype=x.dtype if dtype is None else dtype)
 
     entries = _layout(cfg)
-    itemsize = {name: np.dtype(_leaf(params, dest).dtype if dtype is None else dtype).itemsize
-                for name, dest, _, _ in entries}
+    itemsize = {
+        name: np.dtype(_leaf(params, dest).dtype if dtype is None else dtype).itemsize
+        for name, dest, _, _ in entries
+    }
     groups: list[list] = [[]]
     size = 0
     for entry in entries:
@@ -449,8 +369,11 @@ def save_checkpoint(path: Any, params: Params, cfg: Config, *, dtype: Any = None
         size += n
     meta = {"format": "pt"}  # transformers checks it
     if max_shard_bytes is None:
-        save_file({name: stored(dest, t) for name, dest, _, t in groups[0]},
-                  str(path / SINGLE_FILE), metadata=meta)
+        save_file(
+            {name: stored(dest, t) for name, dest, _, t in groups[0]},
+            str(path / SINGLE_FILE),
+            metadata=meta,
+        )
         (path / INDEX).unlink(missing_ok=True)
         return [path / CONFIG, path / SINGLE_FILE]
     written, weight_map, total = [path / CONFIG], {}, 0
@@ -463,8 +386,9 @@ def save_checkpoint(path: Any, params: Params, cfg: Config, *, dtype: Any = None
         weight_map.update({n: name for n, *_ in group})
         written.append(path / name)
     (path / SINGLE_FILE).unlink(missing_ok=True)
-    (path / INDEX).write_text(json.dumps({"metadata": {"total_size": total},
-                                          "weight_map": weight_map}, indent=2) + "\n")
+    (path / INDEX).write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
+    )
     return [*written, path / INDEX]
 
 
@@ -476,13 +400,15 @@ def _leaf(params: Params, dest: tuple):
 
 # --- errors: what a malformed checkpoint is told --------------------------------------------
 
-_CHECKPOINT_HINT = ("a Hugging Face checkpoint folder holds config.json and the weights "
-                    "(model.safetensors, or shards listed in model.safetensors.index.json)")
+_CHECKPOINT_HINT = (
+    "a Hugging Face checkpoint folder holds config.json and the weights "
+    "(model.safetensors, or shards listed in model.safetensors.index.json)"
+)
 
 
-def _check_checkpoint_dir(path: Any, name: str = "path") -> Any:
+def _check_checkpoint_dir(path: StrPath, name: str = "path") -> Path:
     """An existing folder with a config.json; returns it as a `pathlib.Path`."""
-    p = validate.check_path(path, name, "a folder")
+    p = check_path(path, name, "a folder")
     if not p.is_dir():
         raise ValueError(f"`{name}` {str(p)!r} is not a folder; {_CHECKPOINT_HINT}.")
     if not (p / "config.json").is_file():
@@ -490,133 +416,89 @@ def _check_checkpoint_dir(path: Any, name: str = "path") -> Any:
     return p
 
 
-def _checkpoint_json(file: Any, err: Exception | None = None, what: str = "a JSON object"
-                    ) -> ValueError:
-    """`file` (config.json or the shard index) could not be read as `what`."""
-    why = f" ({' '.join(str(err).split())})" if err is not None else ""
-    return ValueError(f"`{file.name}` in {str(file.parent)!r} is not {what}{why}; it must be "
-                      f"the file a Hugging Face checkpoint saves.")
+def _checkpoint_no_weights(path: Path) -> ValueError:
+    return ValueError(
+        f"`path` {str(path)!r} has no weights: no model.safetensors, no "
+        f"model.safetensors.index.json and no other *.safetensors file."
+    )
 
 
-def _config_value(config: dict, key: str, where: str, kind: str, default: Any = None,
-                 minimum: float | None = None) -> Any:
-    """`config[key]` of a config.json as `kind` ("int", "real", "bool" or "str"); `default`
-    when absent (None: the key is required). Ints must be >= `minimum` (default 1); reals
-    > `minimum` when it is given."""
-    if key not in config or config[key] is None:
-        if default is None:
-            raise ValueError(f"`config.json` in {where!r} lacks \"{key}\"; a Llama config "
-                             f"names vocab_size, hidden_size, intermediate_size, "
-                             f"num_hidden_layers and num_attention_heads.")
-        return default
-    value = config[key]
-    if kind == "real":  # an int too large for a float (JSON allows 10**400) is not finite
-        ok = (isinstance(value, int | float) and not isinstance(value, bool)
-              and (isinstance(value, float) or abs(value) < 2**1023)
-              and math.isfinite(value))
-    else:
-        ok = {"int": isinstance(value, int) and not isinstance(value, bool),
-              "bool": isinstance(value, bool), "str": isinstance(value, str)}[kind]
-    if kind == "int" and ok:  # below 2**53: any size a real model has, exact in JSON
-        ok = (1 if minimum is None else minimum) <= value < 2**53
-    elif kind == "real" and ok and minimum is not None:
-        ok = value > minimum
-    if not ok:
-        want = {"int": f"an int >= {1 if minimum is None else int(minimum)} and < 2**53",
-                "real": "a finite number" + (f" > {minimum:g}" if minimum is not None else ""),
-                "bool": "true or false", "str": "a string"}[kind]
-        shown = validate.describe(value) if len(repr(value)) > 60 else repr(value)
-        raise ValueError(f"`config.json` in {where!r}: \"{key}\" must be {want}, got "
-                         f"{shown}.")
-    return value
+def _checkpoint_shard_missing(index: Path, shard: str) -> ValueError:
+    return ValueError(
+        f"`{index.name}` in {str(index.parent)!r} lists the shard {shard!r}, "
+        f"which is not there; copy the whole checkpoint folder."
+    )
 
 
-def _config_invalid(where: str, err: Exception) -> ValueError:
-    """A config.json value that `model.Config` or `model.RopeScaling` refused."""
-    return ValueError(f"`config.json` in {where!r}: {err}")
+def _checkpoint_unreadable(file: Path, err: Exception) -> ValueError:
+    return ValueError(
+        f"`{file.name}` in {str(file.parent)!r} is not a readable safetensors "
+        f"file ({' '.join(str(err).split())})."
+    )
 
 
-def _config_unsupported(where: str, key: str, value: Any, supported: str) -> ValueError:
-    return ValueError(f"`config.json` in {where!r}: \"{key}\" is {value!r}, which this "
-                      f"loader does not support; it reads {supported}.")
+def _checkpoint_shard_outside(index: Path, shard: str) -> ValueError:
+    return ValueError(
+        f"`{index.name}` in {str(index.parent)!r} lists the shard {shard!r}, "
+        f"which is not a file name inside the checkpoint folder (an absolute "
+        f"path or a '..'); the loader reads only the folder's own files."
+    )
 
 
-def _check_config_heads(where: str, q_heads: int, kv_heads: int, hidden: int,
-                       head_dim_given: bool) -> None:
-    """Grouped-query attention needs kv heads dividing the query heads; without an explicit
-    head_dim, the heads must divide hidden_size."""
-    if q_heads % kv_heads:
-        raise ValueError(f"`config.json` in {where!r}: num_attention_heads ({q_heads}) must be "
-                         f"a multiple of num_key_value_heads ({kv_heads}) (grouped-query "
-                         f"attention: each kv head serves a whole group of query heads).")
-    if not head_dim_given and hidden % q_heads:
-        raise ValueError(f"`config.json` in {where!r}: hidden_size ({hidden}) is not a "
-                         f"multiple of num_attention_heads ({q_heads}), and no head_dim is "
-                         f"given; add \"head_dim\" or fix the head count.")
+def _checkpoint_too_few_tensors(path: Path, layers: int, found: int) -> ValueError:
+    return ValueError(
+        f"`config.json` in {str(path)!r} declares {layers} layers (9 tensors "
+        f"each), but the checkpoint holds only {found} tensors; the config and "
+        f"the weights do not belong together."
+    )
 
 
-def _checkpoint_no_weights(path: Any) -> ValueError:
-    return ValueError(f"`path` {str(path)!r} has no weights: no model.safetensors, no "
-                      f"model.safetensors.index.json and no other *.safetensors file.")
+def _checkpoint_tensor_missing(name: str, path: Path, shape: tuple[int, ...]) -> ValueError:
+    return ValueError(
+        f"`{name}` is missing from the checkpoint {str(path)!r}; config.json "
+        f"implies a tensor of shape {list(shape)} under that name."
+    )
 
 
-def _checkpoint_shard_missing(index: Any, shard: str) -> ValueError:
-    return ValueError(f"`{index.name}` in {str(index.parent)!r} lists the shard {shard!r}, "
-                      f"which is not there; copy the whole checkpoint folder.")
+def _checkpoint_tensor_misplaced(name: str, index: Path, shard: str) -> ValueError:
+    return ValueError(
+        f"`{name}` is listed in {index.name} under {shard!r} but that file does "
+        f"not hold it; the index and the shards disagree."
+    )
 
 
-def _checkpoint_unreadable(file: Any, err: Exception) -> ValueError:
-    return ValueError(f"`{file.name}` in {str(file.parent)!r} is not a readable safetensors "
-                      f"file ({' '.join(str(err).split())}).")
+def _checkpoint_tensor_unexpected(name: str, file: Path) -> ValueError:
+    return ValueError(
+        f"`{name}` in {file.name} is not a weight of the Llama model that "
+        f"config.json describes (a bias, an extra layer, another architecture?); "
+        f"the loader will not guess what it is for."
+    )
 
 
-def _checkpoint_shard_outside(index: Any, shard: str) -> ValueError:
-    return ValueError(f"`{index.name}` in {str(index.parent)!r} lists the shard {shard!r}, "
-                      f"which is not a file name inside the checkpoint folder (an absolute "
-                      f"path or a '..'); the loader reads only the folder's own files.")
-
-
-def _checkpoint_too_few_tensors(path: Any, layers: int, found: int) -> ValueError:
-    return ValueError(f"`config.json` in {str(path)!r} declares {layers} layers (9 tensors "
-                      f"each), but the checkpoint holds only {found} tensors; the config and "
-                      f"the weights do not belong together.")
-
-
-def _checkpoint_tensor_missing(name: str, path: Any, shape: tuple[int, ...]) -> ValueError:
-    return ValueError(f"`{name}` is missing from the checkpoint {str(path)!r}; config.json "
-                      f"implies a tensor of shape {list(shape)} under that name.")
-
-
-def _checkpoint_tensor_misplaced(name: str, index: Any, shard: str) -> ValueError:
-    return ValueError(f"`{name}` is listed in {index.name} under {shard!r} but that file does "
-                      f"not hold it; the index and the shards disagree.")
-
-
-def _checkpoint_tensor_unexpected(name: str, file: Any) -> ValueError:
-    return ValueError(f"`{name}` in {file.name} is not a weight of the Llama model that "
-                      f"config.json describes (a bias, an extra layer, another architecture?); "
-                      f"the loader will not guess what it is for.")
-
-
-def _check_checkpoint_tensor(name: str, file: Any, dtype: str, shape: list[int],
-                            want: tuple[int, ...], readable: tuple[str, ...]) -> None:
+def _check_checkpoint_tensor(
+    name: str,
+    file: Path,
+    dtype: str,
+    shape: list[int],
+    want: tuple[int, ...],
+    readable: tuple[str, ...],
+) -> None:
     """A stored tensor's safetensors dtype and shape against what the loader reads."""
     if dtype not in readable:
-        raise ValueError(f"`{name}` in {file.name} has dtype {dtype}, which the loader cannot "
-                         f"read as weights; it reads {', '.join(readable)} (dequantise the "
-                         f"checkpoint first).")
+        raise ValueError(
+            f"`{name}` in {file.name} has dtype {dtype}, which the loader cannot "
+            f"read as weights; it reads {', '.join(readable)} (dequantise the "
+            f"checkpoint first)."
+        )
     if tuple(shape) != tuple(want):
-        raise ValueError(f"`{name}` in {file.name} has shape {list(shape)}, but config.json "
-                         f"implies {list(want)} (Hugging Face stores Linear weights as "
-                         f"[out, in]).")
+        raise ValueError(
+            f"`{name}` in {file.name} has shape {list(shape)}, but config.json "
+            f"implies {list(want)} (Hugging Face stores Linear weights as "
+            f"[out, in])."
+        )
 
 
-def _checkpoint_no_tokenizer(path: Any) -> ValueError:
-    return ValueError(f"`path` {str(path)!r} has no tokenizer.json, so text cannot be turned "
-                      f"into token ids; pass token ids instead.")
-
-
-def check_weight_dtype(dtype: Any, name: str = "dtype") -> Any:
+def check_weight_dtype(dtype: DTypeLike | None, name: str = "dtype") -> np.dtype | None:
     """None (keep the checkpoint's dtype) or a floating dtype, as a numpy dtype."""
     if dtype is None:
         return None
@@ -624,8 +506,7 @@ def check_weight_dtype(dtype: Any, name: str = "dtype") -> Any:
     return np.dtype(jnp.dtype(dtype))
 
 
-def _check_shard_bytes(value: Any, name: str = "max_shard_bytes") -> Any:
+def _check_shard_bytes(value: int | None, name: str = "max_shard_bytes") -> int | None:
     if value is None:
         return None
     return validate.check_int(value, name, example="`max_shard_bytes=2_000_000_000` (2 GB files)")
-

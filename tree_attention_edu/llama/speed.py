@@ -39,8 +39,12 @@ import numpy as np
 from jax.sharding import Mesh
 
 from ..core import validate
+from ..core.names import Method
 from ..perf.benchmark import DeviceReader
-from . import model
+from .cache import KVCache, empty_cache
+from .config import Config, Params, check_config, check_params
+from .forward import METHODS
+from .generator import Generator
 
 ITEMSIZE = 4
 """Bytes per weight and per cache entry: the model computes, and keeps its cache, in float32."""
@@ -72,31 +76,44 @@ class StepBytes:
         return self.devices * self.weights + self.cache_reads * self.cache
 
 
-def weight_bytes(params: model.Params, cfg: model.Config) -> int:
+def weight_bytes(params: Params, cfg: Config) -> int:
     """Bytes of the weights a decode step reads: every layer weight, the final RMSNorm and
     the output projection (`embed` when tied, `unembed` otherwise), at their own dtypes."""
-    model.check_params(params, cfg)
-    read = [params["layers"], params["final_norm"],
-            params["embed"] if cfg.tie_embeddings else params["unembed"]]
+    check_params(params, cfg)
+    read = [
+        params["layers"],
+        params["final_norm"],
+        params["embed"] if cfg.tie_embeddings else params["unembed"],
+    ]
     return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(read))
 
 
-def cache_bytes(cfg: model.Config, capacity: int, batch: int = 1) -> int:
+def cache_bytes(cfg: Config, capacity: int, batch: int = 1) -> int:
     """Bytes of a float32 cache of `capacity` positions: `layers · 2 · B · Hkv · S · D · 4`."""
-    model.check_config(cfg)
+    check_config(cfg)
     validate.check_int(capacity, "capacity")
     validate.check_int(batch, "batch")
     return cfg.layers * 2 * batch * cfg.kv_heads * capacity * cfg.head_dim * ITEMSIZE
 
 
-def step_bytes(params: model.Params, cfg: model.Config, capacity: int, batch: int = 1,
-               devices: int = 1, method: str = "tree") -> StepBytes:
+def step_bytes(
+    params: Params,
+    cfg: Config,
+    capacity: int,
+    batch: int = 1,
+    devices: int = 1,
+    method: Method = "tree",
+) -> StepBytes:
     """The bytes of one decode step of `method` (see the module docstring), for `devices`
     replicas."""
     validate.check_int(devices, "devices")
-    validate.check_choice(method, model.METHODS, "method")
-    return StepBytes(weight_bytes(params, cfg), cache_bytes(cfg, capacity, batch), devices,
-                     devices if method == "ring" else 1)
+    validate.check_choice(method, METHODS, "method")
+    return StepBytes(
+        weight_bytes(params, cfg),
+        cache_bytes(cfg, capacity, batch),
+        devices,
+        devices if method == "ring" else 1,
+    )
 
 
 @dataclass
@@ -137,40 +154,54 @@ class Speed:
         return asdict(self) | {"tokens_per_s": self.tokens_per_s, "fraction": self.fraction}
 
 
-def synthetic_cache(cfg: model.Config, batch: int, capacity: int, context: int, mesh: Mesh,
-                    key: jax.Array) -> model.KVCache:
+def synthetic_cache(
+    cfg: Config, batch: int, capacity: int, context: int, mesh: Mesh, key: jax.Array
+) -> KVCache:
     """A cache of `capacity` positions holding random keys and values, `context` of them
     filled per sequence (lengths = `context`): what a prefill would leave, for timing. What
     the entries hold does not change the bytes a step reads or the work it does."""
     validate.check_int(context, "context")
     if context >= capacity:
-        raise ValueError(f"`context` {context} must be below `capacity` {capacity}, to leave "
-                         f"room for the decoded tokens.")
-    empty = model.empty_cache(cfg, batch, capacity, mesh)
+        raise ValueError(
+            f"`context` {context} must be below `capacity` {capacity}, to leave "
+            f"room for the decoded tokens."
+        )
+    empty = empty_cache(cfg, batch, capacity, mesh)
     sharding = empty.layers[0][0].sharding
     keys = iter(jax.random.split(key, 2 * cfg.layers))
 
     def fill(k):
-        return jax.jit(lambda: jax.random.normal(k, empty.layers[0][0].shape, jnp.float32),
-                       out_shardings=sharding)()
+        return jax.jit(
+            lambda: jax.random.normal(k, empty.layers[0][0].shape, jnp.float32),
+            out_shardings=sharding,
+        )()
 
     layers = tuple((fill(next(keys)), fill(next(keys))) for _ in range(cfg.layers))
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return model.KVCache(layers, jax.device_put(jnp.full((batch,), context, jnp.int32), rep))
+    return KVCache(layers, jax.device_put(jnp.full((batch,), context, jnp.int32), rep))
 
 
-def decode_speed(params: model.Params, cfg: model.Config, mesh: Mesh, method: str,
-                 context: int, *, steps: int = 8, batch: int = 1, reader: DeviceReader | None
-                 = None, seed: int = 0) -> Speed:
+def decode_speed(
+    params: Params,
+    cfg: Config,
+    mesh: Mesh,
+    method: Method,
+    context: int,
+    *,
+    steps: int = 8,
+    batch: int = 1,
+    reader: DeviceReader | None = None,
+    seed: int = 0,
+) -> Speed:
     """Time `steps` greedy decode steps of `method` after a context of `context` tokens,
     alternating each step with one read of `reader` (a `DeviceReader`, built if None).
 
     The cache is `synthetic_cache` with `capacity = context + steps + 1` rounded up to the
     device count; the first step compiles and is not timed. Returns a `Speed`.
     """
-    validate.check_choice(method, model.METHODS, "method")
+    validate.check_choice(method, METHODS, "method")
     validate.check_int(steps, "steps")
-    gen = model.Generator(params, cfg, mesh, method)
+    gen = Generator(params, cfg, mesh, method)
     p = gen.mesh.size
     capacity = -(-(context + steps + 1) // p) * p
     key = jax.random.key(seed)
@@ -190,29 +221,46 @@ def decode_speed(params: model.Params, cfg: model.Config, mesh: Mesh, method: st
         times.append(time.perf_counter() - t0)
     nb = step_bytes(params, cfg, capacity, batch, p, method)  # packed or not, the same bytes
     read = statistics.median(gbs)
-    return Speed(method=method, devices=p, context=context, capacity=capacity, batch=batch,
-                 weight_bytes=nb.weights, cache_bytes=nb.cache, machine_bytes=nb.machine,
-                 per_device_bytes=nb.per_device, read_gbs=read,
-                 roofline_s=nb.machine / (read * 1e9),
-                 gpu_roofline_s=nb.per_device / (read * 1e9),
-                 median_s=statistics.median(times), step_s=times, compile_s=compile_s)
+    return Speed(
+        method=method,
+        devices=p,
+        context=context,
+        capacity=capacity,
+        batch=batch,
+        weight_bytes=nb.weights,
+        cache_bytes=nb.cache,
+        machine_bytes=nb.machine,
+        per_device_bytes=nb.per_device,
+        read_gbs=read,
+        roofline_s=nb.machine / (read * 1e9),
+        gpu_roofline_s=nb.per_device / (read * 1e9),
+        median_s=statistics.median(times),
+        step_s=times,
+        compile_s=compile_s,
+    )
 
 
 def table(records: list[Speed]) -> str:
     """A fixed-width table of `decode_speed` records."""
-    head = (f"{'method':<7}{'devices':>8}{'context':>8}{'weights MB':>11}{'cache MB':>10}"
-            f"{'read MB':>9}{'GB/s':>7}{'roofline ms':>12}{'measured ms':>12}{'of roofline':>12}"
-            f"{'tokens/s':>9}")
+    head = (
+        f"{'method':<7}{'devices':>8}{'context':>8}{'weights MB':>11}{'cache MB':>10}"
+        f"{'read MB':>9}{'GB/s':>7}{'roofline ms':>12}{'measured ms':>12}{'of roofline':>12}"
+        f"{'tokens/s':>9}"
+    )
     rows = [head, "-" * len(head)]
     for r in records:
-        rows.append(f"{r.method:<7}{r.devices:>8}{r.context:>8}{r.weight_bytes / 1e6:>11.1f}"
-                    f"{r.cache_bytes / 1e6:>10.1f}{r.machine_bytes / 1e6:>9.0f}"
-                    f"{r.read_gbs:>7.1f}{r.roofline_s * 1e3:>12.1f}{r.median_s * 1e3:>12.1f}"
-                    f"{r.fraction:>12.0%}{r.tokens_per_s:>9.2f}")
+        rows.append(
+            f"{r.method:<7}{r.devices:>8}{r.context:>8}{r.weight_bytes / 1e6:>11.1f}"
+            f"{r.cache_bytes / 1e6:>10.1f}{r.machine_bytes / 1e6:>9.0f}"
+            f"{r.read_gbs:>7.1f}{r.roofline_s * 1e3:>12.1f}{r.median_s * 1e3:>12.1f}"
+            f"{r.fraction:>12.0%}{r.tokens_per_s:>9.2f}"
+        )
     return "\n".join(rows)
 
 
 def summary(records: list[Speed]) -> dict[str, Any]:
     """Plain data for a JSON report: the records and the machine's medians."""
-    return {"records": [r.as_json() for r in records],
-            "read_gbs_median": float(np.median([r.read_gbs for r in records]))}
+    return {
+        "records": [r.as_json() for r in records],
+        "read_gbs_median": float(np.median([r.read_gbs for r in records])),
+    }

@@ -15,7 +15,7 @@ Methods:
 * `xla_auto`: plain `jax.nn.dot_product_attention` under `jax.jit` with K/V carrying a
   sequence `NamedSharding` and no `shard_map`: what XLA's partitioner does on its own.
 
-Patterns (`PATTERNS`): each merge pattern of `tree_decode` (`core.merges.MERGES`) and both
+Patterns (`PATTERNS`): each merge pattern of `tree_decode` (`core.names.MERGE_NAMES`) and both
 rings, by name; `calibrate.bench_patterns` measures them in one run, next to the cost
 model's prediction. `method_fns` builds every method and pattern: the one registry.
 
@@ -34,6 +34,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -50,15 +51,22 @@ from ..core.decode import (
     tree_decode_from_energy,
 )
 from ..core.devices import pad_cache
+from ..core.names import MERGE_NAMES, MergeName, Method
+from ..core.names import METHODS as DECODE_METHODS
 from ..core.reference import attention
-from .costmodel import MERGES, RINGS
 from .introspect import CollectiveStats, collective_stats, memory_stats
+from .patterns import RINGS, RingName
 
-METHODS = ("single", "tree", "tree_energy", "ring", "ring_pass_q", "xla_auto")
-"""What `run` (the demo and `bench`) measures, by name."""
-PATTERNS = (*MERGES, *RINGS)
+BenchMethod = Method | Literal["xla_auto"]
+"""A row of `run`: a way to decode (`core.names.Method`), or the benchmark's own baseline."""
+METHODS: tuple[BenchMethod, ...] = (*DECODE_METHODS, "xla_auto")
+"""What `run` (the demo and `bench`) measures, by name: every way to decode of
+`core.names.METHODS` ("single" is `jax.nn.dot_product_attention` on one device), then one
+row of the benchmark's own, "xla_auto" (the same call with K/V sequence-sharded and no
+`shard_map`: what XLA's partitioner does on its own), which no decoder of the package runs."""
+PATTERNS: tuple[MergeName | RingName, ...] = (*MERGE_NAMES, *RINGS)
 """What `calibrate.bench_patterns` and `validate_patterns` measure: each
-`tree_decode(merge=...)`, then both rings."""
+`tree_decode(merge=...)` (`core.names.MERGE_NAMES`), then both rings."""
 
 
 @dataclass(frozen=True)
@@ -116,16 +124,20 @@ def make_inputs(problem: Problem, seed: int = 0) -> tuple[np.ndarray, np.ndarray
     dt = jnp.dtype(problem.dtype)
     b, t, hkv, d = problem.batch, problem.seq_len, problem.kv_heads, problem.head_dim
     shapes = ((b, problem.q_len, problem.q_heads, d), (b, t, hkv, d), (b, t, hkv, d))
-    q, k, v = (np.asarray(jax.random.normal(key, shape, jnp.float32).astype(dt))
-               for key, shape in zip((kq, kk, kv), shapes, strict=True))
+    q, k, v = (
+        np.asarray(jax.random.normal(key, shape, jnp.float32).astype(dt))
+        for key, shape in zip((kq, kk, kv), shapes, strict=True)
+    )
     return q, k, v
 
 
 def _check_seed(seed: int) -> None:
     validate.check_int(seed, "seed", minimum=0, example="`seed=0`")
     if seed > 2**63 - 1:  # jax.random.key takes a C long
-        raise ValueError(f"`seed` = {seed} is more than the largest PRNG seed, 2**63 - 1; "
-                         f"pass a smaller one, e.g. `seed % 2**63`.")
+        raise ValueError(
+            f"`seed` = {seed} is more than the largest PRNG seed, 2**63 - 1; "
+            f"pass a smaller one, e.g. `seed % 2**63`."
+        )
 
 
 def _check_repeats(repeats: int) -> None:
@@ -228,8 +240,7 @@ def device_info(measure: bool = True, *, nbytes: int | None = None, repeats: int
         "kind": dev.device_kind,
         "jax_version": jax.__version__,
         "nominal_gbs": nominal_hbm_gbs(dev.device_kind),
-        "measured_gbs": device_read_gbs(nbytes, repeats=repeats, device=dev) if measure
-        else None,
+        "measured_gbs": device_read_gbs(nbytes, repeats=repeats, device=dev) if measure else None,
     }
 
 
@@ -251,8 +262,9 @@ def describe(stats: CollectiveStats) -> str:
     return ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) or "none"
 
 
-def method_fns(mesh: Mesh, kv_len: int | None = None,
-               names: Iterable[str] | None = None) -> dict[str, tuple[Callable, tuple]]:
+def method_fns(
+    mesh: Mesh, kv_len: int | None = None, names: Iterable[str] | None = None
+) -> dict[str, tuple[Callable, tuple]]:
     """Each method (`METHODS`) and pattern (`PATTERNS`) as a jitted `fn(q, k, v)` and the
     shardings of its `(q, k, v)`: the one registry of what is measured.
 
@@ -264,8 +276,10 @@ def method_fns(mesh: Mesh, kv_len: int | None = None,
     if kv_len is not None:
         validate.check_int(kv_len, "kv_len", example="`kv_len=4096` (None: no padding)")
     if isinstance(names, str):
-        raise TypeError(f"`names` must be a list of method names, got the str {names!r}; "
-                        f"pass a list, e.g. `[{names!r}]`.")
+        raise TypeError(
+            f"`names` must be a list of method names, got the str {names!r}; "
+            f"pass a list, e.g. `[{names!r}]`."
+        )
     rep = NamedSharding(mesh, P())
     kv = NamedSharding(mesh, kv_spec(tuple(mesh.axis_names)))
     one = NamedSharding(Mesh(np.array(mesh.devices).ravel()[:1], ("one",)), P())
@@ -275,8 +289,10 @@ def method_fns(mesh: Mesh, kv_len: int | None = None,
         return None if kv_len is None else jnp.full((q.shape[0],), kv_len, jnp.int32)
 
     def sharded(decode: Callable, **kw) -> tuple[Callable, tuple]:
-        return (jax.jit(lambda q, k, v: decode(q, k, v, mesh=mesh, kv_lengths=lengths(q),
-                                               **kw)), (rep, kv, kv))
+        return (
+            jax.jit(lambda q, k, v: decode(q, k, v, mesh=mesh, kv_lengths=lengths(q), **kw)),
+            (rep, kv, kv),
+        )
 
     builders: dict[str, Callable[[], tuple[Callable, tuple]]] = {
         "single": lambda: (jax.jit(dpa), (one, one, one)),
@@ -284,22 +300,29 @@ def method_fns(mesh: Mesh, kv_len: int | None = None,
         "tree_energy": lambda: sharded(tree_decode_from_energy),
         "ring": lambda: sharded(ring_decode),
         "ring_pass_q": lambda: sharded(ring_decode_pass_q),
-        "xla_auto": lambda: (jax.jit(lambda q, k, v: dpa(q, k, v,
-                                                           key_value_seq_lengths=lengths(q)),
-                                     in_shardings=(rep, kv, kv), out_shardings=rep),
-                             (rep, kv, kv)),
-        **{m: functools.partial(sharded, tree_decode, merge=m) for m in MERGES},
+        "xla_auto": lambda: (
+            jax.jit(
+                lambda q, k, v: dpa(q, k, v, key_value_seq_lengths=lengths(q)),
+                in_shardings=(rep, kv, kv),
+                out_shardings=rep,
+            ),
+            (rep, kv, kv),
+        ),
+        **{m: functools.partial(sharded, tree_decode, merge=m) for m in MERGE_NAMES},
     }
-    names = list(builders) if names is None else validate.check_sequence(
-        names, "names", "method names", '["tree", "ring"]')
+    names = (
+        list(builders)
+        if names is None
+        else validate.check_sequence(names, "names", "method names", '["tree", "ring"]')
+    )
     for i, n in enumerate(names):
         validate.check_str_choice(n, tuple(builders), f"names[{i}]")
     return {n: builders[n]() for n in names}
 
 
-def sharded_inputs(mesh: Mesh, problem: Problem, seed: int = 0
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                              int | None]:
+def sharded_inputs(
+    mesh: Mesh, problem: Problem, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int | None]:
     """`(q, k, v, k_padded, v_padded, kv_len)`: the problem's inputs, and K/V padded once to
     a multiple of the device count (`pad_cache`) for the sharded methods, with the valid
     length to mask (None when no padding was needed)."""
@@ -325,8 +348,10 @@ def run(
     if progress is not None:
         validate.check_callable(progress, "progress", "called with each method's name")
     if isinstance(methods, str):
-        raise TypeError(f"`methods` must be a list of method names, got the str {methods!r}; "
-                        f"pass a list, e.g. `[{methods!r}]`.")
+        raise TypeError(
+            f"`methods` must be a list of method names, got the str {methods!r}; "
+            f"pass a list, e.g. `[{methods!r}]`."
+        )
     q, k, v, kp, vp, kv_len = sharded_inputs(mesh, problem, seed)
     want = np.asarray(attention(*(jnp.asarray(x, jnp.float64) for x in (q, k, v))))
     sharded_qkv = (q, kp, vp)
@@ -339,22 +364,26 @@ def run(
         fn, shardings = fns[name]
         qkv = (q, k, v) if name == "single" else sharded_qkv
         args = [jax.device_put(x, s) for x, s in zip(qkv, shardings, strict=True)]
-        structs = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
-                   for x, s in zip(qkv, shardings, strict=True)]
+        structs = [
+            jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+            for x, s in zip(qkv, shardings, strict=True)
+        ]
         stats = collective_stats(fn, *structs)
         mem = memory_stats(fn, *structs)
         got = np.asarray(fn(*args), np.float64)
-        records.append(Record(
-            method=name,
-            devices=1 if name == "single" else mesh.size,
-            seq_len=problem.seq_len,
-            median_s=median_time(fn, *args, repeats=repeats),
-            collective_bytes=stats.total_bytes,
-            temp_bytes=mem.temp_bytes,
-            max_abs_err=float(np.abs(got - want).max()),
-            collectives=describe(stats),
-            argument_bytes=mem.argument_bytes,
-        ))
+        records.append(
+            Record(
+                method=name,
+                devices=1 if name == "single" else mesh.size,
+                seq_len=problem.seq_len,
+                median_s=median_time(fn, *args, repeats=repeats),
+                collective_bytes=stats.total_bytes,
+                temp_bytes=mem.temp_bytes,
+                max_abs_err=float(np.abs(got - want).max()),
+                collectives=describe(stats),
+                argument_bytes=mem.argument_bytes,
+            )
+        )
         del args
     return records
 
@@ -362,15 +391,19 @@ def run(
 def table(records: list[Record]) -> str:
     """A fixed-width table of records, with latency ratios to `tree` at the same size."""
     tree_at = {r.seq_len: r for r in records if r.method == "tree"}
-    head = (f"{'method':<12}{'devices':>8}{'seq_len':>9}{'median ms':>11}{'vs tree':>9}"
-            f"{'bytes/dev':>14}{'temp MB/dev':>13}{'max |err|':>11}  collectives")
+    head = (
+        f"{'method':<12}{'devices':>8}{'seq_len':>9}{'median ms':>11}{'vs tree':>9}"
+        f"{'bytes/dev':>14}{'temp MB/dev':>13}{'max |err|':>11}  collectives"
+    )
     rows = [head, "-" * len(head)]
     for r in records:
         ref = tree_at.get(r.seq_len)
         ratio = f"{r.median_s / ref.median_s:.2f}x" if ref else ""
-        rows.append(f"{r.method:<12}{r.devices:>8}{r.seq_len:>9}{r.median_s * 1e3:>11.1f}"
-                    f"{ratio:>9}{r.collective_bytes:>14,}{r.temp_bytes / 1e6:>13.1f}"
-                    f"{r.max_abs_err:>11.1e}  {r.collectives}")
+        rows.append(
+            f"{r.method:<12}{r.devices:>8}{r.seq_len:>9}{r.median_s * 1e3:>11.1f}"
+            f"{ratio:>9}{r.collective_bytes:>14,}{r.temp_bytes / 1e6:>13.1f}"
+            f"{r.max_abs_err:>11.1e}  {r.collectives}"
+        )
     return "\n".join(rows)
 
 
@@ -387,15 +420,16 @@ def median_times(calls: dict[str, tuple[Callable, tuple]], repeats: int = 5) -> 
     return {n: statistics.median(t) for n, t in interleaved_times(calls, repeats).items()}
 
 
-def interleaved_times(calls: dict[str, tuple[Callable, tuple]],
-                      repeats: int = 5) -> dict[str, list[float]]:
+def interleaved_times(
+    calls: dict[str, tuple[Callable, tuple]], repeats: int = 5
+) -> dict[str, list[float]]:
     """Every timed call of `median_times`, in rounds: `name -> [seconds per round]`."""
     _check_calls(calls)
     _check_repeats(repeats)
     names = list(calls)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             fn, args = calls[name]
             jax.block_until_ready(fn(*args))
             t0 = time.perf_counter()
@@ -408,13 +442,15 @@ def _check_calls(calls: dict) -> None:
     """A non-empty dict `name -> (fn, args)`, each `fn` callable and `args` a tuple."""
     eg = '{"tree": (fn, (q, k, v))}'
     if not isinstance(calls, dict):
-        raise TypeError(f"`calls` must be a dict name -> (fn, args), e.g. {eg}, got "
-                        f"{validate.describe(calls)}.")
+        raise TypeError(
+            f"`calls` must be a dict name -> (fn, args), e.g. {eg}, got {validate.describe(calls)}."
+        )
     if not calls:
         raise ValueError(f"`calls` is empty; give at least one, e.g. {eg}.")
     for name, call in calls.items():
-        if not (isinstance(call, tuple) and len(call) == 2 and isinstance(call[1],
-                                                                          tuple | list)):
-            raise TypeError(f"`calls[{name!r}]` must be a pair (fn, args) with args a tuple, "
-                            f"e.g. {eg}, got {validate.describe(call)}.")
+        if not (isinstance(call, tuple) and len(call) == 2 and isinstance(call[1], tuple | list)):
+            raise TypeError(
+                f"`calls[{name!r}]` must be a pair (fn, args) with args a tuple, "
+                f"e.g. {eg}, got {validate.describe(call)}."
+            )
         validate.check_callable(call[0], f"calls[{name!r}][0]", "the function to time")

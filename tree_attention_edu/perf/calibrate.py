@@ -9,12 +9,17 @@ Three measurements, each a median of timed calls after a warm-up:
   fraction of the machine's, with its compiled temp memory;
 * `calibrate`: latency α (small messages) and bandwidth β (messages of the sizes the ring
   will send) of the simulated devices' `ppermute`, the per-device decode bandwidth with
-  all devices busy, and a
-  fixed per-call overhead; then `costmodel.predict_tree` / `predict_ring` with those
-  parameters, against `benchmark.run` at several sequence lengths.
+  all devices busy, and a fixed per-call overhead (the micro-benchmarks of `microbench`,
+  put together by `measure_topology`); then `costmodel.predict_tree` / `predict_ring` with
+  those parameters, against `benchmark.run` at several sequence lengths.
 
-Nothing is fitted to the decode timings being predicted: the parameters come from
-micro-benchmarks at other sizes.
+`validate_patterns` and `bench_patterns` do the same for every merge pattern of
+`tree_decode` and both rings. Nothing is fitted to the decode timings being predicted: the
+parameters come from micro-benchmarks at other sizes.
+
+The micro-benchmarks' names (`fit_link`, `message_sizes`, `SMALL_MESSAGE`, `local_calls`,
+`local_rates`, `COLLECTIVE_FNS`, `COLLECTIVE_KIND`, ...) are re-exported here, where a
+calibration's reader looks for them.
 """
 
 from __future__ import annotations
@@ -23,24 +28,41 @@ import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..core import kernels, validate
 from ..core.decode import kv_spec, tree_decode
+from ..core.names import LAYOUTS, MERGE_NAMES, Layout, MergeName
 from ..core.numerics import accum_dtype
 from ..core.reference import attention
 from ..core.states import local_state
-from . import benchmark, costmodel
+from . import benchmark
 from .introspect import collective_stats, memory_stats
+from .links import Link, Topology
+from .microbench import (
+    COLLECTIVE_FNS,
+    COLLECTIVE_KIND,
+    collective_times,
+    fit_link,
+    measure_local,
+    message_sizes,
+    ring_pass_times,
+)
+from .microbench import SMALL_MESSAGE as SMALL_MESSAGE  # re-exported, with the two below
+from .microbench import local_calls as local_calls
+from .microbench import local_rates as local_rates
+from .patterns import RINGS, RingName, merge_collectives, pass_q_collectives, ring_collectives
+from .predict import Prediction, predict_merge, predict_pass_q_ring, predict_ring
 
 Progress = Callable[[str], None] | None
+PredictMethod = Literal["tree"] | MergeName | RingName
+"""What `predict` prices: "tree" (the paper's, `predict_tree`), a merge pattern or a ring."""
 
 
 @dataclass
@@ -55,13 +77,13 @@ class KernelBandwidth:
     devices: int
 
 
-def kernel_fns(mesh: Mesh) -> dict[str, tuple[Callable, str, int]]:
+def kernel_fns(mesh: Mesh) -> dict[str, tuple[Callable, Layout, int]]:
     """Kernels to measure: `name -> (fn(q, k, v), layout of k and v, devices)`.
 
     `einsum_reference` is `states.local_state`, the plain einsum → softmax → einsum that the
     "xla" kernel replaced; `dot_product_attention` is `jax.nn`'s (cuDNN where available).
     """
-    fns: dict[str, tuple[Callable, str, int]] = {
+    fns: dict[str, tuple[Callable, Layout, int]] = {
         "einsum_reference": (lambda q, k, v: local_state(q, k, v).out, "bthd", 1),
         "dot_product_attention": (jax.nn.dot_product_attention, "bthd", 1),
         "xla_bthd": (lambda q, k, v: kernels.xla_state(q, k, v).out, "bthd", 1),
@@ -70,27 +92,38 @@ def kernel_fns(mesh: Mesh) -> dict[str, tuple[Callable, str, int]]:
     if jax.default_backend() == "gpu":
         fns["dot_product_attention_cudnn"] = (
             lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn"),
-            "bthd", 1)
+            "bthd",
+            1,
+        )
         fns["cudnn"] = (lambda q, k, v: kernels.cudnn_state(q, k, v).out, "bthd", 1)
         if kernels.flash.available():
             fns["flash"] = (lambda q, k, v: kernels.flash_state(q, k, v).out, "bthd", 1)
-    for layout in ("bthd", "bhtd"):
+    for layout in LAYOUTS:
         fns[f"tree_{layout}"] = (
-            lambda q, k, v, layout=layout: tree_decode(q, k, v, mesh=mesh, layout=layout,
-                                                       local_kernel="xla"),
-            layout, mesh.size)
+            lambda q, k, v, layout=layout: tree_decode(
+                q, k, v, mesh=mesh, layout=layout, local_kernel="xla"
+            ),
+            layout,
+            mesh.size,
+        )
     return fns
 
 
 def bandwidth(
-    mesh: Mesh, problem: benchmark.Problem, *, names: Iterable[str] | None = None,
-    repeats: int = 5, seed: int = 0, progress: Progress = None,
+    mesh: Mesh,
+    problem: benchmark.Problem,
+    *,
+    names: Iterable[str] | None = None,
+    repeats: int = 5,
+    seed: int = 0,
+    progress: Progress = None,
 ) -> dict:
     """The bench JSON's `"bandwidth"` section: machine read bandwidth and each kernel's.
 
     Single-device kernels run on the mesh's first device; `tree_*` on the whole mesh, whose
     simulated devices share this machine's memory bus (so their fraction is comparable).
-    Each timed kernel call is paired with a timed numpy read of 512 MB, so that the machine
+    Each timed kernel call is paired with one timed read of 512 MB on the first device
+    (`benchmark.DeviceReader`: a jitted `jnp.sum` of a float32 array), so that the machine
     figure and the kernels' are sampled side by side over the same minutes (neighbours on
     a shared host change both); `machine_read_gbs` is the median of all those reads.
     """
@@ -104,8 +137,9 @@ def bandwidth(
         fn, layout, ndev = fns[name]
         if progress:
             progress(name)
-        kk, vv = (np.ascontiguousarray(np.swapaxes(x, 1, 2)) if layout == "bhtd" else x
-                  for x in (k, v))
+        kk, vv = (
+            np.ascontiguousarray(np.swapaxes(x, 1, 2)) if layout == "bhtd" else x for x in (k, v)
+        )
         if ndev == 1:
             sh = (one, one, one)
         else:
@@ -121,9 +155,16 @@ def bandwidth(
             jax.block_until_ready(jfn(*args))
             times.append(time.perf_counter() - t0)
         t = statistics.median(times)
-        out[name] = asdict(KernelBandwidth(problem.kv_bytes / t / 1e9, 0.0,
-                                           memory_stats(jfn, *args).temp_bytes,
-                                           problem.kv_bytes, t, ndev))
+        out[name] = asdict(
+            KernelBandwidth(
+                problem.kv_bytes / t / 1e9,
+                0.0,
+                memory_stats(jfn, *args).temp_bytes,
+                problem.kv_bytes,
+                t,
+                ndev,
+            )
+        )
         del args
     machine = statistics.median(reads)
     for r in out.values():
@@ -132,169 +173,22 @@ def bandwidth(
 
 
 def bandwidth_table(section: dict) -> str:
-    head = (f"{'kernel':<30}{'devices':>8}{'median ms':>11}{'GB/s':>8}{'of machine':>12}"
-            f"{'temp MB':>10}{'temp/KV':>9}")
-    rows = [f"machine read bandwidth (XLA sum of 512 MB): {section['machine_read_gbs']:.1f} GB/s",
-            head, "-" * len(head)]
+    head = (
+        f"{'kernel':<30}{'devices':>8}{'median ms':>11}{'GB/s':>8}{'of machine':>12}"
+        f"{'temp MB':>10}{'temp/KV':>9}"
+    )
+    rows = [
+        f"machine read bandwidth (XLA sum of 512 MB): {section['machine_read_gbs']:.1f} GB/s",
+        head,
+        "-" * len(head),
+    ]
     for name, r in section["kernels"].items():
-        rows.append(f"{name:<30}{r['devices']:>8}{r['median_s'] * 1e3:>11.1f}{r['gbs']:>8.2f}"
-                    f"{r['fraction']:>11.0%} {r['temp_bytes'] / 1e6:>10.1f}"
-                    f"{r['temp_bytes'] / r['kv_bytes']:>8.1%}")
+        rows.append(
+            f"{name:<30}{r['devices']:>8}{r['median_s'] * 1e3:>11.1f}{r['gbs']:>8.2f}"
+            f"{r['fraction']:>11.0%} {r['temp_bytes'] / 1e6:>10.1f}"
+            f"{r['temp_bytes'] / r['kv_bytes']:>8.1%}"
+        )
     return "\n".join(rows)
-
-
-# --- collective micro-benchmarks ----------------------------------------------------------
-
-def _sharded(mesh: Mesh, nbytes: int) -> jax.Array:
-    """`nbytes` of float32 per device, sharded along axis 0 over all mesh axes."""
-    n = max(nbytes // 4, 1)
-    spec = NamedSharding(mesh, P(tuple(mesh.axis_names)))
-    return jax.device_put(jnp.ones((mesh.size * n,), jnp.float32), spec)
-
-
-def _smap(mesh: Mesh, body: Callable) -> Callable:
-    spec = P(tuple(mesh.axis_names))
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec,
-                                 check_vma=False))
-
-
-def collective_times(
-    mesh: Mesh, sizes: Iterable[int], *, repeats: int = 7, kinds: Iterable[str] = ("psum",)
-) -> dict[str, list[tuple[int, float]]]:
-    """Median seconds of one collective for each message size in bytes, plus `"noop"`: the
-    same call doing `x + 1` (at the smallest size, the fixed cost of calling a program on the
-    mesh).
-
-    `kinds` among `COLLECTIVE_FNS`: "psum" (all-reduce), "all_gather", "psum_scatter"
-    (reduce-scatter) and "all_to_all". Sizes are counted as `collective_stats` counts them:
-    the buffer each device receives for "all_gather" (each contributes `n/p`), the buffer it
-    contributes otherwise; they are rounded down to a multiple of `4·p` bytes.
-    """
-    axes = tuple(mesh.axis_names)
-    p = mesh.size
-    kinds = tuple(kinds)
-    for kind in kinds:
-        validate.check_choice(kind, tuple(COLLECTIVE_FNS), "kinds")
-    fns = {"noop": _smap(mesh, lambda x: x + 1)}
-    fns.update({k: _smap(mesh, COLLECTIVE_FNS[k](axes, p)) for k in kinds})
-    out: dict[str, list[tuple[int, float]]] = {k: [] for k in fns}
-    for n in sizes:
-        words = max(n // 4 // p, 1) * p  # float32 words, a multiple of p
-        for name, fn in fns.items():
-            contributed = words // p if name == "all_gather" else words
-            x = _sharded(mesh, 4 * contributed)
-            out[name].append((4 * words, benchmark.median_time(fn, x, repeats=repeats)))
-    return out
-
-
-COLLECTIVE_FNS: dict[str, Callable] = {
-    "psum": lambda axes, p: lambda x: lax.psum(x, axes),
-    "all_gather": lambda axes, p: lambda x: lax.all_gather(x, axes, tiled=True),
-    "psum_scatter": lambda axes, p: lambda x: lax.psum_scatter(x, axes, tiled=True),
-    "all_to_all": lambda axes, p: lambda x: lax.all_to_all(
-        x.reshape(p, -1), axes, 0, 0, tiled=True).reshape(-1),
-}
-"""Each micro-benchmarked collective, as `(axes, p) -> body(x)` on one device's flat buffer."""
-
-COLLECTIVE_KIND = {"psum": "all-reduce", "all_gather": "all-gather",
-                   "psum_scatter": "reduce-scatter", "all_to_all": "all-to-all"}
-"""The `collective_stats` name of each micro-benchmarked collective."""
-
-
-def ring_pass_times(
-    mesh: Mesh, problem: benchmark.Problem, sizes: Iterable[int], *, repeats: int = 5
-) -> list[tuple[int, float]]:
-    """Seconds per message of `ppermute` used the way a ring uses it.
-
-    For each per-device message size, K and V blocks shaped like the problem's cache
-    (`[B, keys, Hkv, D]`) go around the ring for p−1 chained steps (each step's blocks are
-    read, as the decode does); the time is divided by the 2(p−1) messages. Communication
-    only: no attention. (On XLA:CPU, chained permutes of 4-D blocks cost several times what
-    one permute of a flat buffer suggests, so the link is measured in this shape.)
-    """
-    axes = tuple(mesh.axis_names)
-    p = mesh.size
-    perm = [(i, (i + 1) % p) for i in range(p)]
-    item = jnp.dtype(problem.dtype).itemsize
-    key_bytes = problem.batch * problem.kv_heads * problem.head_dim * item
-    spec = kv_spec(axes)
-
-    def body(k, v):
-        acc = jnp.zeros((), jnp.float32)
-        for _ in range(p - 1):
-            k_next, v_next = lax.ppermute(k, axes, perm), lax.ppermute(v, axes, perm)
-            acc = acc + jnp.sum(k, dtype=jnp.float32) + jnp.sum(v, dtype=jnp.float32)
-            k, v = k_next, v_next
-        return acc[None]
-
-    fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec), out_specs=P(axes),
-                               check_vma=False))
-    out = []
-    for n in sizes:
-        keys = max(1, n // key_bytes)
-        shape = (problem.batch, keys * p, problem.kv_heads, problem.head_dim)
-        x = jax.device_put(jnp.ones(shape, problem.dtype), NamedSharding(mesh, spec))
-        t = benchmark.median_time(fn, x, x, repeats=repeats)
-        out.append((keys * key_bytes, t / (2 * max(p - 1, 1))))
-    return out
-
-
-SMALL_MESSAGE = 16 * 1024
-"""Messages up to this size measure latency (α); larger ones measure bandwidth (β)."""
-
-
-def fit_link(points: Iterable[tuple[int, float]]) -> costmodel.Link:
-    """Hockney parameters from `(bytes, seconds)` points, the way ping-pong benchmarks
-    read them: α is the median time of the small messages (≤ `SMALL_MESSAGE`), β the median
-    of `n / (t − α)` over the larger ones that took longer than α (inf if none did). A
-    least-squares line through all points would let
-    the largest messages set α (often to a negative value) and misprice everything else.
-
-    Each point is a pair of numbers, bytes and seconds, both finite and >= 0."""
-    pts = _points(points)
-    small = [t for n, t in pts if n <= SMALL_MESSAGE]
-    big = [(n, t) for n, t in pts if n > SMALL_MESSAGE]
-    if not small or not big:
-        raise ValueError(f"`points` needs messages both <= and > {SMALL_MESSAGE} bytes (α from "
-                         f"the small ones, β from the large), got sizes "
-                         f"{sorted({n for n, _ in pts})}; measure both, e.g. at "
-                         f"`message_sizes(...)`.")
-    alpha = max(statistics.median(small), 0.0)
-    # A large message no slower than α says nothing about β (noise, or a transfer too fast
-    # to see at this size); if none is slower, the transfer is unresolved: β = inf.
-    rates = [n / (t - alpha) for n, t in big if t > alpha]
-    beta = statistics.median(rates) if rates else float("inf")
-    return costmodel.Link(alpha_s=alpha, beta_Bps=beta)
-
-
-def _points(points: Any) -> list[tuple[float, float]]:
-    """`fit_link`'s points as a list of `(bytes, seconds)`, each checked by name."""
-    eg = "[(1024, 2e-5), (2**20, 1e-4)]"
-    if isinstance(points, str | bytes) or not isinstance(points, Iterable):
-        raise TypeError(f"`points` must be an iterable of (bytes, seconds) pairs, e.g. {eg}, "
-                        f"got {validate.describe(points)}.")
-    out = []
-    for i, point in enumerate(points):
-        if not isinstance(point, tuple | list) or len(point) != 2:
-            raise TypeError(f"`points[{i}]` must be a (bytes, seconds) pair, e.g. {eg}, got "
-                            f"{validate.describe(point)}.")
-        validate.check_real(point[0], f"points[{i}][0]", low=0.0,
-                            hint="message bytes, e.g. 1024")
-        t = validate.check_real(point[1], f"points[{i}][1]", low=0.0,
-                                hint="seconds, a measured time")
-        out.append((point[0], t))
-    return out
-
-
-def message_sizes(block_bytes: Iterable[int], points: int = 6) -> tuple[int, ...]:
-    """Small messages for α, then `points` sizes spanning the given transfer sizes (from half
-    the smallest to twice the largest) for β: the links are measured where they will be used.
-    `block_bytes`: a non-empty sequence of positive ints; `points >= 1`."""
-    blocks = validate.check_sizes_list(block_bytes, "block_bytes", "[2**20, 2**23]")
-    validate.check_int(points, "points", example="`points=6`")
-    lo, hi = max(min(blocks) // 2, 2 * SMALL_MESSAGE), 2 * max(blocks)
-    big = np.geomspace(lo, hi, points).astype(int) // 4 * 4
-    return (1024, 4096, SMALL_MESSAGE, *sorted(set(big.tolist())))
 
 
 @dataclass
@@ -302,10 +196,10 @@ class Calibration:
     """Parameters measured on this machine, and the topology they make."""
 
     overhead_s: float
-    ppermute: costmodel.Link
-    psum: costmodel.Link
+    ppermute: Link
+    psum: Link
     mem_Bps: float
-    topology: costmodel.Topology
+    topology: Topology
     collective_points: dict
     links: dict = field(default_factory=dict)  # every measured kind: its Link
 
@@ -314,62 +208,14 @@ DEFAULT_SIZES = tuple(2**n for n in range(10, 27, 2))
 """Message sizes (bytes) `measure_topology` times by default: 1 KiB to 64 MiB."""
 
 
-def local_calls(mesh: Mesh, problem: benchmark.Problem,
-                seed: int = 0) -> dict[str, tuple[Callable, tuple]]:
-    """The two programs `measure_local` times, as `name -> (fn, args)` for `median_time` or
-    `benchmark.median_times`: "kernel", the xla kernel on every device's shard of the
-    problem's K/V (sharded along the sequence over all the mesh's axes; no collective), and
-    "copy", a fresh copy of every device's K shard (`at[].set` on an argument writes a new
-    buffer, read and written in full: the copy the scan ring makes of its block each step).
-    """
-    q, k, v = benchmark.make_inputs(problem, seed)
-    axes = tuple(mesh.axis_names)
-    spec = kv_spec(axes)
-    kvs = NamedSharding(mesh, spec)
-    local = jax.jit(jax.shard_map(
-        lambda q, k, v: kernels.xla_state(q, k, v).out, mesh=mesh,
-        in_specs=(P(), spec, spec), out_specs=P(axes), check_vma=False))
-    args = (jax.device_put(q, NamedSharding(mesh, P())), jax.device_put(k, kvs),
-            jax.device_put(v, kvs))
-    copy = jax.jit(jax.shard_map(lambda k: k.at[:, :1].set(0), mesh=mesh, in_specs=(spec,),
-                                 out_specs=spec))
-    return {"kernel": (local, args), "copy": (copy, args[1:2])}
-
-
-def local_rates(problem: benchmark.Problem, devices: int, kernel_s: float, copy_s: float,
-                overhead_s: float = 0.0) -> tuple[float, float]:
-    """`(mem_Bps, copy_Bps)` per device from the times of `local_calls`' two programs: a
-    shard's K and V bytes over the kernel's time, a K shard's bytes over the copy's (read and
-    written once), each less the per-call `overhead_s`. The times are positive seconds,
-    `overhead_s >= 0`; a time not above the overhead is taken as 1 ns."""
-    validate.check_instance(problem, benchmark.Problem, "problem",
-                            "e.g. benchmark.Problem(seq_len=4096)")
-    validate.check_int(devices, "devices", example="`devices=mesh.size`")
-    for name, value in (("kernel_s", kernel_s), ("copy_s", copy_s)):
-        validate.check_real(value, name, low=0.0, low_open=True, hint="a measured time")
-    validate.check_real(overhead_s, "overhead_s", low=0.0, hint="seconds per call")
-    shard = problem.kv_bytes / devices
-    return (shard / max(kernel_s - overhead_s, 1e-9), shard / max(copy_s - overhead_s, 1e-9))
-
-
-def measure_local(mesh: Mesh, problem: benchmark.Problem, *, overhead_s: float = 0.0,
-                  repeats: int = 7) -> tuple[float, float]:
-    """`(mem_Bps, copy_Bps)` of one device of `mesh` while all of them work at once
-    (`local_calls`, each timed by `median_time`, `local_rates`).
-
-    All devices run at once because simulated devices (and the processes of
-    `tree_attention_edu.cluster`) share one memory bus.
-    """
-    calls = local_calls(mesh, problem)
-    kernel_s, copy_s = (benchmark.median_time(fn, *args, repeats=repeats)
-                        for fn, args in (calls["kernel"], calls["copy"]))
-    return local_rates(problem, mesh.size, kernel_s, copy_s, overhead_s)
-
-
 def measure_topology(
-    mesh: Mesh, *, kernel_problem: benchmark.Problem | None = None,
-    sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 7,
-    progress: Progress = None, kinds: Iterable[str] = ("psum",),
+    mesh: Mesh,
+    *,
+    kernel_problem: benchmark.Problem | None = None,
+    sizes: Iterable[int] = DEFAULT_SIZES,
+    repeats: int = 7,
+    progress: Progress = None,
+    kinds: Iterable[str] = ("psum",),
 ) -> Calibration:
     """Measure α, β, the per-call overhead and the per-device decode bandwidth of `mesh`.
 
@@ -391,8 +237,10 @@ def measure_topology(
     kinds = tuple(dict.fromkeys(("psum", *kinds)))
     pts = collective_times(mesh, sizes, repeats=repeats, kinds=kinds)
     overhead = min(pts["noop"])[1]  # the smallest message: dispatch, not the `x + 1`
-    links = {COLLECTIVE_KIND[k]: fit_link([(n, max(t - overhead, 0.0)) for n, t in pts[k]])
-             for k in kinds}
+    links = {
+        COLLECTIVE_KIND[k]: fit_link([(n, max(t - overhead, 0.0)) for n, t in pts[k]])
+        for k in kinds
+    }
     psum_link = links["all-reduce"]
     # One program per size holds 2(p-1) messages: its dispatch is spread over them.
     share = overhead / (2 * max(mesh.size - 1, 1))
@@ -403,38 +251,58 @@ def measure_topology(
         progress("local kernel")
     mem_Bps, copy_Bps = measure_local(mesh, prob, overhead_s=overhead, repeats=repeats)
 
-    topo = costmodel.Topology(
-        nodes=1, devices_per_node=mesh.size, intra=link, inter=link, mem_Bps=mem_Bps,
-        flops=float("inf"), overhead_s=overhead, overlap=False,
+    topo = Topology(
+        nodes=1,
+        devices_per_node=mesh.size,
+        intra=link,
+        inter=link,
+        mem_Bps=mem_Bps,
+        flops=float("inf"),
+        overhead_s=overhead,
+        overlap=False,
         name=f"{mesh.size} simulated CPU devices (this machine)",
-        sources=("measured by tree_attention_edu.calibrate.measure_topology",),
-        measured=tuple(links.items()) if len(kinds) > 1 else (), copy_Bps=copy_Bps,
+        sources=("measured by tree_attention_edu.perf.calibrate.measure_topology",),
+        measured=tuple(links.items()) if len(kinds) > 1 else (),
+        copy_Bps=copy_Bps,
     )
-    return Calibration(overhead, link, psum_link, mem_Bps, topo, pts,
-                       {**links, "collective-permute": link})
+    return Calibration(
+        overhead, link, psum_link, mem_Bps, topo, pts, {**links, "collective-permute": link}
+    )
 
 
-def predict(method: str, seq_len: int, topo: costmodel.Topology,
-            problem: benchmark.Problem) -> costmodel.Prediction:
+def predict(
+    method: PredictMethod,
+    seq_len: int,
+    topo: Topology,
+    problem: benchmark.Problem,
+) -> Prediction:
     """The cost model's latency for a `benchmark.Problem` at `seq_len`: `method` is "tree",
-    "ring", "ring_pass_q" or a merge pattern (`costmodel.MERGES`)."""
-    validate.check_choice(method, ("tree", *costmodel.MERGES, *costmodel.RINGS), "method")
+    "ring", "ring_pass_q" or a merge pattern (`core.names.MERGE_NAMES`)."""
+    validate.check_choice(method, ("tree", *MERGE_NAMES, *RINGS), "method")
     shape: dict[str, Any] = dict(
-        batch=problem.batch, q_heads=problem.q_heads, kv_heads=problem.kv_heads,
-        head_dim=problem.head_dim, itemsize=jnp.dtype(problem.dtype).itemsize,
-        q_len=problem.q_len)
+        batch=problem.batch,
+        q_heads=problem.q_heads,
+        kv_heads=problem.kv_heads,
+        head_dim=problem.head_dim,
+        itemsize=jnp.dtype(problem.dtype).itemsize,
+        q_len=problem.q_len,
+    )
     stat = jnp.dtype(accum_dtype(problem.dtype)).itemsize
     if method == "ring":
-        return costmodel.predict_ring(seq_len, topo, **shape)
+        return predict_ring(seq_len, topo, **shape)
     if method == "ring_pass_q":
-        return costmodel.predict_pass_q_ring(seq_len, topo, **shape, stat_itemsize=stat)
+        return predict_pass_q_ring(seq_len, topo, **shape, stat_itemsize=stat)
     pattern = "allreduce" if method == "tree" else method
-    return costmodel.predict_merge(pattern, seq_len, topo, **shape, stat_itemsize=stat)
+    return predict_merge(pattern, seq_len, topo, **shape, stat_itemsize=stat)
 
 
 def calibrate(
-    mesh: Mesh, seq_lens: Iterable[int] = (16384, 32768, 65536, 131072), *,
-    problem: benchmark.Problem | None = None, repeats: int = 5, progress: Progress = None,
+    mesh: Mesh,
+    seq_lens: Iterable[int] = (16384, 32768, 65536, 131072),
+    *,
+    problem: benchmark.Problem | None = None,
+    repeats: int = 5,
+    progress: Progress = None,
 ) -> tuple[Calibration, list[dict]]:
     """Measure the topology, predict tree and ring latency at each `seq_len`, and measure them.
 
@@ -447,21 +315,34 @@ def calibrate(
     cal_len = max(mesh.size, (3 * max(seq_lens) // 4) // mesh.size * mesh.size)
     # The ring sends K and V blocks of N/p keys: measure the links at those sizes.
     item = jnp.dtype(base.dtype).itemsize
-    blocks = [base.batch * -(-n // mesh.size) * base.kv_heads * base.head_dim * item
-              for n in seq_lens]
-    cal = measure_topology(mesh, kernel_problem=benchmark.Problem(
-        **{**asdict(base), "seq_len": cal_len}), sizes=message_sizes(blocks),
-        progress=progress)
+    blocks = [
+        base.batch * -(-n // mesh.size) * base.kv_heads * base.head_dim * item for n in seq_lens
+    ]
+    cal = measure_topology(
+        mesh,
+        kernel_problem=benchmark.Problem(**{**asdict(base), "seq_len": cal_len}),
+        sizes=message_sizes(blocks),
+        progress=progress,
+    )
     rows = []
     for n in seq_lens:
         prob = benchmark.Problem(**{**asdict(base), "seq_len": n})
         if progress:
             progress(f"Tk={n}")
-        for rec in benchmark.run(mesh, prob, methods=("tree", "ring"), repeats=repeats):
-            pred = predict(rec.method, n, cal.topology, prob).total_s
-            rows.append(dict(method=rec.method, devices=rec.devices, seq_len=n,
-                             predicted_s=pred, measured_s=rec.median_s,
-                             error=pred / rec.median_s - 1))
+        methods: tuple[PredictMethod, ...] = ("tree", "ring")
+        records = benchmark.run(mesh, prob, methods=methods, repeats=repeats)
+        for method, rec in zip(methods, records, strict=True):  # one record per method
+            pred = predict(method, n, cal.topology, prob).total_s
+            rows.append(
+                dict(
+                    method=rec.method,
+                    devices=rec.devices,
+                    seq_len=n,
+                    predicted_s=pred,
+                    measured_s=rec.median_s,
+                    error=pred / rec.median_s - 1,
+                )
+            )
     return cal, rows
 
 
@@ -476,9 +357,11 @@ def calibration_table(cal: Calibration, rows: list[dict]) -> str:
     ]
     lines.append("-" * len(lines[-1]))
     for r in rows:
-        lines.append(f"{r['method']:<8}{r['devices']:>8}{r['seq_len']:>9}"
-                     f"{r['predicted_s'] * 1e3:>14.1f}{r['measured_s'] * 1e3:>13.1f}"
-                     f"{r['error']:>+8.0%}")
+        lines.append(
+            f"{r['method']:<8}{r['devices']:>8}{r['seq_len']:>9}"
+            f"{r['predicted_s'] * 1e3:>14.1f}{r['measured_s'] * 1e3:>13.1f}"
+            f"{r['error']:>+8.0%}"
+        )
     worst = max(abs(r["error"]) for r in rows)
     lines.append(f"worst |error| {worst:.0%} (target: within 35%)")
     return "\n".join(lines)
@@ -492,22 +375,48 @@ def _pattern_payloads(problem: benchmark.Problem, p: int, seq_lens: Iterable[int
     micro-benchmarks are run where the predictions will use them."""
     item = jnp.dtype(problem.dtype).itemsize
     stat = jnp.dtype(accum_dtype(problem.dtype)).itemsize
-    shape: dict[str, Any] = dict(batch=problem.batch, q_len=problem.q_len, q_heads=problem.q_heads,
-                 v_dim=problem.head_dim, p=p, stat_itemsize=stat)
-    sizes = [nbytes for m in costmodel.MERGES
-             for _, nbytes, _ in costmodel.merge_collectives(m, **shape, out_itemsize=item)]
-    sizes += [nbytes for _, nbytes, _ in costmodel.pass_q_collectives(
-        **shape, kv_heads=problem.kv_heads, head_dim=problem.head_dim, itemsize=item)]
+    shape: dict[str, Any] = dict(
+        batch=problem.batch,
+        q_len=problem.q_len,
+        q_heads=problem.q_heads,
+        v_dim=problem.head_dim,
+        p=p,
+        stat_itemsize=stat,
+    )
+    sizes = [
+        nbytes
+        for m in MERGE_NAMES
+        for _, nbytes, _ in merge_collectives(m, **shape, out_itemsize=item)
+    ]
+    sizes += [
+        nbytes
+        for _, nbytes, _ in pass_q_collectives(
+            **shape, kv_heads=problem.kv_heads, head_dim=problem.head_dim, itemsize=item
+        )
+    ]
     for n in seq_lens:
-        sizes += [nbytes for _, nbytes, _ in costmodel.ring_collectives(
-            batch=problem.batch, kv_len=n, kv_heads=problem.kv_heads,
-            head_dim=problem.head_dim, v_dim=problem.head_dim, p=p, itemsize=item)]
+        sizes += [
+            nbytes
+            for _, nbytes, _ in ring_collectives(
+                batch=problem.batch,
+                kv_len=n,
+                kv_heads=problem.kv_heads,
+                head_dim=problem.head_dim,
+                v_dim=problem.head_dim,
+                p=p,
+                itemsize=item,
+            )
+        ]
     return sizes
 
 
 def pattern_calibration(
-    mesh: Mesh, seq_lens: Iterable[int], *, problem: benchmark.Problem | None = None,
-    repeats: int = 5, progress: Progress = None,
+    mesh: Mesh,
+    seq_lens: Iterable[int],
+    *,
+    problem: benchmark.Problem | None = None,
+    repeats: int = 5,
+    progress: Progress = None,
 ) -> Calibration:
     """The topology `validate_patterns` predicts with (shared with `bench_patterns`):
     `measure_topology` over every collective the patterns and rings use, at message sizes
@@ -518,15 +427,24 @@ def pattern_calibration(
     seq_lens = list(seq_lens)
     cal_len = max(p, (3 * max(seq_lens) // 4) // p * p)
     return measure_topology(
-        mesh, kernel_problem=benchmark.Problem(**{**asdict(base), "seq_len": cal_len}),
-        sizes=message_sizes(_pattern_payloads(base, p, seq_lens)), repeats=repeats,
-        progress=progress, kinds=tuple(COLLECTIVE_FNS))
+        mesh,
+        kernel_problem=benchmark.Problem(**{**asdict(base), "seq_len": cal_len}),
+        sizes=message_sizes(_pattern_payloads(base, p, seq_lens)),
+        repeats=repeats,
+        progress=progress,
+        kinds=tuple(COLLECTIVE_FNS),
+    )
 
 
 def validate_patterns(
-    mesh: Mesh, seq_lens: Iterable[int] = (8192, 16384, 32768), *,
-    problem: benchmark.Problem | None = None, methods: Iterable[str] = benchmark.PATTERNS,
-    calibration: Calibration | None = None, repeats: int = 5, progress: Progress = None,
+    mesh: Mesh,
+    seq_lens: Iterable[int] = (8192, 16384, 32768),
+    *,
+    problem: benchmark.Problem | None = None,
+    methods: Iterable[MergeName | RingName] = benchmark.PATTERNS,
+    calibration: Calibration | None = None,
+    repeats: int = 5,
+    progress: Progress = None,
 ) -> tuple[Calibration, list[dict]]:
     """Predicted against measured latency of every merge pattern and both rings.
 
@@ -542,15 +460,17 @@ def validate_patterns(
     """
     validate.check_instance(mesh, Mesh, "mesh", "e.g. tree_attention_edu.make_mesh(8, 'x')")
     seq_lens = validate.check_sizes_list(seq_lens, "seq_lens", "(8192, 16384, 32768)")
-    methods = validate.check_sequence(methods, "methods", "pattern or ring names",
-                                     '("allreduce", "ring")')
+    methods = validate.check_sequence(
+        methods, "methods", "pattern or ring names", '("allreduce", "ring")'
+    )
     for i, m in enumerate(methods):
         validate.check_str_choice(m, benchmark.PATTERNS, f"methods[{i}]")
     base = problem or benchmark.Problem()
     p = mesh.size
     if calibration is None:
-        calibration = pattern_calibration(mesh, seq_lens, problem=base, repeats=repeats,
-                                          progress=progress)
+        calibration = pattern_calibration(
+            mesh, seq_lens, problem=base, repeats=repeats, progress=progress
+        )
     rows = []
     for n in seq_lens:
         prob = benchmark.Problem(**{**asdict(base), "seq_len": n})
@@ -560,13 +480,20 @@ def validate_patterns(
         args = tuple(jax.device_put(x, s) for x, s in zip((q, k, v), shardings, strict=True))
         if progress:
             progress(f"Tk={n}: {len(methods)} methods, repeats interleaved")
-        seconds = benchmark.median_times({m: (fns[m][0], args) for m in methods},
-                                         repeats=repeats)
+        seconds = benchmark.median_times({m: (fns[m][0], args) for m in methods}, repeats=repeats)
         for name in methods:
             measured = seconds[name]
             predicted = predict(name, n, calibration.topology, prob).total_s
-            rows.append(dict(name=name, devices=p, seq_len=n, median_s=measured,
-                             predicted_s=predicted, rel_err=predicted / measured - 1))
+            rows.append(
+                dict(
+                    name=name,
+                    devices=p,
+                    seq_len=n,
+                    median_s=measured,
+                    predicted_s=predicted,
+                    rel_err=predicted / measured - 1,
+                )
+            )
         del args
     return calibration, rows
 
@@ -574,21 +501,29 @@ def validate_patterns(
 def patterns_table(cal: Calibration, rows: list[dict]) -> str:
     """`validate_patterns`'s result as a fixed-width table, with the measured links and the
     worst relative error."""
-    links = "; ".join(f"{kind} alpha {link.alpha_s * 1e6:.0f} us, beta "
-                      f"{link.beta_Bps / 1e9:.2f} GB/s" for kind, link in cal.links.items())
+    links = "; ".join(
+        f"{kind} alpha {link.alpha_s * 1e6:.0f} us, beta {link.beta_Bps / 1e9:.2f} GB/s"
+        for kind, link in cal.links.items()
+    )
     copy = cal.topology.copy_Bps or cal.mem_Bps
-    lines = [f"measured: per-call overhead {cal.overhead_s * 1e6:.0f} us; decode "
-             f"{cal.mem_Bps / 1e9:.2f} GB/s and copy {copy / 1e9:.2f} GB/s per device; {links}",
-             f"{'name':<16}{'devices':>8}{'seq_len':>9}{'predicted ms':>14}{'measured ms':>13}"
-             f"{'rel err':>9}"]
+    lines = [
+        f"measured: per-call overhead {cal.overhead_s * 1e6:.0f} us; decode "
+        f"{cal.mem_Bps / 1e9:.2f} GB/s and copy {copy / 1e9:.2f} GB/s per device; {links}",
+        f"{'name':<16}{'devices':>8}{'seq_len':>9}{'predicted ms':>14}{'measured ms':>13}"
+        f"{'rel err':>9}",
+    ]
     lines.append("-" * len(lines[-1]))
     for r in rows:
-        lines.append(f"{r['name']:<16}{r['devices']:>8}{r['seq_len']:>9}"
-                     f"{r['predicted_s'] * 1e3:>14.1f}{r['median_s'] * 1e3:>13.1f}"
-                     f"{r['rel_err']:>+9.0%}")
+        lines.append(
+            f"{r['name']:<16}{r['devices']:>8}{r['seq_len']:>9}"
+            f"{r['predicted_s'] * 1e3:>14.1f}{r['median_s'] * 1e3:>13.1f}"
+            f"{r['rel_err']:>+9.0%}"
+        )
     worst = max(rows, key=lambda r: abs(r["rel_err"]))
-    lines.append(f"worst |rel err| {abs(worst['rel_err']):.0%} ({worst['name']}, Tk="
-                 f"{worst['seq_len']}; target: within 35%)")
+    lines.append(
+        f"worst |rel err| {abs(worst['rel_err']):.0%} ({worst['name']}, Tk="
+        f"{worst['seq_len']}; target: within 35%)"
+    )
     return "\n".join(lines)
 
 
@@ -626,8 +561,8 @@ def bench_patterns(
     mesh: Mesh,
     problem: benchmark.Problem,
     *,
-    calibration=None,
-    methods: Iterable[str] = benchmark.PATTERNS,
+    calibration: Calibration | None = None,
+    methods: Iterable[MergeName | RingName] = benchmark.PATTERNS,
     repeats: int = 5,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
@@ -645,16 +580,19 @@ def bench_patterns(
     for i, m in enumerate(methods):
         validate.check_str_choice(m, benchmark.PATTERNS, f"methods[{i}]")
     if calibration is None:
-        calibration = pattern_calibration(mesh, [problem.seq_len], problem=problem,
-                                                    repeats=repeats, progress=progress)
+        calibration = pattern_calibration(
+            mesh, [problem.seq_len], problem=problem, repeats=repeats, progress=progress
+        )
     q, k0, v0, k, v, kv_len = benchmark.sharded_inputs(mesh, problem, seed)
     want = np.asarray(attention(*(jnp.asarray(x, jnp.float64) for x in (q, k0, v0))))
     built = benchmark.method_fns(mesh, kv_len, methods)
     fns = {n: fn for n, (fn, _) in built.items()}
     shardings = next(iter(built.values()))[1]
     args = tuple(jax.device_put(x, s) for x, s in zip((q, k, v), shardings, strict=True))
-    structs = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
-               for x, s in zip((q, k, v), shardings, strict=True)]
+    structs = [
+        jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+        for x, s in zip((q, k, v), shardings, strict=True)
+    ]
     static = {}
     for name in methods:
         if progress:
@@ -666,33 +604,48 @@ def bench_patterns(
         for c in stats.collectives:
             counts[c.kind] = counts.get(c.kind, 0) + c.count
         got = np.asarray(fns[name](*args), np.float64)
-        static[name] = (dict(sorted(counts.items())), stats.total_bytes,
-                        memory_stats(fns[name], *structs).temp_bytes,
-                        float(np.abs(got - want).max()))
+        static[name] = (
+            dict(sorted(counts.items())),
+            stats.total_bytes,
+            memory_stats(fns[name], *structs).temp_bytes,
+            float(np.abs(got - want).max()),
+        )
     if progress:
         progress(f"Tk={problem.seq_len}: timing {len(methods)} methods interleaved")
     seconds = benchmark.median_times({n: (fns[n], args) for n in methods}, repeats=repeats)
     records = []
     for name in methods:
         counts, nbytes, temp, err = static[name]
-        records.append(PatternRecord(
-            name=name, devices=mesh.size, seq_len=problem.seq_len, collectives=counts,
-            collective_bytes=nbytes, temp_bytes=temp, median_s=seconds[name],
-            predicted_s=predict(name, problem.seq_len, calibration.topology,
-                                          problem).total_s,
-            max_abs_err=err, fast_path=name == "one_pass"))
+        records.append(
+            PatternRecord(
+                name=name,
+                devices=mesh.size,
+                seq_len=problem.seq_len,
+                collectives=counts,
+                collective_bytes=nbytes,
+                temp_bytes=temp,
+                median_s=seconds[name],
+                predicted_s=predict(name, problem.seq_len, calibration.topology, problem).total_s,
+                max_abs_err=err,
+                fast_path=name == "one_pass",
+            )
+        )
     return records
 
 
 def pattern_records_table(records: list[PatternRecord]) -> str:
     """A fixed-width table of pattern records, with predicted/measured − 1 per row."""
-    head = (f"{'name':<16}{'devices':>8}{'seq_len':>9}{'median ms':>11}{'predicted':>11}"
-            f"{'rel err':>9}{'bytes/dev':>12}{'temp MB/dev':>13}{'max |err|':>11}  collectives")
+    head = (
+        f"{'name':<16}{'devices':>8}{'seq_len':>9}{'median ms':>11}{'predicted':>11}"
+        f"{'rel err':>9}{'bytes/dev':>12}{'temp MB/dev':>13}{'max |err|':>11}  collectives"
+    )
     rows = [head, "-" * len(head)]
     for r in records:
         kinds = ", ".join(f"{k} x{n}" for k, n in r.collectives.items()) or "none"
-        rows.append(f"{r.name:<16}{r.devices:>8}{r.seq_len:>9}{r.median_s * 1e3:>11.2f}"
-                    f"{r.predicted_s * 1e3:>11.2f}{r.predicted_s / r.median_s - 1:>+9.0%}"
-                    f"{r.collective_bytes:>12,}{r.temp_bytes / 1e6:>13.2f}"
-                    f"{r.max_abs_err:>11.1e}  {kinds}" + (" (fast path)" if r.fast_path else ""))
+        rows.append(
+            f"{r.name:<16}{r.devices:>8}{r.seq_len:>9}{r.median_s * 1e3:>11.2f}"
+            f"{r.predicted_s * 1e3:>11.2f}{r.predicted_s / r.median_s - 1:>+9.0%}"
+            f"{r.collective_bytes:>12,}{r.temp_bytes / 1e6:>13.2f}"
+            f"{r.max_abs_err:>11.1e}  {kinds}" + (" (fast path)" if r.fast_path else "")
+        )
     return "\n".join(rows)

@@ -25,21 +25,45 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from jax.typing import DTypeLike
 
 from ..core import devices, inputs, validate
 from ..core.decode import kv_spec
+from ..core.names import Layout
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 
 _ELEMENT_BITS = {
     "pred": 8,
-    "s1": 1, "s2": 2, "s4": 4, "s8": 8, "s16": 16, "s32": 32, "s64": 64,
-    "u1": 1, "u2": 2, "u4": 4, "u8": 8, "u16": 16, "u32": 32, "u64": 64,
-    "f16": 16, "bf16": 16, "f32": 32, "f64": 64,
+    "s1": 1,
+    "s2": 2,
+    "s4": 4,
+    "s8": 8,
+    "s16": 16,
+    "s32": 32,
+    "s64": 64,
+    "u1": 1,
+    "u2": 2,
+    "u4": 4,
+    "u8": 8,
+    "u16": 16,
+    "u32": 32,
+    "u64": 64,
+    "f16": 16,
+    "bf16": 16,
+    "f32": 32,
+    "f64": 64,
     "f4e2m1fn": 4,
-    "f8e3m4": 8, "f8e4m3": 8, "f8e4m3fn": 8, "f8e4m3b11fnuz": 8, "f8e4m3fnuz": 8,
-    "f8e5m2": 8, "f8e5m2fnuz": 8, "f8e8m0fnu": 8,
-    "c64": 64, "c128": 128,
+    "f8e3m4": 8,
+    "f8e4m3": 8,
+    "f8e4m3fn": 8,
+    "f8e4m3b11fnuz": 8,
+    "f8e4m3fnuz": 8,
+    "f8e5m2": 8,
+    "f8e5m2fnuz": 8,
+    "f8e8m0fnu": 8,
+    "c64": 64,
+    "c128": 128,
 }
 """Bits per element of each XLA array type, as HLO text spells it (`PrimitiveType` in XLA's
 `xla_data.proto`). XLA's default layouts pack sub-byte types, and say so: `s4[8]{0:E(4)}` is
@@ -52,8 +76,7 @@ _DIM = re.compile(r"(?:<=)?(\d+)")  # a size, or a bounded dynamic one (<=N: N a
 _ELEMENT_SIZE = re.compile(r"E\((\d+)\)")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTRUCTION = re.compile(
-    r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.+?)\s+(" + "|".join(COLLECTIVES)
-    + r")(-start)?\((.*)$"
+    r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.+?)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\((.*)$"
 )
 _CALLEE = re.compile(
     r"\b(body|condition|to_apply|calls|branch_computations)=\{?([^,}\s]+(?:,\s*%[\w.\-]+)*)\}?"
@@ -110,8 +133,10 @@ class CollectiveStats:
         for c in self.collectives:
             g = str([list(x) for x in c.groups])
             kind = c.kind + (" (if)" if c.conditional else "")
-            lines.append(f"{kind:<20} {c.count:>5} {c.total_bytes:>14,}  "
-                         f"{g if len(g) < 60 else g[:57] + '...'}")
+            lines.append(
+                f"{kind:<20} {c.count:>5} {c.total_bytes:>14,}  "
+                f"{g if len(g) < 60 else g[:57] + '...'}"
+            )
         lines.append(f"{'total':<20} {'':>5} {self.total_bytes:>14,}")
         return "\n".join(lines)
 
@@ -123,8 +148,9 @@ def shape_bytes(shape_text: str) -> int:
     says, `{0:E(4)}`); `token[]` counts 0. A type XLA does not
     have, a size that is not a number, or text that is not a shape is a ValueError naming
     `shape_text`: a byte count of 0 would pass for a real one."""
-    validate.check_instance(shape_text, str, "shape_text", "pass HLO shape text such as "
-                           "'f32[1,16]{1,0}'")
+    validate.check_instance(
+        shape_text, str, "shape_text", "pass HLO shape text such as 'f32[1,16]{1,0}'"
+    )
     return _shape_bytes(shape_text, strict=True)
 
 
@@ -175,12 +201,16 @@ def _array_bytes(dtype: str, dims: str, layout: str | None, text: str) -> int:
 def _parse_groups(attrs: str) -> tuple[tuple[int, ...], ...]:
     m = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", attrs)
     if m:
-        return tuple(tuple(int(x) for x in pair.split(","))
-                     for pair in re.findall(r"\{(\d+,\d+)\}", m.group(1)))
+        return tuple(
+            tuple(int(x) for x in pair.split(","))
+            for pair in re.findall(r"\{(\d+,\d+)\}", m.group(1))
+        )
     m = re.search(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}", attrs)
     if m:
-        return tuple(tuple(int(x) for x in g.split(",") if x)
-                     for g in re.findall(r"\{([\d,]*)\}", m.group(1)))
+        return tuple(
+            tuple(int(x) for x in g.split(",") if x)
+            for g in re.findall(r"\{([\d,]*)\}", m.group(1))
+        )
     # Iota form: replica_groups=[G,S]<=[d0,d1,...] optionally followed by T(perm).
     m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", attrs)
     if m:
@@ -226,8 +256,10 @@ def parse_hlo(text: str) -> CollectiveStats:
                         raise _uncountable_loop(callee)
                     new = multiplier[name] * factor
                     branch = in_branch[name] or role == "branch_computations"
-                    if callee in comps and (multiplier.get(callee, 0) < new
-                                            or (in_branch.get(callee, True) and not branch)):
+                    if callee in comps and (
+                        multiplier.get(callee, 0) < new
+                        or (in_branch.get(callee, True) and not branch)
+                    ):
                         multiplier[callee] = max(new, multiplier.get(callee, 0))
                         in_branch[callee] = branch and in_branch.get(callee, True)
                         stack.append(callee)
@@ -255,8 +287,9 @@ def parse_hlo(text: str) -> CollectiveStats:
 
 
 def _compile(fn: Callable, *args: Any):
-    validate.check_callable(fn, "fn", "the function to compile, e.g. "
-                                     "`lambda q, k, v: tree_decode(q, k, v, mesh=mesh)`")
+    validate.check_callable(
+        fn, "fn", "the function to compile, e.g. `lambda q, k, v: tree_decode(q, k, v, mesh=mesh)`"
+    )
     _check_args(args)
     return jax.jit(fn).lower(*args).compile()
 
@@ -266,8 +299,11 @@ def _check_args(args: tuple) -> None:
     `jax.ShapeDtypeStruct` or a Python number (a str, say, would fail inside JAX)."""
     leaves, _ = jax.tree_util.tree_flatten_with_path(args)
     for path, leaf in leaves:
-        if (hasattr(leaf, "shape") and hasattr(leaf, "dtype")) or hasattr(leaf, "__jax_array__") \
-                or isinstance(leaf, bool | int | float | complex):
+        if (
+            (hasattr(leaf, "shape") and hasattr(leaf, "dtype"))
+            or hasattr(leaf, "__jax_array__")
+            or isinstance(leaf, bool | int | float | complex)
+        ):
             continue
         raise TypeError(
             f"`args{jax.tree_util.keystr(path)}` must be an array or a jax.ShapeDtypeStruct "
@@ -308,8 +344,9 @@ def memory_stats(fn: Callable, *args: Any) -> MemoryStats:
     where copies of the cache and ring buffers show up.
     """
     ma = _compile(fn, *args).memory_analysis()
-    return MemoryStats(int(ma.argument_size_in_bytes), int(ma.output_size_in_bytes),
-                       int(ma.temp_size_in_bytes))
+    return MemoryStats(
+        int(ma.argument_size_in_bytes), int(ma.output_size_in_bytes), int(ma.temp_size_in_bytes)
+    )
 
 
 def structs(
@@ -322,9 +359,9 @@ def structs(
     kv_heads: int | None = None,
     head_dim: int = 128,
     v_dim: int | None = None,
-    dtype: Any = jnp.float32,
+    dtype: DTypeLike = jnp.float32,
     seq_axes: str | tuple[str, ...] | None = None,
-    layout: str = "bthd",
+    layout: Layout = "bthd",
 ) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
     """Abstract `(q, k, v)` placed on `mesh` as the decoders place them, for compile-only
     measurements: pass them to `collective_stats` or `memory_stats`, and nothing is allocated.
@@ -348,9 +385,15 @@ def structs(
     validate.check_instance(mesh, Mesh, "mesh", "build one with tree_attention_edu.make_mesh")
     kv_heads = q_heads if kv_heads is None else kv_heads
     v_dim = head_dim if v_dim is None else v_dim
-    for name, n in (("kv_len", kv_len), ("batch", batch), ("q_len", q_len),
-                    ("q_heads", q_heads), ("kv_heads", kv_heads), ("head_dim", head_dim),
-                    ("v_dim", v_dim)):
+    for name, n in (
+        ("kv_len", kv_len),
+        ("batch", batch),
+        ("q_len", q_len),
+        ("q_heads", q_heads),
+        ("kv_heads", kv_heads),
+        ("head_dim", head_dim),
+        ("v_dim", v_dim),
+    ):
         validate.check_int(n, name)
     inputs.check_head_groups(q_heads, kv_heads)
     validate.check_float_dtype(dtype)
@@ -360,12 +403,14 @@ def structs(
     kv_sharding = NamedSharding(mesh, kv_spec(axes, layout))
 
     def cache(last: int) -> jax.ShapeDtypeStruct:
-        shape = ((batch, kv_len, kv_heads, last) if layout == "bthd"
-                 else (batch, kv_heads, kv_len, last))
+        shape = (
+            (batch, kv_len, kv_heads, last) if layout == "bthd" else (batch, kv_heads, kv_len, last)
+        )
         return jax.ShapeDtypeStruct(shape, dtype, sharding=kv_sharding)
 
-    q = jax.ShapeDtypeStruct((batch, q_len, q_heads, head_dim), dtype,
-                             sharding=NamedSharding(mesh, P()))
+    q = jax.ShapeDtypeStruct(
+        (batch, q_len, q_heads, head_dim), dtype, sharding=NamedSharding(mesh, P())
+    )
     return q, cache(head_dim), cache(v_dim)
 
 
@@ -382,4 +427,3 @@ def _uncountable_loop(callee: str) -> ValueError:
         f"counted statically. Give the loop static bounds (`lax.fori_loop` with Python ints "
         f"or `lax.scan`)."
     )
-

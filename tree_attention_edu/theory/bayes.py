@@ -137,20 +137,32 @@ def stationary_point(
     scale = inputs.resolve_scale(scale, dims.head_dim, q.dtype)
     validate.check_bool(causal, "causal")
     if tol is not None:
-        tol = validate.check_real(tol, "tol", low=0.0, low_open=True,
-                                  hint="a residual bound such as 1e-10")
+        tol = validate.check_real(
+            tol, "tol", low=0.0, low_open=True, hint="a residual bound such as 1e-10"
+        )
     validate.check_int(max_newton, "max_newton", example="`max_newton=20`")
     validate.check_int(seed, "seed", minimum=0, example="`seed=0`")
     if seed > _MAX_SEED:  # jax.random.key takes a C long
-        raise ValueError(f"`seed` = {seed} is more than the largest PRNG seed, 2**63 - 1; "
-                         f"pass a smaller one, e.g. `seed % 2**63`.")
+        raise ValueError(
+            f"`seed` = {seed} is more than the largest PRNG seed, 2**63 - 1; "
+            f"pass a smaller one, e.g. `seed % 2**63`."
+        )
     acc = accum_dtype(q.dtype)
     tol = (1e-12 if acc == jnp.float64 else 1e-5) if tol is None else tol
     shape = (dims.batch, dims.q_len, dims.q_heads, dims.v_dim)
     key_z, key_zeta = jax.random.split(jax.random.key(seed))
     x0 = (jax.random.normal(key_z, shape, acc), jax.random.normal(key_zeta, shape, acc))
-    return _newton(q, k, v, kv_lengths, x0, scale=scale, causal=bool(causal), tol=float(tol),
-                   max_newton=int(max_newton))
+    return _newton(
+        q,
+        k,
+        v,
+        kv_lengths,
+        x0,
+        scale=scale,
+        causal=bool(causal),
+        tol=float(tol),
+        max_newton=int(max_newton),
+    )
 
 
 @partial(jax.jit, static_argnames=("scale", "causal", "tol", "max_newton"))
@@ -168,8 +180,9 @@ def _newton(q, k, v, kv_lengths, x0, *, scale, causal, tol, max_newton):
         i, x, _ = carry
         r = residual(x)
         jvp = lambda t: jax.jvp(residual, (x,), (t,))[1]  # noqa: E731
-        delta, _ = gmres(jvp, jax.tree.map(jnp.negative, r), tol=tol * 1e-2, atol=0.0,
-                         restart=40, maxiter=20)
+        delta, _ = gmres(
+            jvp, jax.tree.map(jnp.negative, r), tol=tol * 1e-2, atol=0.0, restart=40, maxiter=20
+        )
         x = jax.tree.map(jnp.add, x, delta)
         return i + 1, x, size(residual(x))
 
@@ -200,10 +213,23 @@ def map_estimate(
     point is a saddle of Γ (`gamma_hessian`). Attention is the posterior *mean* over memories;
     the MAP memory gives `hard_attention`. Use `stationary_point`.
     """
-    warnings.warn("map_estimate is the paper's name for a saddle point, not a MAP estimate; "
-                  "use stationary_point", DeprecationWarning, stacklevel=2)
-    return stationary_point(q, k, v, scale=scale, causal=causal, kv_lengths=kv_lengths,
-                            tol=tol, max_newton=max_newton, seed=seed)
+    warnings.warn(
+        "map_estimate is the paper's name for a saddle point, not a MAP estimate; "
+        "use stationary_point",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return stationary_point(
+        q,
+        k,
+        v,
+        scale=scale,
+        causal=causal,
+        kv_lengths=kv_lengths,
+        tol=tol,
+        max_newton=max_newton,
+        seed=seed,
+    )
 
 
 def gamma_hessian(
@@ -267,8 +293,10 @@ def _rows(q, k, v, scale, causal, kv_lengths):
     validate.check_bool(causal, "causal")
     if kv_lengths is not None:
         kv_lengths = masks.clamp_lengths(kv_lengths, dims.batch, dims.kv_len)
-    return (dims, *_prepare(q, k, v, kv_lengths, scale=scale, causal=bool(causal),
-                            group=dims.group))
+    return (
+        dims,
+        *_prepare(q, k, v, kv_lengths, scale=scale, causal=bool(causal), group=dims.group),
+    )
 
 
 @partial(jax.jit, static_argnames=("scale", "causal", "group"))
@@ -317,9 +345,12 @@ def _conjugate_step(zeta, z, s, mask, vh, nonempty):
     lam, u = jnp.linalg.eigh(cov)
     cut = 100 * eps * jnp.maximum(lam[..., -1:], jnp.finfo(s.dtype).tiny)
     inv = jnp.where(lam > cut, 1.0 / jnp.where(lam > cut, lam, 1.0), 0.0)
-    delta = jnp.einsum("...ij,...j->...i", u, inv * jnp.einsum("...ji,...j->...i", u, r,
-                                                                precision=PRECISION),
-                       precision=PRECISION)
+    delta = jnp.einsum(
+        "...ij,...j->...i",
+        u,
+        inv * jnp.einsum("...ji,...j->...i", u, r, precision=PRECISION),
+        precision=PRECISION,
+    )
     slope = jnp.sum(r * delta, -1)
     ts = 2.0 ** -jnp.arange(40, dtype=s.dtype)
     g, _ = jax.vmap(lambda t: objective(zeta + t * delta))(ts)  # [40, B, Tq, Hq]
@@ -374,14 +405,19 @@ def _solve_rows(z, s, mask, vh, nonempty, *, tol, max_newton):
         return jnp.where(nonempty, jnp.where(solved, x, jnp.nan), empty)
 
     return jnp.where(solved[..., None], zeta, jnp.nan), dict(
-        conj=pick(conj), rate=pick(rate), kl=pick(kl),
-        logdet=jnp.where(solved, logdet, jnp.nan), nonempty=nonempty)
+        conj=pick(conj),
+        rate=pick(rate),
+        kl=pick(kl),
+        logdet=jnp.where(solved, logdet, jnp.nan),
+        nonempty=nonempty,
+    )
 
 
 def _check_solver(tol, max_newton, dtype):
     if tol is not None:
-        tol = validate.check_real(tol, "tol", low=0.0, low_open=True,
-                                 hint="a gradient bound such as 1e-10")
+        tol = validate.check_real(
+            tol, "tol", low=0.0, low_open=True, hint="a gradient bound such as 1e-10"
+        )
     validate.check_int(max_newton, "max_newton", example="`max_newton=100`")
     return (1e-11 if accum_dtype(dtype) == jnp.float64 else 1e-4) if tol is None else tol
 
@@ -391,8 +427,9 @@ def _solve(z, q, k, v, scale, causal, kv_lengths, tol, max_newton):
     dims, s, mask, vh, nonempty = _rows(q, k, v, scale, causal, kv_lengths)
     inputs.check_like_output(z, "z", dims)
     tol = _check_solver(tol, max_newton, q.dtype)
-    zeta, out = _solve_rows(z.astype(s.dtype), s, mask, vh, nonempty, tol=float(tol),
-                            max_newton=int(max_newton))
+    zeta, out = _solve_rows(
+        z.astype(s.dtype), s, mask, vh, nonempty, tol=float(tol), max_newton=int(max_newton)
+    )
     return dims, zeta, out
 
 
@@ -532,8 +569,7 @@ def saddlepoint_density(
     """
     n = validate.check_int(n, "n", example="`n=16` draws")
     dims, _, out = _solve(z, q, k, v, scale, causal, kv_lengths, tol, max_newton)
-    log_density = (0.5 * dims.v_dim * np.log(n / (2 * np.pi)) - 0.5 * out["logdet"]
-                   - n * out["rate"])
+    log_density = 0.5 * dims.v_dim * np.log(n / (2 * np.pi)) - 0.5 * out["logdet"] - n * out["rate"]
     # A row with no key: its mean is exactly 0, a point mass (+inf at z = 0, 0 elsewhere).
     point_mass = jnp.where(out["rate"] == 0, jnp.inf, 0.0)
     return jnp.where(out["nonempty"], jnp.exp(log_density), point_mass)

@@ -124,8 +124,9 @@ def value_covariance(
             q, k, v, zeta, scale=scale, causal=causal, kv_lengths=kv_lengths
         )
 
-    basis = jnp.broadcast_to(jnp.eye(dv, dtype=zeta0.dtype)[:, None, None, None, :],
-                             (dv, *zeta0.shape))
+    basis = jnp.broadcast_to(
+        jnp.eye(dv, dtype=zeta0.dtype)[:, None, None, None, :], (dv, *zeta0.shape)
+    )
     # cols[j] = column j of every block: [Dv(j), B, Tq, Hq, Dv(i)]
     cols = jax.vmap(lambda t: jax.jvp(grad_f, (zeta0,), (t,))[1])(basis)
     return jnp.moveaxis(cols, 0, -1)  # [B, Tq, Hq, Dv(i), Dv(j)]

@@ -53,10 +53,12 @@ def _check_memory(memory: Memory) -> tuple[int, int, int]:
     """`(M, D, Dv)` of a valid memory."""
     validate.check_instance(memory, Memory, "memory", _MEMORY_HINT)
     m, d = validate.check_array(memory.keys, "memory.keys", rank=2, layout="[M, D]", kind="float")
-    mv, dv = validate.check_array(memory.values, "memory.values", rank=2, layout="[M, Dv]",
-                                 kind="float")
-    validate.check_shape((mv, dv), (m, dv), "memory.values", "[M, Dv]",
-                        "one value pattern per key pattern")
+    mv, dv = validate.check_array(
+        memory.values, "memory.values", rank=2, layout="[M, Dv]", kind="float"
+    )
+    validate.check_shape(
+        (mv, dv), (m, dv), "memory.values", "[M, Dv]", "one value pattern per key pattern"
+    )
     validate.check_no_empty_axis((m, d), "memory.keys", "[M, D]")
     return m, d, dv
 
@@ -72,16 +74,20 @@ def _check_indices(indices: Array, m: int, name: str = "indices") -> int:
 def _rows(patterns: Array, indices: Array) -> Array:
     """`patterns[indices]`, with NaN rows for indices outside `[0, M)` (JAX would clamp them
     to the nearest row: a wrong pattern that looks right)."""
-    return jnp.asarray(patterns).at[indices].get(mode="fill", fill_value=jnp.nan,
-                                                wrap_negative_indices=False)
+    return (
+        jnp.asarray(patterns)
+        .at[indices]
+        .get(mode="fill", fill_value=jnp.nan, wrap_negative_indices=False)
+    )
 
 
 def _check_beta(beta: float, *, name: str = "beta", dtype: Any = None) -> float:
     """A concrete `beta > 0` (a traced one is a TypeError: the check must not depend on
     `jit`); with `dtype`, at most the largest finite value of the dtype the scores are
     formed in, where the score `beta` of a ±1 pattern against itself still fits."""
-    value = validate.check_real(beta, name, low=0.0, low_open=True,
-                                hint="beta is the inverse temperature, e.g. 8.0")
+    value = validate.check_real(
+        beta, name, low=0.0, low_open=True, hint="beta is the inverse temperature, e.g. 8.0"
+    )
     if dtype is not None and value > float(jnp.finfo(dtype).max):
         raise ValueError(
             f"`{name}` = {value:g} overflows {jnp.dtype(dtype).name} (largest "
@@ -93,8 +99,7 @@ def _check_beta(beta: float, *, name: str = "beta", dtype: Any = None) -> float:
     return value
 
 
-def make_memory(key: Array, num_patterns: int, dim: int, value_dim: int | None = None
-                ) -> Memory:
+def make_memory(key: Array, num_patterns: int, dim: int, value_dim: int | None = None) -> Memory:
     """`num_patterns` random ±1 key and value patterns from `key` (values of `value_dim`,
     default `dim`)."""
     validate.check_prng_key(key)
@@ -104,8 +109,10 @@ def make_memory(key: Array, num_patterns: int, dim: int, value_dim: int | None =
         validate.check_int(value_dim, "value_dim")
     kk, kv = jax.random.split(key)
     shape_v = (num_patterns, dim if value_dim is None else value_dim)
-    return Memory(jax.random.rademacher(kk, (num_patterns, dim), jnp.float32),
-                  jax.random.rademacher(kv, shape_v, jnp.float32))
+    return Memory(
+        jax.random.rademacher(kk, (num_patterns, dim), jnp.float32),
+        jax.random.rademacher(kv, shape_v, jnp.float32),
+    )
 
 
 def noisy_queries(key: Array, memory: Memory, indices: Array, flip: float) -> Array:
@@ -117,15 +124,15 @@ def noisy_queries(key: Array, memory: Memory, indices: Array, flip: float) -> Ar
     validate.check_prng_key(key)
     m, _, _ = _check_memory(memory)
     _check_indices(indices, m)
-    flip = validate.check_real(flip, "flip", low=0.0, high=0.5,
-                              hint="the fraction of signs flipped; 0.5 erases the key")
+    flip = validate.check_real(
+        flip, "flip", low=0.0, high=0.5, hint="the fraction of signs flipped; 0.5 erases the key"
+    )
     clean = _rows(memory.keys, indices)
     flips = jax.random.bernoulli(key, flip, clean.shape)
     return jnp.where(flips, -clean, clean)
 
 
-def retrieve(queries: Array, memory: Memory, beta: float, *, mesh: Mesh | None = None
-             ) -> Array:
+def retrieve(queries: Array, memory: Memory, beta: float, *, mesh: Mesh | None = None) -> Array:
     """Read the memory: `softmax(beta · X ξ / D)ᵀ Y` for each query `[Q, D]` -> `[Q, Dv]`.
 
     `beta > 0` is the inverse temperature, a concrete number. With `mesh`, the patterns are
@@ -152,8 +159,15 @@ def retrieve(queries: Array, memory: Memory, beta: float, *, mesh: Mesh | None =
     else:
         k, v, lengths = pad_cache(k, v, mesh)
         padded = k.shape[1] != memory.keys.shape[0]
-        out = tree_decode(q, k, v, mesh=mesh, scale=scale, local_kernel="xla",
-                          kv_lengths=lengths if padded else None)
+        out = tree_decode(
+            q,
+            k,
+            v,
+            mesh=mesh,
+            scale=scale,
+            local_kernel="xla",
+            kv_lengths=lengths if padded else None,
+        )
     return out[0, :, 0]
 
 
@@ -161,16 +175,25 @@ def retrieved(out: Array, memory: Memory, indices: Array) -> Array:
     """`[Q]` bools: is `sign(out)` exactly the stored value of each query's pattern?"""
     m, _, dv = _check_memory(memory)
     q = _check_indices(indices, m)
-    validate.check_shape(validate.check_array(out, "out", rank=2, layout="[Q, Dv]", kind="float"),
-                        (q, dv), "out", "[Q, Dv]", "one readout per index, as `retrieve` "
-                        "returns")
+    validate.check_shape(
+        validate.check_array(out, "out", rank=2, layout="[Q, Dv]", kind="float"),
+        (q, dv),
+        "out",
+        "[Q, Dv]",
+        "one readout per index, as `retrieve` returns",
+    )
     return jnp.all(jnp.sign(out) == _rows(memory.values, indices), axis=-1)
 
 
 def _check_state(xi: Array, keys: Array) -> None:
     _, d = validate.check_array(keys, "keys", rank=2, layout="[M, D]", kind="float")
-    validate.check_shape(validate.check_array(xi, "xi", rank=1, layout="[D]", kind="float"),
-                        (d,), "xi", "[D]", "one state of the keys' dim (vmap over a batch)")
+    validate.check_shape(
+        validate.check_array(xi, "xi", rank=1, layout="[D]", kind="float"),
+        (d,),
+        "xi",
+        "[D]",
+        "one state of the keys' dim (vmap over a batch)",
+    )
 
 
 def hopfield_energy(xi: Array, keys: Array, beta: float) -> Array:
@@ -197,8 +220,16 @@ def hopfield_step(xi: Array, keys: Array, beta: float) -> Array:
     return xi - jax.grad(hopfield_energy)(xi, keys, beta)
 
 
-def accuracy_grid(key: Array, sizes, betas, *, dim: int = 64, flip: float = 0.2,
-                  queries: int = 64, mesh: Mesh | None = None) -> np.ndarray:
+def accuracy_grid(
+    key: Array,
+    sizes,
+    betas,
+    *,
+    dim: int = 64,
+    flip: float = 0.2,
+    queries: int = 64,
+    mesh: Mesh | None = None,
+) -> np.ndarray:
     """Fraction of `queries` noisy keys retrieved exactly, `[len(sizes), len(betas)]`.
 
     The same memories and queries (from `key`) are used for every `beta`. Every argument is

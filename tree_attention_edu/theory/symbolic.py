@@ -42,28 +42,39 @@ def _count(value: Any, name: str, what: str) -> int:
 def _scores(s: Any, name: str = "s") -> list:
     """A non-empty sequence of scores (sympy expressions): sums over no keys are undefined."""
     if isinstance(s, str) or not hasattr(s, "__iter__"):
-        raise TypeError(f"`{name}` must be a sequence of sympy scores, e.g. "
-                        f"`symbols(3, 2)[0]`, got {validate.describe(s)}.")
+        raise TypeError(
+            f"`{name}` must be a sequence of sympy scores, e.g. "
+            f"`symbols(3, 2)[0]`, got {validate.describe(s)}."
+        )
     items = list(s)
     if not items:
-        raise ValueError(f"`{name}` is empty; the softmax and the lse need at least one "
-                         f"term (the lse of none is -inf, which sympy's log(0) gives as "
-                         f"`zoo`), e.g. `symbols(3, 2)[0]`.")
+        raise ValueError(
+            f"`{name}` is empty; the softmax and the lse need at least one "
+            f"term (the lse of none is -inf, which sympy's log(0) gives as "
+            f"`zoo`), e.g. `symbols(3, 2)[0]`."
+        )
     return items
 
 
 def _values(s: list, v: Any, d: int | None = None) -> int:
     """`v[a][j]`: one row per score, rows of equal length (`d` if given); returns it."""
     if not isinstance(v, list | tuple) or any(not isinstance(row, list | tuple) for row in v):
-        raise TypeError(f"`v` must be a list of rows of sympy values, `v[a][j]`, e.g. "
-                        f"`symbols(3, 2)[1]`, got {validate.describe(v)}.")
+        raise TypeError(
+            f"`v` must be a list of rows of sympy values, `v[a][j]`, e.g. "
+            f"`symbols(3, 2)[1]`, got {validate.describe(v)}."
+        )
     rows = [list(row) for row in v]
     width = len(rows[0]) if rows else 0
-    if len(rows) != len(s) or any(len(row) != width for row in rows) or (
-            d is not None and width != d):
+    if (
+        len(rows) != len(s)
+        or any(len(row) != width for row in rows)
+        or (d is not None and width != d)
+    ):
         want = f"{len(s)} rows of {d if d is not None else 'equal length'}"
-        raise ValueError(f"`v` must hold {want} (one row per score in `s`, one entry per "
-                         f"value dimension), got rows of lengths {[len(r) for r in rows]}.")
+        raise ValueError(
+            f"`v` must hold {want} (one row per score in `s`, one entry per "
+            f"value dimension), got rows of lengths {[len(r) for r in rows]}."
+        )
     return width
 
 
@@ -83,8 +94,9 @@ def energy_expr(s, v, zeta) -> sp.Expr:
     s = _scores(s)
     zeta = list(zeta) if isinstance(zeta, list | tuple) else _scores(zeta, "zeta")
     _values(s, v, len(zeta))
-    return sp.log(sum(sp.exp(s[a] + sum(z * v[a][j] for j, z in enumerate(zeta)))
-                      for a in range(len(s))))
+    return sp.log(
+        sum(sp.exp(s[a] + sum(z * v[a][j] for j, z in enumerate(zeta))) for a in range(len(s)))
+    )
 
 
 def softmax_mean(s, v, j: int) -> sp.Expr:
@@ -93,8 +105,10 @@ def softmax_mean(s, v, j: int) -> sp.Expr:
     d = _values(s, v)
     validate.check_int(j, "j", minimum=0, example="`j=0`")
     if j >= d:
-        raise ValueError(f"`j` = {j} is out of range: `v` has {d} value dimension"
-                         f"{'s' if d != 1 else ''}, so j must be in [0, {d}).")
+        raise ValueError(
+            f"`j` = {j} is out of range: `v` has {d} value dimension"
+            f"{'s' if d != 1 else ''}, so j must be in [0, {d})."
+        )
     den = sum(sp.exp(x) for x in s)
     return sum(sp.exp(s[a]) * v[a][j] for a in range(len(s))) / den
 
@@ -154,9 +168,14 @@ def value_shift(n: int = 3, d: int = 2) -> list[Identity]:
     shifted = [[x + c for x in row] for row in v]
     F, F_c = energy_expr(s, v, zeta), energy_expr(s, shifted, zeta)
     out = [Identity("F(v + c) = F(v) + c sum_j zeta_j", F_c, F + c * sum(zeta))]
-    out += [Identity(f"dF(v + c)/dzeta_{j} = attention_{j} + c",
-                     _at_zero(sp.diff(F_c, zeta[j]), zeta), softmax_mean(s, v, j) + c)
-            for j in range(d)]
+    out += [
+        Identity(
+            f"dF(v + c)/dzeta_{j} = attention_{j} + c",
+            _at_zero(sp.diff(F_c, zeta[j]), zeta),
+            softmax_mean(s, v, j) + c,
+        )
+        for j in range(d)
+    ]
     return out
 
 
@@ -184,8 +203,7 @@ def _chunk_sizes(sizes: Any, name: str = "sizes", count: int | None = None) -> l
     eg = "(2, 2)" if count == 2 else "(2, 3)"
     items = validate.check_sizes_list(sizes, name, eg)
     if count is not None and len(items) != count:
-        raise ValueError(f"`{name}` must give {count} chunk sizes, e.g. {eg}, got "
-                         f"{len(items)}.")
+        raise ValueError(f"`{name}` must give {count} chunk sizes, e.g. {eg}, got {len(items)}.")
     return items
 
 
@@ -227,8 +245,10 @@ def combine_commutative() -> list[Identity]:
     a = sp.symbols("o_a l_a", real=True)
     b = sp.symbols("o_b l_b", real=True)
     left, right = combine_expr(a, b), combine_expr(b, a)
-    return [Identity("combine commutative: out", left[0], right[0]),
-            Identity("combine commutative: lse", left[1], right[1])]
+    return [
+        Identity("combine commutative: out", left[0], right[0]),
+        Identity("combine commutative: lse", left[1], right[1]),
+    ]
 
 
 def combine_matches_chunks(sizes: tuple[int, int] = (2, 2)) -> list[Identity]:
@@ -280,8 +300,13 @@ def symbols_any_n():
     """
     n = sp.Symbol("n", integer=True, positive=True)
     a = sp.Symbol("a", integer=True)
-    return n, a, sp.IndexedBase("s", real=True), sp.IndexedBase("w", real=True), sp.Symbol(
-        "t", real=True)
+    return (
+        n,
+        a,
+        sp.IndexedBase("s", real=True),
+        sp.IndexedBase("w", real=True),
+        sp.Symbol("t", real=True),
+    )
 
 
 def expectation_any_n(f: sp.Expr, n, a, s) -> sp.Expr:
@@ -312,13 +337,20 @@ def cumulants_any_n() -> list[Identity]:
     n, a, s, w, t = symbols_any_n()
     F = directional_energy_any_n()
     mean = expectation_any_n(w[a], n, a, s)
-    rhs = [mean, expectation_any_n(w[a] ** 2, n, a, s) - mean**2,
-           expectation_any_n((w[a] - mean) ** 3, n, a, s)]
-    names = ["dF(tu)/dt = E[u.v] (gradient = attention)",
-             "d2F(tu)/dt2 = Var(u.v) (Hessian = covariance)",
-             "d3F(tu)/dt3 = E[(u.v - E u.v)^3] (third cumulant)"]
-    return [Identity(name, sp.diff(F, t, order).subs(t, 0), r)
-            for order, (name, r) in enumerate(zip(names, rhs, strict=True), start=1)]
+    rhs = [
+        mean,
+        expectation_any_n(w[a] ** 2, n, a, s) - mean**2,
+        expectation_any_n((w[a] - mean) ** 3, n, a, s),
+    ]
+    names = [
+        "dF(tu)/dt = E[u.v] (gradient = attention)",
+        "d2F(tu)/dt2 = Var(u.v) (Hessian = covariance)",
+        "d3F(tu)/dt3 = E[(u.v - E u.v)^3] (third cumulant)",
+    ]
+    return [
+        Identity(name, sp.diff(F, t, order).subs(t, 0), r)
+        for order, (name, r) in enumerate(zip(names, rhs, strict=True), start=1)
+    ]
 
 
 def shift_invariance_any_n() -> list[Identity]:
@@ -326,8 +358,7 @@ def shift_invariance_any_n() -> list[Identity]:
     n, a, s, _, _ = symbols_any_n()
     c = sp.Symbol("c", real=True)
     lhs = sp.log(sp.Sum(sp.exp(s[a]), (a, 1, n)))
-    return [Identity("lse shift by c, any n", lhs,
-                     c + sp.log(sp.Sum(sp.exp(s[a] - c), (a, 1, n))))]
+    return [Identity("lse shift by c, any n", lhs, c + sp.log(sp.Sum(sp.exp(s[a] - c), (a, 1, n))))]
 
 
 def lse_of_union_any_n() -> list[Identity]:
@@ -337,8 +368,7 @@ def lse_of_union_any_n() -> list[Identity]:
     n, a, s, _, _ = symbols_any_n()
     m = sp.Symbol("m", integer=True, positive=True)
     whole = sp.log(sp.Sum(sp.exp(s[a]), (a, 1, n)))
-    first, second = (sp.log(sp.Sum(sp.exp(s[a]), (a, lo, hi))) for lo, hi in
-                     ((1, m), (m + 1, n)))
+    first, second = (sp.log(sp.Sum(sp.exp(s[a]), (a, lo, hi))) for lo, hi in ((1, m), (m + 1, n)))
     return [Identity("lse over chunks 1..m and m+1..n", whole, lse([first, second]))]
 
 
@@ -390,5 +420,4 @@ ALL = {
 
 def verify_all() -> dict[str, bool]:
     """Run every derivation; `{identity name: holds}`."""
-    return {ident.name: ident.holds() for make in ALL.values()
-            for ident in make()}  # type: ignore[operator]
+    return {ident.name: ident.holds() for make in ALL.values() for ident in make()}  # type: ignore[operator]

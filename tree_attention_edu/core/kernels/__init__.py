@@ -21,27 +21,39 @@ from typing import Any
 
 from .. import inputs, validate
 from ..inputs import LAYOUTS
+from ..names import KERNEL_CHOICES, KernelChoice, KernelName, Layout
 from ..states import AttentionState
 from . import cudnn, flash, xla
 from .common import default_backend, to_layout
-from .cudnn import cudnn_state
-from .flash import flash_state
-from .xla import DEFAULT_BLOCK, PADDINGS, xla_state
+from .cudnn import cudnn_core, cudnn_state
+from .flash import flash_core, flash_state
+from .xla import DEFAULT_BLOCK, PADDINGS, xla_core, xla_state
 
 Kernel = Callable[..., AttentionState]
-KERNELS: dict[str, Kernel] = {"xla": xla_state, "flash": flash_state, "cudnn": cudnn_state}
-"""Local kernels by name (`local_kernel=`)."""
-KERNEL_NAMES = ("auto", *KERNELS)
+KERNELS: dict[KernelName, Kernel] = {"xla": xla_state, "flash": flash_state, "cudnn": cudnn_state}
+"""Local kernels by name (`local_kernel=`): each checks its arguments."""
+CORES: dict[KernelName, Kernel] = {"xla": xla_core, "flash": flash_core, "cudnn": cudnn_core}
+"""The same kernels without their checks (`xla_core`, ...), for the decoders, which check
+their arguments once at their own door: keyword arguments `kv_offset`, `scale` (a float),
+`causal`, `kv_lengths` (int lengths or None) and `layout`."""
+KERNEL_NAMES: tuple[KernelChoice, ...] = KERNEL_CHOICES
 
 
-def check_name(name: Any) -> str:
+def check_name(name: Any) -> KernelChoice:
     if name not in KERNEL_NAMES:
         raise ValueError(f"`local_kernel` must be one of {KERNEL_NAMES}, got {name!r}.")
     return name
 
 
-def resolve(name: str, *, dtype: Any, head_dim: int, v_dim: int, needs_mask: bool,
-            layout: str = "bthd") -> str:
+def resolve(
+    name: KernelChoice,
+    *,
+    dtype: Any,
+    head_dim: int,
+    v_dim: int,
+    needs_mask: bool,
+    layout: Layout = "bthd",
+) -> KernelName:
     """Turn "auto" into a concrete kernel name; check an explicit "flash" or "cudnn" can run.
 
     "auto" picks, on a CUDA GPU, flash (when `flash.unsupported_reason` has no objection and
@@ -82,6 +94,7 @@ def resolve(name: str, *, dtype: Any, head_dim: int, v_dim: int, needs_mask: boo
 
 
 __all__ = [
+    "CORES",
     "DEFAULT_BLOCK",
     "KERNELS",
     "KERNEL_NAMES",
@@ -90,12 +103,15 @@ __all__ = [
     "Kernel",
     "check_name",
     "cudnn",
+    "cudnn_core",
     "cudnn_state",
     "default_backend",
     "flash",
+    "flash_core",
     "flash_state",
     "resolve",
     "to_layout",
     "xla",
+    "xla_core",
     "xla_state",
 ]

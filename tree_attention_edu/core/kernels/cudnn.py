@@ -15,20 +15,22 @@ carries no gradient, so `jax.grad` through merged partial states (whose weights 
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Literal, get_args
 
 import jax
 import jax.numpy as jnp
 from jax import Array
 
 from .. import inputs, masks, validate
+from ..names import Layout
 from ..numerics import accum_dtype, logsumexp
 from ..reference import scaled_scores
 from ..states import AttentionState
 from . import common
-from .common import to_layout
+from .common import swap_layout
 
-IMPLEMENTATIONS = ("cudnn", "xla")
+Implementation = Literal["cudnn", "xla"]
+IMPLEMENTATIONS: tuple[Implementation, ...] = get_args(Implementation)
 """`implementation` values of `cudnn_state`: "cudnn" on an NVIDIA GPU; "xla", JAX's own
 implementation of the same call, runs anywhere (how the adapter is tested on CPU), in float16,
 bfloat16 or float32 (its softmax is float32: no float64)."""
@@ -56,15 +58,22 @@ def head_dim_limit(capability: tuple[int, int] | None) -> int:
       capability: the GPU's compute capability `(major, minor)` as ints, or None (unknown).
     """
     if capability is not None and not (
-            isinstance(capability, tuple | list) and len(capability) == 2
-            and all(isinstance(c, int) and not isinstance(c, bool) for c in capability)):
-        raise TypeError(f"`capability` must be a (major, minor) pair of ints such as (9, 0), "
-                        f"or None, got {validate.describe(capability)}.")
+        isinstance(capability, tuple | list)
+        and len(capability) == 2
+        and all(isinstance(c, int) and not isinstance(c, bool) for c in capability)
+    ):
+        raise TypeError(
+            f"`capability` must be a (major, minor) pair of ints such as (9, 0), "
+            f"or None, got {validate.describe(capability)}."
+        )
     return 256 if capability is not None and tuple(capability) >= (9, 0) else 128
 
 
 def unsupported_reason(
-    dtype: Any, head_dim: int, v_dim: int, backend: str | None = None,
+    dtype: Any,
+    head_dim: int,
+    v_dim: int,
+    backend: str | None = None,
     capability: tuple[int, int] | None = None,
 ) -> str | None:
     """Why `local_kernel='cudnn'` cannot run this problem here, or None if it can.
@@ -82,21 +91,27 @@ def unsupported_reason(
         return _needs_gpu("a GPU that is not CUDA")
     dt = jnp.dtype(dtype)
     if dt not in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
-        return (f"`local_kernel`='cudnn' takes float16 or bfloat16 inputs (cuDNN's flash "
-                f"attention), got {dt}; cast q, k, v or use local_kernel='xla'.")
+        return (
+            f"`local_kernel`='cudnn' takes float16 or bfloat16 inputs (cuDNN's flash "
+            f"attention), got {dt}; cast q, k, v or use local_kernel='xla'."
+        )
     limit = head_dim_limit(capability)
     if head_dim % 8 or head_dim > limit or v_dim != head_dim:
         cc = ".".join(str(c) for c in capability)
-        return (f"`local_kernel`='cudnn' needs head_dim a multiple of 8 and <= {limit} "
-                f"(compute capability {cc}) and v_dim == head_dim, got head_dim={head_dim}, "
-                f"v_dim={v_dim}; use local_kernel='xla'.")
+        return (
+            f"`local_kernel`='cudnn' needs head_dim a multiple of 8 and <= {limit} "
+            f"(compute capability {cc}) and v_dim == head_dim, got head_dim={head_dim}, "
+            f"v_dim={v_dim}; use local_kernel='xla'."
+        )
     return None
 
 
 def _needs_gpu(backend: str) -> str:
-    return (f"`local_kernel`='cudnn' needs an NVIDIA GPU with cuDNN (it calls "
-            f"jax.nn.dot_product_attention(implementation='cudnn')), but JAX's default backend "
-            f"is {backend!r}; use local_kernel='xla' (or 'auto', which picks xla here).")
+    return (
+        f"`local_kernel`='cudnn' needs an NVIDIA GPU with cuDNN (it calls "
+        f"jax.nn.dot_product_attention(implementation='cudnn')), but JAX's default backend "
+        f"is {backend!r}; use local_kernel='xla' (or 'auto', which picks xla here)."
+    )
 
 
 def cudnn_state(
@@ -108,8 +123,8 @@ def cudnn_state(
     scale: float | None = None,
     causal: bool = False,
     kv_lengths: Array | None = None,
-    layout: str = "bthd",
-    implementation: str = "cudnn",
+    layout: Layout = "bthd",
+    implementation: Implementation = "cudnn",
 ) -> AttentionState:
     """State of one chunk of the cache from `jax.nn.dot_product_attention`, which returns
     the log-sum-exp with `return_residual=True`; through cuDNN's flash attention on an
@@ -157,13 +172,14 @@ def cudnn_state(
     kv_offset = inputs.check_kv_offset(kv_offset)
     validate.check_choice(implementation, IMPLEMENTATIONS, "implementation")
     validate.check_bool(causal, "causal")
-    B, Tq, Hq, D = q.shape
+    D = q.shape[-1]
     scale = inputs.resolve_scale(scale, D, q.dtype)
     if dims.v_dim != D:
         raise ValueError(
             f"`v` must have v_dim == head_dim for the cudnn kernel "
             f"(jax.nn.dot_product_attention takes one head size), got head_dim={D}, "
-            f"v_dim={dims.v_dim}; use local_kernel='xla' (kernels.xla_state).")
+            f"v_dim={dims.v_dim}; use local_kernel='xla' (kernels.xla_state)."
+        )
     dt = jnp.result_type(q.dtype, k_chunk.dtype, v_chunk.dtype)  # what is computed in
     if implementation == "cudnn":
         reason = unsupported_reason(dt, D, dims.v_dim)
@@ -179,16 +195,48 @@ def cudnn_state(
             "implementations. Use `xla_state` (local_kernel='xla' in the decoders), which "
             "accumulates in float64, or cast q, k, v to float32."
         )
+    return cudnn_core(
+        q,
+        k_chunk,
+        v_chunk,
+        kv_offset=kv_offset,
+        scale=scale,
+        causal=bool(causal),
+        kv_lengths=None if kv_lengths is None else masks.as_lengths(kv_lengths),
+        layout=layout,
+        implementation=implementation,
+    )
+
+
+def cudnn_core(
+    q: Array,
+    k_chunk: Array,
+    v_chunk: Array,
+    *,
+    kv_offset: int | Array,
+    scale: float,
+    causal: bool,
+    kv_lengths: Array | None,
+    layout: Layout,
+    implementation: Implementation = "cudnn",
+) -> AttentionState:
+    """`cudnn_state` without its checks: the arguments as `cudnn_state` hands them on
+    (`scale` a float, `kv_lengths` int lengths or None). The decoders call this on
+    arguments they checked once, at their own door."""
+    dt = jnp.result_type(q.dtype, k_chunk.dtype, v_chunk.dtype)
     acc = accum_dtype(dt)
+    B, Tq, Hq, D = q.shape
     if B == 0 or Tq == 0:
-        return AttentionState(jnp.zeros((B, Tq, Hq, D), acc), jnp.full((B, Tq, Hq), -jnp.inf, acc),
-                              jnp.zeros((B, Tq, Hq), acc))
+        return AttentionState(
+            jnp.zeros((B, Tq, Hq, D), acc),
+            jnp.full((B, Tq, Hq), -jnp.inf, acc),
+            jnp.zeros((B, Tq, Hq), acc),
+        )
     q, k, v = (jnp.asarray(x) for x in (q, k_chunk, v_chunk))
     q, k, v = (x if x.dtype == dt else x.astype(dt) for x in (q, k, v))
-    k, v = to_layout(k, layout, "bthd"), to_layout(v, layout, "bthd")  # "bhtd": a copy
+    k, v = swap_layout(k, layout, "bthd"), swap_layout(v, layout, "bthd")  # "bhtd": a copy
     offset = jnp.asarray(kv_offset, jnp.int32)
-    lengths = None if kv_lengths is None else masks.as_lengths(kv_lengths)
-    out, lse = _state(q, k, v, offset, lengths, scale, bool(causal), implementation)
+    out, lse = _state(q, k, v, offset, kv_lengths, scale, causal, implementation)
     return AttentionState(out, lse, jnp.zeros_like(lse))
 
 
@@ -216,14 +264,25 @@ def _forward(q, k, v, offset, lengths, scale, causal, implementation, residual=T
         k = masks.select_valid_keys(k, lengths, offset)
         v = masks.select_valid_keys(v, lengths, offset)
     result = jax.nn.dot_product_attention(
-        q, k, v, mask=mask, scale=scale, is_causal=False, key_value_seq_lengths=local,
-        implementation=implementation, return_residual=residual)
-    out, lse = result if residual else (result, None)
+        q,
+        k,
+        v,
+        mask=mask,
+        scale=scale,
+        is_causal=False,
+        key_value_seq_lengths=local,
+        implementation=implementation,
+        return_residual=residual,
+    )
+    if not residual:  # the output alone
+        out = result.astype(acc)
+        return (
+            jnp.where(seen[:, :, None, None], out, jnp.zeros((), acc)) if seen is not None else out
+        )
+    out, lse = result
     out = out.astype(acc)
     if seen is not None:  # select, never multiply: the library's empty rows may hold NaN
         out = jnp.where(seen[:, :, None, None], out, jnp.zeros((), acc))
-    if not residual:
-        return out
     lse = lse.astype(acc)  # the lse comes back in the input dtype
     if seen is not None:
         lse = jnp.where(seen[:, :, None], lse, jnp.asarray(-jnp.inf, acc))
@@ -233,8 +292,7 @@ def _forward(q, k, v, offset, lengths, scale, causal, implementation, residual=T
 def _xla_lse(q, k, offset, lengths, scale, causal):
     """The chunk's masked log-sum-exp `[B, Tq, Hq]` in plain XLA: what the lse's cotangent
     is differentiated through."""
-    s, mask = scaled_scores(q, k, scale=scale, causal=causal, kv_lengths=lengths,
-                            kv_offset=offset)
+    s, mask = scaled_scores(q, k, scale=scale, causal=causal, kv_lengths=lengths, kv_offset=offset)
     return jnp.swapaxes(logsumexp(s, mask), 1, 2)
 
 
@@ -245,15 +303,25 @@ def _state(q, k, v, offset, lengths, scale, causal, implementation):
 
 def _state_fwd(q, k, v, offset, lengths, scale, causal, implementation):
     return _forward(q, k, v, offset, lengths, scale, causal, implementation), (
-        q, k, v, offset, lengths)
+        q,
+        k,
+        v,
+        offset,
+        lengths,
+    )
 
 
 def _state_bwd(scale, causal, implementation, res, cotangents):
     q, k, v, offset, lengths = res
     g_out, g_lse = cotangents
     _, pull_out = jax.vjp(
-        lambda q, k, v: _forward(q, k, v, offset, lengths, scale, causal, implementation,
-                                 residual=False), q, k, v)
+        lambda q, k, v: _forward(
+            q, k, v, offset, lengths, scale, causal, implementation, residual=False
+        ),
+        q,
+        k,
+        v,
+    )
     dq, dk, dv = pull_out(g_out)
     # The lse's cotangent: ∂lse/∂scores is the softmax, so this is d(lse)·P through the
     # scores, by autodiff of the same masked log-sum-exp. Rows that see nothing have lse

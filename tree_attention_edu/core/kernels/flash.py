@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from .. import inputs
+from ..names import Layout
 from ..states import AttentionState
 from . import common
 
@@ -51,18 +52,22 @@ def version_reason() -> str | None:
     from importlib import metadata
 
     if not installed():
-        return (f"local_kernel='flash' needs flash-attn-jax, which is not installed: {INSTALL} "
-                f"(it pins jax<0.9 and needs CUDA), or use local_kernel='xla' or 'cudnn'.")
+        return (
+            f"local_kernel='flash' needs flash-attn-jax, which is not installed: {INSTALL} "
+            f"(it pins jax<0.9 and needs CUDA), or use local_kernel='xla' or 'cudnn'."
+        )
     try:
         version = metadata.version("flash-attn-jax")
     except metadata.PackageNotFoundError:
         return None
     if tuple(version.split(".")[:2]) == TESTED:
         return None
-    return (f"local_kernel='flash' is tested with flash-attn-jax {'.'.join(TESTED)}.x "
-            f"only (it calls the private `flash_attn_jax.flash._flash_mha_fwd` for the "
-            f"log-sum-exp), but {version} is installed; {INSTALL} installs the tested release, "
-            f"or use local_kernel='xla'.")
+    return (
+        f"local_kernel='flash' is tested with flash-attn-jax {'.'.join(TESTED)}.x "
+        f"only (it calls the private `flash_attn_jax.flash._flash_mha_fwd` for the "
+        f"log-sum-exp), but {version} is installed; {INSTALL} installs the tested release, "
+        f"or use local_kernel='xla'."
+    )
 
 
 def available() -> bool:
@@ -70,30 +75,41 @@ def available() -> bool:
     return common.default_backend() == "gpu" and version_reason() is None
 
 
-def unsupported_reason(dtype: Any, head_dim: int, v_dim: int, needs_mask: bool,
-                       backend: str | None = None) -> str | None:
+def unsupported_reason(
+    dtype: Any, head_dim: int, v_dim: int, needs_mask: bool, backend: str | None = None
+) -> str | None:
     """Why the flash kernel cannot run this problem, or None if it can."""
     backend = common.default_backend() if backend is None else backend
     if backend != "gpu":
-        return (f"local_kernel='flash' needs a CUDA GPU, but JAX's default backend is "
-                f"{backend!r}; use local_kernel='xla' (or 'auto', which picks xla here).")
+        return (
+            f"local_kernel='flash' needs a CUDA GPU, but JAX's default backend is "
+            f"{backend!r}; use local_kernel='xla' (or 'auto', which picks xla here)."
+        )
     if not installed():
         return version_reason()
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
-        return (f"local_kernel='flash' takes float16 or bfloat16 inputs, got "
-                f"{jnp.dtype(dtype)}; cast q, k, v or use local_kernel='xla'.")
+        return (
+            f"local_kernel='flash' takes float16 or bfloat16 inputs, got "
+            f"{jnp.dtype(dtype)}; cast q, k, v or use local_kernel='xla'."
+        )
     if head_dim > 256 or v_dim != head_dim:
-        return (f"local_kernel='flash' needs head_dim <= 256 and v_dim == head_dim, got "
-                f"head_dim={head_dim}, v_dim={v_dim}; use local_kernel='xla'.")
+        return (
+            f"local_kernel='flash' needs head_dim <= 256 and v_dim == head_dim, got "
+            f"head_dim={head_dim}, v_dim={v_dim}; use local_kernel='xla'."
+        )
     if needs_mask:
-        return ("local_kernel='flash' cannot mask keys: this call has `kv_lengths` or a "
-                "causal mask over several queries; use local_kernel='xla' (or 'auto').")
+        return (
+            "local_kernel='flash' cannot mask keys: this call has `kv_lengths` or a "
+            "causal mask over several queries; use local_kernel='xla' (or 'auto')."
+        )
     return version_reason()
 
 
 def layout_reason(layout: str) -> str:
-    return (f"local_kernel='flash' reads the 'bthd' `layout`, got layout={layout!r}; "
-            f"use local_kernel='xla'.")
+    return (
+        f"local_kernel='flash' reads the 'bthd' `layout`, got layout={layout!r}; "
+        f"use local_kernel='xla'."
+    )
 
 
 def forward_only(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -111,7 +127,8 @@ def forward_only(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         raise TypeError(
             f"{name} is forward-only: its library defines no derivative, so it cannot be "
             f"differentiated. Use local_kernel='cudnn' (exact gradients through out and lse) "
-            f"or local_kernel='xla' under jax.grad.")
+            f"or local_kernel='xla' under jax.grad."
+        )
 
     wrapped.defvjp(fwd, bwd)
     return wrapped
@@ -126,7 +143,7 @@ def flash_state(
     scale: float | None = None,
     causal: bool = False,
     kv_lengths: Array | None = None,
-    layout: str = "bthd",
+    layout: Layout = "bthd",
 ) -> AttentionState:
     """FlashAttention-2 forward on an unmasked "bthd" shard: `AttentionState` in float32.
 
@@ -141,27 +158,63 @@ def flash_state(
         raise ValueError(layout_reason(layout))
     dims = inputs.check_qkv(q, k_chunk, v_chunk, kv_lengths)
     if kv_lengths is not None or (causal and dims.q_len > 1):
-        raise ValueError("local_kernel='flash' cannot mask keys, so it refuses `kv_lengths` "
-                         "and `causal=True` with more than one query; use local_kernel='xla' "
-                         "or 'cudnn' for masked shards.")
+        raise ValueError(
+            "local_kernel='flash' cannot mask keys, so it refuses `kv_lengths` "
+            "and `causal=True` with more than one query; use local_kernel='xla' "
+            "or 'cudnn' for masked shards."
+        )
     scale = inputs.resolve_scale(scale, q.shape[-1], q.dtype)
     reason = version_reason()
     if reason:
         raise RuntimeError(reason)
-    flash = importlib.import_module("flash_attn_jax.flash")  # lazy: CUDA-only, optional extra
+    _forward_fn()  # the private name it calls must be there: said here, not when traced
+    return flash_core(
+        q,
+        k_chunk,
+        v_chunk,
+        kv_offset=kv_offset,
+        scale=scale,
+        causal=bool(causal),
+        kv_lengths=None,
+        layout=layout,
+    )
+
+
+def flash_core(
+    q: Array,
+    k_chunk: Array,
+    v_chunk: Array,
+    *,
+    kv_offset: int | Array,
+    scale: float,
+    causal: bool,
+    kv_lengths: Array | None,
+    layout: Layout,
+) -> AttentionState:
+    """`flash_state` without its checks, on an unmasked "bthd" shard (`kv_lengths` None, no
+    causal mask over several queries; `kv_offset`, `causal` and `layout` are accepted for
+    the kernels' common signature). The decoders call this on arguments they checked once,
+    at their own door (`kernels.resolve` checks flash can run)."""
+    return forward_only(partial(_run, _forward_fn(), scale), "local_kernel='flash'")(
+        q, k_chunk, v_chunk
+    )
+
+
+def _forward_fn() -> Callable[..., Any]:
+    """flash-attn-jax's forward, imported lazily (CUDA-only, an optional extra)."""
+    flash = importlib.import_module("flash_attn_jax.flash")
     forward = getattr(flash, "_flash_mha_fwd", None)  # private: see `version_reason`
     if forward is None:
         raise RuntimeError(
             "local_kernel='flash' calls flash-attn-jax's private "
             "`flash_attn_jax.flash._flash_mha_fwd` (tested with flash-attn-jax "
             f"{'.'.join(TESTED)}.x), and the installed flash-attn-jax has no such name; "
-            f"{INSTALL} installs the tested release, or use local_kernel='xla'.")
-    return forward_only(partial(_run, forward, scale), "local_kernel='flash'")(
-        q, k_chunk, v_chunk)
+            f"{INSTALL} installs the tested release, or use local_kernel='xla'."
+        )
+    return forward
 
 
-def _run(forward: Callable[..., Any], scale: float, q: Array, k: Array, v: Array
-         ) -> AttentionState:
+def _run(forward: Callable[..., Any], scale: float, q: Array, k: Array, v: Array) -> AttentionState:
     out, lse = forward(q, k, v, softmax_scale=scale, is_causal=False, window_size=(-1, -1))
     # flash returns out [B, Tq, Hq, D] in the input dtype and lse float32 [B, Hq, Tq].
     return AttentionState.from_lse(out.astype(jnp.float32), jnp.transpose(lse, (0, 2, 1)))

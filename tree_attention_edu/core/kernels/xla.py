@@ -23,7 +23,7 @@ decode step reads a head-major chunk in one pass and copies nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
 import jax
 import jax.numpy as jnp
@@ -33,11 +33,13 @@ from jax import Array, lax
 from .. import inputs, masks, validate
 from ..devices import varying_like
 from ..inputs import SEQ_AXIS
+from ..names import Layout
 from ..numerics import PRECISION, accum_dtype, finite_or_zero, lse_pair, nonzero_or_one
 from ..states import AttentionState
 
-PADDINGS = ("any", "finite")
+Padding = Literal["any", "finite"]
 """What `xla_state`'s `padding` may say the keys past `kv_lengths` hold."""
+PADDINGS: tuple[Padding, ...] = get_args(Padding)
 
 DEFAULT_BLOCK = 256
 """Keys per block of the streaming kernel on the "bthd" layout: 256 keys × 16 heads × 128
@@ -74,9 +76,11 @@ def _fold(carry, qg, kb, vb, visible, valid, zg=None):
     p = jnp.exp(s - shift[..., None])
     rescale = jnp.exp(m - shift)
     l = l * rescale + jnp.sum(p, axis=-1)
-    o = o * rescale[..., None] + jnp.einsum("bhmc,bhcv->bhmv", p, vb.astype(acc),
-                                           precision=PRECISION)
+    o = o * rescale[..., None] + jnp.einsum(
+        "bhmc,bhcv->bhmv", p, vb.astype(acc), precision=PRECISION
+    )
     return m_new, l, o
+
 
 def _check_window(window: Any, kv_heads: int) -> tuple[int | Array, int]:
     """`kv_head_window = (start, count)`: `count` a Python int in `[1, Hkv]`; `start` a Python
@@ -84,23 +88,34 @@ def _check_window(window: Any, kv_heads: int) -> tuple[int | Array, int]:
     `lax.dynamic_slice` clamps it into that range)."""
     example = "`kv_head_window=(0, 2)` reads kv heads 0 and 1"
     if not (isinstance(window, tuple) and len(window) == 2):
-        raise TypeError(f"`kv_head_window` must be a (start, count) pair, got "
-                        f"{validate.describe(window)}; e.g. {example}.")
+        raise TypeError(
+            f"`kv_head_window` must be a (start, count) pair, got "
+            f"{validate.describe(window)}; e.g. {example}."
+        )
     start, count = window
     count = validate.check_int(count, "kv_head_window[1]", example=example)
     if count > kv_heads:
-        raise ValueError(f"`kv_head_window[1]` = {count} exceeds the chunk's {kv_heads} kv "
-                         f"heads; a window reads at most all of them.")
+        raise ValueError(
+            f"`kv_head_window[1]` = {count} exceeds the chunk's {kv_heads} kv "
+            f"heads; a window reads at most all of them."
+        )
     if isinstance(start, int | np.integer) and not isinstance(start, bool | np.bool_):
         if not 0 <= start <= kv_heads - count:
-            raise ValueError(f"`kv_head_window[0]` = {start} is out of range: a window of "
-                             f"{count} kv heads starts in [0, {kv_heads - count}].")
+            raise ValueError(
+                f"`kv_head_window[0]` = {start} is out of range: a window of "
+                f"{count} kv heads starts in [0, {kv_heads - count}]."
+            )
         return int(start), count
     dtype = getattr(start, "dtype", None)
-    if dtype is None or validate.shape_of(start, "kv_head_window[0]") != () \
-            or not jnp.issubdtype(dtype, jnp.integer):
-        raise TypeError(f"`kv_head_window[0]` must be an int or an integer JAX scalar, got "
-                        f"{validate.describe(start)}; e.g. {example}.")
+    if (
+        dtype is None
+        or validate.shape_of(start, "kv_head_window[0]") != ()
+        or not jnp.issubdtype(dtype, jnp.integer)
+    ):
+        raise TypeError(
+            f"`kv_head_window[0]` must be an int or an integer JAX scalar, got "
+            f"{validate.describe(start)}; e.g. {example}."
+        )
     return start, count
 
 
@@ -113,11 +128,11 @@ def xla_state(
     scale: float | None = None,
     causal: bool = False,
     kv_lengths: Array | None = None,
-    layout: str = "bthd",
+    layout: Layout = "bthd",
     block: int = DEFAULT_BLOCK,
     zeta: Array | None = None,
     kv_head_window: tuple[int | Array, int] | None = None,
-    padding: str = "any",
+    padding: Padding = "any",
 ) -> AttentionState:
     """State of one chunk of the cache, streaming it once without copying it.
 
@@ -156,57 +171,103 @@ def xla_state(
       `AttentionState` (`out [B, Tq, Hq, Dv]`, `lse [B, Tq, Hq]`) in the accumulation dtype.
     """
     inputs.check_layout(layout)
-    head_ax = 3 - SEQ_AXIS[layout]
     window = kv_head_window
     k_view: Any = k_chunk
     v_view: Any = v_chunk
     if window is not None:  # validate against the window's view of the chunk
         ks = validate.shape_of(k_chunk, "k_chunk")
         if len(ks) == 4:
+            head_ax = 3 - SEQ_AXIS[layout]
             window = _check_window(window, ks[head_ax])
-            k_view, v_view = (jax.ShapeDtypeStruct(
-                tuple(window[1] if i == head_ax else n for i, n in enumerate(x.shape)),
-                x.dtype) for x in (k_chunk, v_chunk))
+            k_view, v_view = (
+                jax.ShapeDtypeStruct(
+                    tuple(window[1] if i == head_ax else n for i, n in enumerate(x.shape)), x.dtype
+                )
+                for x in (k_chunk, v_chunk)
+            )
     dims = inputs.check_qkv(q, k_view, v_view, kv_lengths, layout=layout)
     kv_offset = inputs.check_kv_offset(kv_offset)
     validate.check_positive(block, "block")
     validate.check_choice(padding, PADDINGS, "padding")
+    if zeta is not None:
+        inputs.check_zeta(zeta, dims)
+    return xla_core(
+        q,
+        k_chunk,
+        v_chunk,
+        kv_offset=kv_offset,
+        scale=inputs.resolve_scale(scale, dims.head_dim, q.dtype),
+        causal=bool(causal),
+        kv_lengths=None if kv_lengths is None else masks.as_lengths(kv_lengths),
+        layout=layout,
+        block=block,
+        zeta=zeta,
+        kv_head_window=window,
+        padding=padding,
+    )
+
+
+def xla_core(
+    q: Array,
+    k_chunk: Array,
+    v_chunk: Array,
+    *,
+    kv_offset: int | Array,
+    scale: float,
+    causal: bool,
+    kv_lengths: Array | None,
+    layout: Layout,
+    block: int = DEFAULT_BLOCK,
+    zeta: Array | None = None,
+    kv_head_window: tuple[int | Array, int] | None = None,
+    padding: Padding = "any",
+) -> AttentionState:
+    """`xla_state` without its checks: the arguments as `xla_state` hands them on (`scale`
+    resolved to a float, `kv_lengths` int lengths or None, the window checked). The
+    decoders call this on arguments they checked once, at their own door."""
     B, Tq, Hq, D = q.shape
-    Hkv, Tc, G = dims.kv_heads, dims.kv_len, dims.group
+    seq_ax = SEQ_AXIS[layout]
+    head_ax = 3 - seq_ax
+    window = kv_head_window
+    Hkv = k_chunk.shape[head_ax] if window is None else window[1]
+    Tc, Dv, G = k_chunk.shape[seq_ax], v_chunk.shape[-1], Hq // Hkv
     acc = accum_dtype(q.dtype)
-    scale = inputs.resolve_scale(scale, D, q.dtype)
     if B == 0 or Tq == 0:
-        return AttentionState(jnp.zeros((B, Tq, Hq, dims.v_dim), acc),
-                              jnp.full((B, Tq, Hq), -jnp.inf, acc), jnp.zeros((B, Tq, Hq), acc))
+        return AttentionState(
+            jnp.zeros((B, Tq, Hq, Dv), acc),
+            jnp.full((B, Tq, Hq), -jnp.inf, acc),
+            jnp.zeros((B, Tq, Hq), acc),
+        )
     # With `kv_lengths` and padding that may hold anything, keys past them are selected away
     # block by block (a where over the whole chunk would be a cache-sized copy). Without
     # them, or with finite padding, only scores are selected, and a head-major chunk is read
     # in one pass when its scores are no larger than its keys (a decode step).
     padded = kv_lengths is not None
     select = padded and padding == "any"
-    lengths = (masks.full_lengths(B, Tc) + kv_offset if kv_lengths is None
-               else masks.as_lengths(kv_lengths))
+    lengths = masks.full_lengths(B, Tc) + kv_offset if kv_lengths is None else kv_lengths
     # Queries of one kv head side by side: [B, Hkv, G·Tq, D], so K and V keep their layout.
-    qg = (q.astype(acc) * jnp.asarray(scale, acc)).reshape(B, Tq, Hkv, G, D)
-    qg = qg.transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * Tq, D)
-    zg = None
-    if zeta is not None:
-        inputs.check_zeta(zeta, dims)
-        zg = zeta.astype(acc).reshape(B, Tq, Hkv, G, dims.v_dim)
-        zg = zg.transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * Tq, dims.v_dim)
-    carry = (jnp.full((B, Hkv, G * Tq), -jnp.inf, acc), jnp.zeros((B, Hkv, G * Tq), acc),
-             jnp.zeros((B, Hkv, G * Tq, dims.v_dim), acc))
+    qg = _by_kv_head(q.astype(acc) * jnp.asarray(scale, acc), Hkv)
+    zg = None if zeta is None else _by_kv_head(zeta.astype(acc), Hkv)
+    carry = (
+        jnp.full((B, Hkv, G * Tq), -jnp.inf, acc),
+        jnp.zeros((B, Hkv, G * Tq), acc),
+        jnp.zeros((B, Hkv, G * Tq, Dv), acc),
+    )
     carry = varying_like(carry, q, k_chunk, v_chunk, lengths, kv_offset)
 
     def fold(carry, start, size):
-        ax = SEQ_AXIS[layout]
         if window is None:
-            kb = lax.dynamic_slice_in_dim(k_chunk, start, size, ax)
-            vb = lax.dynamic_slice_in_dim(v_chunk, start, size, ax)
+            kb = lax.dynamic_slice_in_dim(k_chunk, start, size, seq_ax)
+            vb = lax.dynamic_slice_in_dim(v_chunk, start, size, seq_ax)
         else:
-            kb, vb = (lax.dynamic_slice(x, _starts(ax, start, head_ax, window[0]),
-                                        _sizes(x.shape, ax, size, head_ax, Hkv))
-                      for x in (k_chunk, v_chunk))
+            kb, vb = (
+                lax.dynamic_slice(
+                    x,
+                    _starts(seq_ax, start, head_ax, window[0]),
+                    _sizes(x.shape, seq_ax, size, head_ax, Hkv),
+                )
+                for x in (k_chunk, v_chunk)
+            )
         if layout == "bthd":
             kb, vb = kb.transpose(0, 2, 1, 3), vb.transpose(0, 2, 1, 3)
         vis = masks.visible(Tq, size, lengths, kv_offset=kv_offset + start, causal=causal)
@@ -216,20 +277,41 @@ def xla_state(
     if layout == "bhtd" and window is None and not select and (not padded or G * Tq <= D):
         carry = fold(carry, 0, Tc)
     else:
-        n_blocks, tail = divmod(Tc, block)
-        if n_blocks:
-            carry, _ = lax.scan(lambda c, i: (fold(c, i * block, block), None), carry,
-                                jnp.arange(n_blocks))
-        if tail:
-            carry = fold(carry, n_blocks * block, tail)
-    m, l, o = carry
-    out = (o / nonzero_or_one(l)[..., None]).reshape(B, Hkv, G, Tq, dims.v_dim)
-    out = out.transpose(0, 3, 1, 2, 4).reshape(B, Tq, Hq, dims.v_dim)
+        carry = _walk(fold, carry, Tc, block)
+    return _finish(carry, Tq)
 
-    def per_query(x):  # [B, Hkv, G·Tq] -> [B, Tq, Hq]
-        return x.reshape(B, Hkv, G, Tq).transpose(0, 3, 1, 2).reshape(B, Tq, Hq)
+
+def _by_kv_head(x: Array, kv_heads: int) -> Array:
+    """`[B, Tq, Hq, ·]` -> `[B, Hkv, G·Tq, ·]`: the queries of one kv head side by side."""
+    B, Tq, Hq, d = x.shape
+    x = x.reshape(B, Tq, kv_heads, Hq // kv_heads, d).transpose(0, 2, 3, 1, 4)
+    return x.reshape(B, kv_heads, Hq // kv_heads * Tq, d)
+
+
+def _walk(fold: Any, carry: Any, length: int, block: int) -> Any:
+    """Fold `[0, length)` block by block: a `lax.scan` over whole blocks, then the tail."""
+    n_blocks, tail = divmod(length, block)
+    if n_blocks:
+        carry, _ = lax.scan(
+            lambda c, i: (fold(c, i * block, block), None), carry, jnp.arange(n_blocks)
+        )
+    if tail:
+        carry = fold(carry, n_blocks * block, tail)
+    return carry
+
+
+def _finish(carry: Any, q_len: int) -> AttentionState:
+    """The online-softmax carry `(m, l, o)` `[B, Hkv, G·Tq, ·]` as a state `[B, Tq, Hq, ·]`."""
+    m, l, o = carry
+    B, Hkv, M = o.shape[:3]
+    G, Tq = M // q_len, q_len
+
+    def per_query(x):  # [B, Hkv, G·Tq, ...] -> [B, Tq, Hq, ...]
+        x = x.reshape(B, Hkv, G, Tq, *x.shape[3:])
+        return jnp.moveaxis(x, 3, 1).reshape(B, Tq, Hkv * G, *x.shape[4:])
 
     lse, lse_lo = lse_pair(l, finite_or_zero(m))
+    out = per_query(o / nonzero_or_one(l)[..., None])
     return AttentionState(out, per_query(lse), per_query(lse_lo))
 
 

@@ -1,16 +1,16 @@
-"""Command-line plumbing shared by every entry point (`tree-attention-edu` and
-`python -m tree_attention_edu.cluster.launch`): a parser whose usage errors are one line with
-exit status 2, argument types that say what they expect, and checks of memory and output
-paths that run before any work. Imports nothing of the package (and not JAX).
+"""The plumbing every subcommand shares: a parser whose usage errors are one line with exit
+status 2, argument types that say what they expect, the check of an output path before any
+work, and the one line a failed run prints (exit status 1). Imports nothing of the package
+(and not JAX).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 PROG = "tree-attention-edu"
 TRACEBACK_ENV = "TREE_ATTENTION_EDU_TRACEBACK"
@@ -21,6 +21,36 @@ MAX_POSITION = 2**31 - 1  # positions and lengths are int32
 class CommandFailed(Exception):
     """A subcommand ran but its check failed; the message is the one line to print."""
 
+
+def one_line(e: BaseException) -> str:
+    """What a failed run prints: the error's first line; for an error that is not a plain
+    `ValueError`/`TypeError`/`CommandFailed`, its type too, and how to see the traceback."""
+    text = next((s.strip() for s in str(e).splitlines() if s.strip()), "")
+    if isinstance(e, ValueError | TypeError | CommandFailed):
+        return text or type(e).__name__
+    return (f"{type(e).__name__}: {text}" if text else type(e).__name__) + (
+        f" (set {TRACEBACK_ENV}=1 for the traceback)"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# The parser
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors are one line (the usage itself is one `--help` away), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except where there is none to show (None, or a flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.nargs == 0:  # flags: --no-check, --version, ...
+            return action.help
+        return super()._get_help_string(action)
 
 
 # ---------------------------------------------------------------------------------------
@@ -54,7 +84,8 @@ def devices(text: str) -> int:
     if value > MAX_DEVICES:
         raise argparse.ArgumentTypeError(
             f"{value} simulated devices is more than the {MAX_DEVICES} this command allows "
-            "(each one is an XLA CPU device with its own threads and buffers)")
+            "(each one is an XLA CPU device with its own threads and buffers)"
+        )
     return value
 
 
@@ -69,7 +100,8 @@ def lengths(text: str) -> list[int]:
     parts = [s.strip() for s in text.split(",")]
     if not text.strip() or any(not s for s in parts):
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated positive integers, got {text!r}")
+            f"expected comma-separated positive integers, got {text!r}"
+        )
     return [positive(s) for s in parts]
 
 
@@ -78,14 +110,15 @@ def token_ids(text: str) -> list[int]:
     parts = [s.strip() for s in text.split(",")]
     if not text.strip() or any(not s for s in parts):
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated token ids such as 1,2,3, got {text!r}")
+            f"expected comma-separated token ids such as 1,2,3, got {text!r}"
+        )
     ids = [integer(s) for s in parts]
     if min(ids) < 0 or max(ids) > MAX_POSITION:
         raise argparse.ArgumentTypeError(f"token ids must be non-negative integers, got {text!r}")
     return ids
 
 
-def finite(text: str, what: str, ok, requirement: str) -> float:
+def finite(text: str, what: str, ok: Callable[[float], bool], requirement: str) -> float:
     """A finite float flag value that satisfies `ok`, or an ArgumentTypeError saying why."""
     try:
         value = float(text)
@@ -101,8 +134,7 @@ def temperature(text: str) -> float:
 
 
 def seconds(text: str) -> float:
-    return finite(text, "a number of seconds", lambda t: t > 0,
-                   "a positive number of seconds")
+    return finite(text, "a number of seconds", lambda t: t > 0, "a positive number of seconds")
 
 
 def port(text: str) -> int:
@@ -114,74 +146,35 @@ def port(text: str) -> int:
 
 def names(known: tuple[str, ...], allow_empty: bool = False) -> Callable[[str], list[str]]:
     """A comma list of names from `known` (repeats dropped, order kept)."""
+
     def parse(text: str) -> list[str]:
         names = [s.strip() for s in text.split(",") if s.strip()]
         bad = [n for n in names if n not in known]
         if bad or not (names or allow_empty):
+            what = ", ".join(map(repr, bad)) or "empty list " + repr(text)
+            none = " ('' for none)" if allow_empty else ""
             raise argparse.ArgumentTypeError(
-                f"unknown {', '.join(map(repr, bad)) or 'empty list ' + repr(text)}; use one or "
-                f"more of {','.join(known)}, comma-separated" + (" ('' for none)" if allow_empty
-                                                                  else ""))
+                f"unknown {what}; use one or more of {','.join(known)}, comma-separated{none}"
+            )
         return list(dict.fromkeys(names))
+
     return parse
 
 
-
-class Parser(argparse.ArgumentParser):
-    """Usage errors are one line (the usage itself is one `--help` away), exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows defaults, except where there is none to show (None, or a flag)."""
-
-    def _get_help_string(self, action):
-        if action.default is None or action.nargs == 0:  # flags: --no-check, --version, ...
-            return action.help
-        return super()._get_help_string(action)
-
-
-
 # ---------------------------------------------------------------------------------------
-# Checks after parsing, before any work
+# Output paths, checked after parsing and before any work
 
 
-def ram_bytes() -> int | None:
-    """This machine's physical memory, or None where the system does not say."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def gb(n: float) -> str:
-    return f"{n / 1e9:,.0f} GB" if n >= 1e11 else f"{n / 1e9:.3g} GB"
-
-
-def check_memory(parser, flag: str, need: int, what: str) -> None:
-    ram = ram_bytes()
-    if ram and need > ram:
-        parser.error(f"{flag}: needs about {gb(need)} of memory ({need:,} bytes), more than "
-                     f"this machine's {gb(ram)} of RAM: {what}")
-
-
-def itemsize(dtype: str) -> int:
-    return {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
-
-
-def check_positions(parser, flag: str, n: int) -> None:
-    if n > MAX_POSITION:
-        parser.error(f"{flag}: {n} is more than {MAX_POSITION} positions (they are int32)")
-
-
-def check_output(parser, flag: str, path: str, formats: set[str] | None = None) -> None:
+def check_output(
+    parser: argparse.ArgumentParser, flag: str, path: str, formats: set[str] | None = None
+) -> None:
     """Fail now, not after the run, if `path` cannot be written."""
     p = Path(path)
     if formats is not None and p.suffix and p.suffix[1:].lower() not in formats:
-        parser.error(f"{flag} {path}: unknown image format {p.suffix!r}; use one of "
-                     f"{', '.join(sorted(formats))}")
+        parser.error(
+            f"{flag} {path}: unknown image format {p.suffix!r}; use one of "
+            f"{', '.join(sorted(formats))}"
+        )
     if p.is_dir():
         parser.error(f"{flag} {path}: is a directory; give a file name")
     try:
@@ -199,12 +192,3 @@ def figure_formats() -> set[str]:
     from matplotlib.backend_bases import FigureCanvasBase
 
     return set(FigureCanvasBase.get_supported_filetypes())
-
-
-def one_line(e: BaseException) -> str:
-    text = next((s.strip() for s in str(e).splitlines() if s.strip()), "")
-    if isinstance(e, ValueError | TypeError | CommandFailed):
-        return text or type(e).__name__
-    return (f"{type(e).__name__}: {text}" if text else type(e).__name__) + \
-        f" (set {TRACEBACK_ENV}=1 for the traceback)"
-

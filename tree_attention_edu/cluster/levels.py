@@ -1,0 +1,212 @@
+"""What the cost model needs to know about a cluster on one machine, measured in the same
+interleaved rounds as the methods: each level's link (α and β, from all-reduces over the
+2-level mesh's "node" and "gpu" axes) and each device's local work (decode bandwidth, copy
+rate, and what a collective costs after the kernel), with every device busy.
+
+`level_calls` and `local_calls` are the programs to time (`name -> (fn, args)`);
+`fit_links` and `fit_local` read their times.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from jax import Array
+
+    from .context import Context
+
+Calls = dict[str, tuple[Callable[..., Any], tuple[Any, ...]]]
+"""Programs to time: `name -> (fn, args)` (`benchmark.interleaved_times`)."""
+Times = dict[str, list[float]]
+"""Seconds per round, by name."""
+Level = Literal["node", "gpu"]
+"""An axis of the 2-level mesh: across nodes, or inside one."""
+
+LEVEL_SIZES = (256, 1024, 4096, 1 << 20, 2 << 20, 4 << 20)
+"""Bytes per device of the all-reduces that measure each level: small ones for α (a few kB
+on the link per step, <= `calibrate.SMALL_MESSAGE`), large ones for β (MBs per step, far
+above the tbf bucket of 128 kB, which lets its first bytes through unshaped)."""
+
+
+# ---------------------------------------------------------------------------------------
+# The links
+
+
+def level_calls(ctx: Context) -> Calls:
+    """The programs that measure the two levels, all on the 2-level mesh with every device
+    taking part (as the tree's own all-reduces do): an all-reduce over "node" and one over
+    "gpu" of each of `LEVEL_SIZES` bytes per device, and the same program with no
+    collective (the per-call overhead)."""
+    import jax
+    from jax import lax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh, spec = ctx.two, P(("node", "gpu"))
+
+    def program(body: Callable[[Array], Array]) -> Callable[[Array], Array]:
+        return jax.jit(
+            jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+        )
+
+    fns = {
+        "node": program(lambda x: lax.psum(x, "node")),
+        "gpu": program(lambda x: lax.psum(x, "gpu")),
+        "noop": program(lambda x: x + 1),
+    }
+    calls: Calls = {}
+    for n in LEVEL_SIZES:
+        ones = np.ones(mesh.size * (n // 4), np.float32)
+        x = jax.device_put(ones, NamedSharding(mesh, spec))
+        for name, fn in fns.items():
+            calls[f"{name} {n}"] = (fn, (x,))
+    return calls
+
+
+def fit_level(ctx: Context, axis: Level, times: Times, overhead: float) -> dict[str, Any]:
+    """α and β of one level from its all-reduces (`level_calls`, timed in `times`).
+
+    gloo runs an all-reduce over g ranks as a ring: 2(g−1) steps, each sending n/g of a
+    device's n bytes to the next rank. Over "node", all k devices of a node send at
+    once through its one uplink, so a step puts k·n/g bytes on the link. Every timed
+    call is a point `(bytes on the link per step, (time − overhead) / 2(g−1))`.
+
+    α is the mean over the small messages' points (up to `calibrate.SMALL_MESSAGE` on
+    the link per step), not their median as `calibrate.fit_link` takes: on this loaded
+    machine a step's time has two modes (about 0.1 ms when its peers are awake, a
+    scheduler slice of about 2 ms when one must be woken), and a decode's latency adds
+    many steps, whose sum follows their mean. β is the inverse slope of a least-squares
+    line through the large messages' points: the rate of the link itself, untouched by
+    α and by the tbf bucket that lets a message's first 128 kB through unshaped, so
+    comparable with the rate the tbf sets."""
+    from ..perf import calibrate
+
+    g = ctx.two.shape[axis]
+    share = ctx.two.shape["gpu"] if axis == "node" else 1  # devices per uplink at once
+    steps = 2 * (g - 1)
+    points = [
+        (share * n / g, max(t - overhead, 0.0) / steps)
+        for n in LEVEL_SIZES
+        for t in times[f"{axis} {n}"]
+    ]
+    alpha = float(np.mean([t for n, t in points if n <= calibrate.SMALL_MESSAGE]))
+    big = np.array([(n, t) for n, t in points if n > calibrate.SMALL_MESSAGE])
+    slope = np.polyfit(big[:, 0], big[:, 1], 1)[0] if len(set(big[:, 0])) > 1 else 0.0
+    return {
+        "alpha_s": alpha,
+        "beta_Bps": float(1 / slope) if slope > 0 else math.inf,
+        "steps": steps,
+        "link_bytes_per_step_per_device_byte": share / g,
+        "points": [[n, t] for n, t in points],
+        "allreduce_median_s": [[n, statistics.median(times[f"{axis} {n}"])] for n in LEVEL_SIZES],
+    }
+
+
+def fit_links(ctx: Context, times: Times, rate_bps: float) -> dict[str, Any]:
+    """Both levels' fits (`fit_level`) at the set rate, and the per-call overhead."""
+    overhead = statistics.median(t for n in LEVEL_SIZES for t in times[f"noop {n}"])
+    inter = fit_level(ctx, "node", times, overhead)
+    intra = fit_level(ctx, "gpu", times, overhead)
+    inter["set_Bps"] = rate_bps / 8
+    ctx.say(
+        f"link fit at {rate_bps / 1e9:g} Gbit/s: inter alpha {inter['alpha_s'] * 1e6:.0f} "
+        f"us, beta {inter['beta_Bps'] / 1e6:.1f} MB/s ({inter['beta_Bps'] / inter['set_Bps']:.0%} "
+        f"of the set {inter['set_Bps'] / 1e6:.1f} MB/s); intra alpha "
+        f"{intra['alpha_s'] * 1e6:.0f} us, beta {intra['beta_Bps'] / 1e6:.0f} MB/s"
+    )
+    return {"inter": inter, "intra": intra, "overhead_s": overhead}
+
+
+# ---------------------------------------------------------------------------------------
+# The local work
+
+
+def cal_len(ctx: Context) -> int:
+    """The length the local kernel is measured at: 3/4 of the decoded one (no method is
+    measured there), at least 1024 keys per device (a kernel time well above the
+    per-call overhead), a multiple of the device count."""
+    p = ctx.s.devices
+    return max(1024 * p, (3 * ctx.s.seq_len // 4) // p * p)
+
+
+def local_calls(ctx: Context) -> Calls:
+    """Programs that measure one device's local work with every device busy, timed in
+    the same rounds as everything else: `calibrate.local_calls` ("kernel", "copy") at
+    `cal_len`, and for `sync_s`, "tiny" (an all-reduce of 4 bytes over every device)
+    and "both" (the kernel, then that all-reduce on its result)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    from ..core import kernels
+    from ..core.decode import kv_spec
+    from ..perf import calibrate
+
+    mesh, axes = ctx.two, ("node", "gpu")
+    base = calibrate.local_calls(mesh, ctx.s.problem(cal_len(ctx)), ctx.s.seed)
+    kv = kv_spec(axes)
+
+    def program(body: Callable[[Array, Array, Array], Array]) -> Callable[..., Array]:
+        return jax.jit(
+            jax.shard_map(
+                body, mesh=mesh, in_specs=(P(), kv, kv), out_specs=P(axes), check_vma=False
+            )
+        )
+
+    def kernel(q: Array, k: Array, v: Array) -> Array:
+        return kernels.xla_state(q, k, v).out[:, 0, 0, :1]
+
+    def tiny(x: Array) -> Array:
+        return lax.psum(jnp.sum(x, dtype=jnp.float32), axes)[None, None]
+
+    args = base["kernel"][1]
+    return {
+        "local kernel": base["kernel"],
+        "local copy": base["copy"],
+        "local tiny": (program(lambda q, k, v: tiny(q[:1, :1, :1, :1])), args),
+        "local both": (program(lambda q, k, v: kernel(q, k, v) + tiny(kernel(q, k, v))), args),
+    }
+
+
+def fit_local(ctx: Context, times: Times, overhead_s: float) -> dict[str, Any]:
+    """Per-device decode bandwidth and copy rate with all devices busy
+    (`calibrate.local_rates`), and `sync_s`: what a collective costs beyond its own
+    time when it follows the local kernel.
+
+    On this machine the workers' threads outnumber the cores: a device that finishes its
+    shard first waits inside gloo, and waking it and its peers when the last one
+    arrives takes scheduler time that back-to-back collectives need not pay (with
+    in-process collectives it is zero). `sync_s` is the median over the rounds of
+    "both" less "kernel" and "tiny" (`local_calls`)."""
+    from ..perf import calibrate
+
+    prob = ctx.s.problem(cal_len(ctx))
+    med = {n: statistics.median(times[f"local {n}"]) for n in ("kernel", "copy", "tiny", "both")}
+    mem, copy = calibrate.local_rates(prob, ctx.s.devices, med["kernel"], med["copy"], overhead_s)
+    rounds = [
+        b - k - t
+        for b, k, t in zip(
+            times["local both"], times["local kernel"], times["local tiny"], strict=True
+        )
+    ]
+    sync = max(statistics.median(rounds), 0.0)
+    ctx.say(
+        f"local decode {mem / 1e9:.2f} GB/s and copy {copy / 1e9:.2f} GB/s per device, all "
+        f"{ctx.s.devices} busy (Tk={prob.seq_len}); a collective after the kernel costs "
+        f"{sync * 1e3:.2f} ms more than alone"
+    )
+    return {
+        "mem_Bps": mem,
+        "copy_Bps": copy,
+        "overhead_s": overhead_s,
+        "sync_s": sync,
+        "seq_len": prob.seq_len,
+        "median_s": med,
+    }

@@ -1,0 +1,373 @@
+"""The alpha-beta model of a topology, and the latency of one collective over it.
+
+A message of n bytes over a link costs `alpha + n / beta` seconds (Hockney's model).
+Collective costs follow Thakur, Rabenseifner & Gropp, "Optimization of Collective
+Communication Operations in MPICH", IJHPCA 19(1), 2005:
+
+    ring allreduce (reduce-scatter + allgather, Patarasuk & Yuan, JPDC 69(2), 2009):
+        2(p-1)·alpha + 2(p-1)/p · n/beta
+    tree allreduce (recursive doubling / binomial tree):
+        ceil(log2 p)·(alpha + n/beta)
+
+`allreduce_time` prices both and takes the cheaper per message size, as an MPICH-style
+selection does. NCCL's algorithms differ (ring and double binary trees for all-reduce, rings
+for all-gather and reduce-scatter, NVLS/CollNet where the hardware has them; its tuner picks
+among those, NCCL docs `NCCL_ALGO`): the model is MPICH's, not NCCL's.
+The other collectives of the merge patterns, from the same paper (m bytes contributed per
+rank, p ranks):
+
+    all-gather, ring:                 (p-1)·(alpha + m/beta)
+    all-gather, recursive doubling:   ceil(log2 p)·alpha + (p-1)·m/beta
+    reduce-scatter (ring / pairwise): (p-1)·alpha + (p-1)/p · m/beta
+    all-to-all (pairwise exchange):   (p-1)·(alpha + m/(p·beta))
+    collective-permute (one send):    alpha + m/beta
+
+`collective_time` prices one collective over a whole `Topology`, hierarchically across
+nodes, or as measured on it (`Topology.measured`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal, get_args
+
+from ..core import validate
+from .checks import (
+    check_collectives,
+    check_kind_links,
+    check_nbytes,
+    check_no_symbols,
+    check_real,
+    check_size,
+    check_whole_nodes,
+)
+
+CollectiveKind = Literal[
+    "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"
+]
+"""A collective as `introspect.collective_stats` names it."""
+COLLECTIVE_KINDS: tuple[CollectiveKind, ...] = get_args(CollectiveKind)
+"""The collectives as `introspect.collective_stats` names them."""
+Collective = tuple[CollectiveKind, int, int]
+"""`(kind, nbytes, count)`: `count` runs of one collective of `kind`, `nbytes` counted as
+`collective_stats` counts them (sizes may be sympy expressions)."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """One level of interconnect: per-message latency `alpha_s` and bandwidth `beta_Bps`
+    (bytes per second, one direction)."""
+
+    alpha_s: float
+    beta_Bps: float
+
+    def __post_init__(self):
+        check_real(
+            self.alpha_s, "alpha_s", low=0.0, symbolic=True, hint="seconds per message, e.g. 3e-6"
+        )
+        check_real(
+            self.beta_Bps,
+            "beta_Bps",
+            low=0.0,
+            low_open=True,
+            finite=False,
+            symbolic=True,
+            hint="bytes per second, e.g. 50e9 (float('inf'): no bandwidth limit)",
+        )
+
+    def send(self, nbytes: float) -> float:
+        """Seconds to send one message of `nbytes`."""
+        check_nbytes(nbytes)
+        return self.alpha_s + nbytes / self.beta_Bps
+
+
+def _link_fields(link: Link, name: str = "link") -> dict[str, float]:
+    """A Link's fields by their names in a message (`link.alpha_s`, ...)."""
+    return {f"{name}.alpha_s": link.alpha_s, f"{name}.beta_Bps": link.beta_Bps}
+
+
+@dataclass(frozen=True)
+class Topology:
+    """`nodes` × `devices_per_node` devices; `intra` links inside a node, `inter` between nodes.
+
+    `mem_Bps` is one device's memory (read) bandwidth and `flops` its peak flop rate;
+    `overhead_s` is a fixed cost per decode call (launch and dispatch), and `overlap` says
+    whether a device can compute while its links transfer (a GPU with NCCL streams can;
+    XLA:CPU's simulated devices run one op at a time).
+
+    `measured` holds collectives timed on exactly these `devices` (`calibrate`): pairs
+    `(kind, Link)` where one call of that kind over all devices costs `alpha_s + n/beta_Bps`
+    for `n` bytes counted as `collective_stats` counts them. A measured kind replaces the
+    alpha-beta algorithm formulas (`collective_time`): the simulated devices implement each
+    collective their own way, with a cost no link model of a GPU describes.
+
+    `copy_Bps` is the rate of a device-local copy (bytes read + written) where the ring's
+    loop copies its block before each send, as XLA compiles `decode.ring_decode` on the
+    simulated CPU devices (`calibrate` measures it); None means no such copy, as in a GPU
+    ring that receives into its second buffer (the published topologies).
+
+    `ring_only`: the collective library runs every all-reduce and all-gather as a ring, as
+    XLA:CPU asks gloo to (`tree_attention_edu.cluster`); False prices the cheaper of ring and
+    tree (recursive doubling) per message size, as an MPICH-style selection does (NCCL's
+    own algorithms differ: see the module docstring).
+
+    `uplinks`: inter-node links per node, shared by its devices; None means one per device
+    (DGX H100: eight NICs for eight GPUs). When fewer, a stage in which every device of a
+    node sends across at once (the inter-node half of an all-reduce, all-gather,
+    reduce-scatter or all-to-all) gives each device `β·uplinks/devices_per_node`
+    (`shared_inter`); a ring's collective-permute crosses with one device per node and runs
+    at `β`.
+    """
+
+    nodes: int
+    devices_per_node: int
+    intra: Link
+    inter: Link
+    mem_Bps: float
+    flops: float
+    overhead_s: float = 0.0
+    overlap: bool = True
+    name: str = ""
+    sources: tuple[str, ...] = ()
+    measured: tuple[tuple[str, Link], ...] = ()
+    copy_Bps: float | None = None
+    ring_only: bool = False
+    uplinks: int | None = None
+
+    def __post_init__(self):
+        check_size(self.nodes, "nodes")
+        check_size(self.devices_per_node, "devices_per_node")
+        validate.check_instance(self.intra, Link, "intra", "pass Link(alpha_s, beta_Bps)")
+        validate.check_instance(self.inter, Link, "inter", "pass Link(alpha_s, beta_Bps)")
+        for name, link in (
+            ("intra", self.intra),
+            ("inter", self.inter),
+            *(
+                (f"measured[{i}][1]", pair[1])
+                for i, pair in enumerate(self.measured)
+                if isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], Link)
+            ),
+        ):
+            check_no_symbols(
+                "a Topology picks each collective's algorithm by comparing times",
+                **_link_fields(link, name),
+            )
+        check_real(
+            self.mem_Bps,
+            "mem_Bps",
+            low=0.0,
+            low_open=True,
+            finite=False,
+            hint="memory read bytes per second, e.g. 3.35e12",
+        )
+        check_real(
+            self.flops,
+            "flops",
+            low=0.0,
+            low_open=True,
+            finite=False,
+            hint="peak flop/s, e.g. 989e12 (inf: never compute-bound)",
+        )
+        check_real(self.overhead_s, "overhead_s", low=0.0)
+        validate.check_bool(self.overlap, "overlap")
+        validate.check_bool(self.ring_only, "ring_only")
+        if self.uplinks is not None:
+            check_size(self.uplinks, "uplinks")
+        check_kind_links(self.measured, "measured", COLLECTIVE_KINDS, Link)
+        if self.copy_Bps is not None:
+            check_real(
+                self.copy_Bps,
+                "copy_Bps",
+                low=0.0,
+                low_open=True,
+                finite=False,
+                hint="bytes read + written per second by a local copy",
+            )
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    @property
+    def shared_inter(self) -> Link:
+        """The inter-node link as each device sees it when all of a node's devices send
+        across at once (`uplinks`)."""
+        if self.uplinks is None or self.uplinks >= self.devices_per_node:
+            return self.inter
+        return Link(self.inter.alpha_s, self.inter.beta_Bps * self.uplinks / self.devices_per_node)
+
+    @property
+    def ridge_point(self) -> float:
+        """Flop per byte at which a device turns from memory-bound to compute-bound:
+        `flops / mem_Bps` (the roofline's ridge point)."""
+        return self.flops / self.mem_Bps
+
+    def with_devices(self, p: int) -> Topology:
+        """The same hardware with `p` devices: whole nodes once `p` exceeds a node."""
+        check_size(p, "p")
+        check_whole_nodes(p, self.devices_per_node)
+        # Collectives measured on this many devices say nothing about another count.
+        measured = self.measured if p == self.devices else ()
+        if p <= self.devices_per_node:
+            return replace(self, nodes=1, devices_per_node=p, measured=measured)
+        return replace(self, nodes=p // self.devices_per_node, measured=measured)
+
+
+def _allreduce_args(nbytes: float, p: int, link: Link) -> None:
+    check_nbytes(nbytes)
+    check_size(p, "p")
+    validate.check_instance(link, Link, "link", "pass Link(alpha_s, beta_Bps)")
+
+
+def ring_allreduce_time(nbytes: float, p: int, link: Link) -> float:
+    """Ring allreduce of `nbytes` over `p` ranks: 2(p−1)α + 2(p−1)/p·n/β (Thakur et al. 2005)."""
+    _allreduce_args(nbytes, p, link)
+    if p <= 1:
+        return 0.0
+    return 2 * (p - 1) * link.alpha_s + 2 * (p - 1) / p * nbytes / link.beta_Bps
+
+
+def tree_allreduce_time(nbytes: float, p: int, link: Link) -> float:
+    """Recursive-doubling allreduce: ⌈log2 p⌉(α + n/β) (Thakur et al. 2005)."""
+    _allreduce_args(nbytes, p, link)
+    if p <= 1:
+        return 0.0
+    return math.ceil(math.log2(p)) * link.send(nbytes)
+
+
+def allreduce_time(nbytes: float, p: int, link: Link) -> tuple[float, str]:
+    """The cheaper of ring and recursive-doubling allreduce (an MPICH-style selection):
+    `(seconds, "ring"|"tree")`. Numbers only: the choice compares the two times."""
+    _allreduce_args(nbytes, p, link)
+    check_no_symbols(
+        "allreduce_time compares two algorithms' times", nbytes=nbytes, **_link_fields(link)
+    )
+    ring, tree = ring_allreduce_time(nbytes, p, link), tree_allreduce_time(nbytes, p, link)
+    return (tree, "tree") if tree <= ring else (ring, "ring")
+
+
+def hierarchical_allreduce_time(nbytes: float, topo: Topology) -> float:
+    """Allreduce inside every node (over `intra`), then across nodes (over `inter`).
+
+    The second stage carries the already-reduced message: one per node position.
+    """
+    check_nbytes(nbytes)
+    check_no_symbols("hierarchical_allreduce_time compares algorithms' times", nbytes=nbytes)
+    validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
+    inter = topo.shared_inter  # every device of a node takes part in the second stage
+    if topo.ring_only:
+        return ring_allreduce_time(nbytes, topo.devices_per_node, topo.intra) + ring_allreduce_time(
+            nbytes, topo.nodes, inter
+        )
+    return (
+        allreduce_time(nbytes, topo.devices_per_node, topo.intra)[0]
+        + allreduce_time(nbytes, topo.nodes, inter)[0]
+    )
+
+
+# --- latency of one collective --------------------------------------------------------------
+
+
+def allgather_time(nbytes: float, p: int, link: Link) -> tuple[float, str]:
+    """All-gather that leaves `nbytes` on every rank (each contributes m = nbytes/p): the
+    cheaper of ring `(p−1)(α + m/β)` and recursive doubling `⌈log2 p⌉α + (p−1)m/β`
+    (Thakur et al. 2005), the cheaper of the two as an MPICH-style selection picks (NCCL
+    runs all-gather as a ring): `(seconds, "ring"|"recursive_doubling")`. Numbers only."""
+    _allreduce_args(nbytes, p, link)
+    check_no_symbols(
+        "allgather_time compares two algorithms' times", nbytes=nbytes, **_link_fields(link)
+    )
+    if p <= 1:
+        return 0.0, "ring"
+    m = nbytes / p
+    ring = (p - 1) * (link.alpha_s + m / link.beta_Bps)
+    doubling = math.ceil(math.log2(p)) * link.alpha_s + (p - 1) * m / link.beta_Bps
+    return (doubling, "recursive_doubling") if doubling < ring else (ring, "ring")
+
+
+def reduce_scatter_time(nbytes: float, p: int, link: Link) -> float:
+    """Ring (pairwise) reduce-scatter of `nbytes` per rank: `(p−1)α + (p−1)/p·n/β` (Thakur
+    et al. 2005)."""
+    _allreduce_args(nbytes, p, link)
+    if p <= 1:
+        return 0.0
+    return (p - 1) * link.alpha_s + (p - 1) / p * nbytes / link.beta_Bps
+
+
+def all_to_all_time(nbytes: float, p: int, link: Link) -> float:
+    """Pairwise-exchange all-to-all, `nbytes` per rank (n/p to each peer): `(p−1)(α +
+    n/(p·β))` (Thakur et al. 2005)."""
+    _allreduce_args(nbytes, p, link)
+    if p <= 1:
+        return 0.0
+    return (p - 1) * (link.alpha_s + nbytes / (p * link.beta_Bps))
+
+
+def collective_time(kind: CollectiveKind, nbytes: float, topo: Topology) -> float:
+    """Seconds of one collective of `kind` over all of `topo`'s devices, `nbytes` counted as
+    `collective_stats` counts them (received for all-gather, contributed otherwise).
+
+    A kind in `topo.measured` costs `α + n/β` of its measured link. Otherwise, on one node
+    the module docstring's formulas run over `intra`; across nodes (`nodes > 1`) in two
+    stages, each carrying what it actually moves:
+
+    * all-reduce: inside nodes, then across nodes with the reduced message
+      (`hierarchical_allreduce_time`);
+    * all-gather: inside nodes (each rank ends with `nbytes·dpn/p`), then across nodes,
+      each rank contributing its node's block;
+    * reduce-scatter: inside nodes (`nbytes` per rank, each ends with `nbytes/dpn`), then
+      across nodes on that share;
+    * all-to-all: no aggregation (one message per peer, the pairwise exchange of Thakur et
+      al.; NCCL posts them all at once, so its α terms overlap): the `dpn−1` peers in the
+      node cost `(dpn−1)(α_intra + n/(p·β_intra))` and the `p−dpn` outside it cross the slow
+      links, `(p−dpn)(α_inter + n/(p·β_inter))`;
+    * collective-permute (a ring's step): one send over the slowest link of the ring.
+    """
+    validate.check_choice(kind, COLLECTIVE_KINDS, "kind")
+    check_nbytes(nbytes)
+    check_no_symbols("collective_time compares algorithms' times", nbytes=nbytes)
+    validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
+    measured = dict(topo.measured)
+    if kind in measured:
+        return measured[kind].send(nbytes)
+    dpn, nodes, p = topo.devices_per_node, topo.nodes, topo.devices
+    intra, inter = topo.intra, topo.shared_inter  # all of a node's devices cross at once
+    if kind == "all-reduce":
+        return hierarchical_allreduce_time(nbytes, topo)
+    if kind == "all-gather":
+        if topo.ring_only:  # (p−1)(α + m/β) per stage, m contributed per rank
+            return ((dpn - 1) * intra.send(nbytes / p) if dpn > 1 else 0.0) + (
+                (nodes - 1) * inter.send(nbytes / nodes) if nodes > 1 else 0.0
+            )
+        return (
+            allgather_time(nbytes * dpn / p, dpn, intra)[0]
+            + allgather_time(nbytes, nodes, inter)[0]
+        )
+    if kind == "reduce-scatter":
+        return reduce_scatter_time(nbytes, dpn, intra) + reduce_scatter_time(
+            nbytes / dpn, nodes, inter
+        )
+    if kind == "all-to-all":
+        if p <= 1:
+            return 0.0
+        return (dpn - 1) * (intra.alpha_s + nbytes / (p * intra.beta_Bps)) + (p - dpn) * (
+            inter.alpha_s + nbytes / (p * inter.beta_Bps)
+        )
+    if p <= 1:
+        return 0.0
+    return (topo.inter if nodes > 1 else intra).send(nbytes)  # one sender per node crosses
+
+
+def collectives_time(collectives: Sequence[Collective], topo: Topology) -> float:
+    """Seconds of a list of `(kind, nbytes, count)` run one after the other on `topo`
+    (numbers only, as `collective_time`)."""
+    collectives = check_collectives(collectives, COLLECTIVE_KINDS)
+    for i, (_, nbytes, count) in enumerate(collectives):
+        check_no_symbols(
+            "collectives_time compares algorithms' times",
+            **{f"collectives[{i}][1]": nbytes, f"collectives[{i}][2]": count},
+        )
+    validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
+    return sum(count * collective_time(kind, nbytes, topo) for kind, nbytes, count in collectives)

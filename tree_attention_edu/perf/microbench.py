@@ -1,0 +1,269 @@
+"""Micro-benchmarks of this machine, the pieces the cost model is calibrated from.
+
+* `collective_times`: each collective over the mesh (`COLLECTIVE_FNS`: all-reduce,
+  all-gather, reduce-scatter, all-to-all) at a range of message sizes, and the fixed cost
+  of calling a program on the mesh;
+* `ring_pass_times`: `ppermute` used the way the ring uses it, on blocks shaped like the
+  cache;
+* `local_calls`, `measure_local`: the xla kernel and a copy of a shard on every device at
+  once (the simulated devices share one memory bus), as per-device rates (`local_rates`);
+* `fit_link`: the Hockney parameters α and β of a link from `(bytes, seconds)` points, at
+  the sizes `message_sizes` picks (small messages for α, the transfers to be predicted
+  for β).
+
+Each time is a median of timed calls after a warm-up (`benchmark.median_time`).
+`calibrate.measure_topology` puts them together into a `Topology`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ..core import kernels, validate
+from ..core.decode import kv_spec
+from . import benchmark
+from .links import CollectiveKind, Link
+
+
+def _sharded(mesh: Mesh, nbytes: int) -> jax.Array:
+    """`nbytes` of float32 per device, sharded along axis 0 over all mesh axes."""
+    n = max(nbytes // 4, 1)
+    spec = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+    return jax.device_put(jnp.ones((mesh.size * n,), jnp.float32), spec)
+
+
+def _smap(mesh: Mesh, body: Callable) -> Callable:
+    spec = P(tuple(mesh.axis_names))
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
+
+
+def collective_times(
+    mesh: Mesh, sizes: Iterable[int], *, repeats: int = 7, kinds: Iterable[str] = ("psum",)
+) -> dict[str, list[tuple[int, float]]]:
+    """Median seconds of one collective for each message size in bytes, plus `"noop"`: the
+    same call doing `x + 1` (at the smallest size, the fixed cost of calling a program on the
+    mesh).
+
+    `kinds` among `COLLECTIVE_FNS`: "psum" (all-reduce), "all_gather", "psum_scatter"
+    (reduce-scatter) and "all_to_all". Sizes are counted as `collective_stats` counts them:
+    the buffer each device receives for "all_gather" (each contributes `n/p`), the buffer it
+    contributes otherwise; they are rounded down to a multiple of `4·p` bytes.
+    """
+    axes = tuple(mesh.axis_names)
+    p = mesh.size
+    kinds = tuple(kinds)
+    for kind in kinds:
+        validate.check_choice(kind, tuple(COLLECTIVE_FNS), "kinds")
+    fns = {"noop": _smap(mesh, lambda x: x + 1)}
+    fns.update({k: _smap(mesh, COLLECTIVE_FNS[k](axes, p)) for k in kinds})
+    out: dict[str, list[tuple[int, float]]] = {k: [] for k in fns}
+    for n in sizes:
+        words = max(n // 4 // p, 1) * p  # float32 words, a multiple of p
+        for name, fn in fns.items():
+            contributed = words // p if name == "all_gather" else words
+            x = _sharded(mesh, 4 * contributed)
+            out[name].append((4 * words, benchmark.median_time(fn, x, repeats=repeats)))
+    return out
+
+
+COLLECTIVE_FNS: dict[str, Callable] = {
+    "psum": lambda axes, p: lambda x: lax.psum(x, axes),
+    "all_gather": lambda axes, p: lambda x: lax.all_gather(x, axes, tiled=True),
+    "psum_scatter": lambda axes, p: lambda x: lax.psum_scatter(x, axes, tiled=True),
+    "all_to_all": lambda axes, p: (
+        lambda x: lax.all_to_all(x.reshape(p, -1), axes, 0, 0, tiled=True).reshape(-1)
+    ),
+}
+"""Each micro-benchmarked collective, as `(axes, p) -> body(x)` on one device's flat buffer."""
+
+COLLECTIVE_KIND: dict[str, CollectiveKind] = {
+    "psum": "all-reduce",
+    "all_gather": "all-gather",
+    "psum_scatter": "reduce-scatter",
+    "all_to_all": "all-to-all",
+}
+"""The `collective_stats` name of each micro-benchmarked collective."""
+
+
+def ring_pass_times(
+    mesh: Mesh, problem: benchmark.Problem, sizes: Iterable[int], *, repeats: int = 5
+) -> list[tuple[int, float]]:
+    """Seconds per message of `ppermute` used the way a ring uses it.
+
+    For each per-device message size, K and V blocks shaped like the problem's cache
+    (`[B, keys, Hkv, D]`) go around the ring for p−1 chained steps (each step's blocks are
+    read, as the decode does); the time is divided by the 2(p−1) messages. Communication
+    only: no attention. (On XLA:CPU, chained permutes of 4-D blocks cost several times what
+    one permute of a flat buffer suggests, so the link is measured in this shape.)
+    """
+    axes = tuple(mesh.axis_names)
+    p = mesh.size
+    perm = [(i, (i + 1) % p) for i in range(p)]
+    item = jnp.dtype(problem.dtype).itemsize
+    key_bytes = problem.batch * problem.kv_heads * problem.head_dim * item
+    spec = kv_spec(axes)
+
+    def body(k, v):
+        acc = jnp.zeros((), jnp.float32)
+        for _ in range(p - 1):
+            k_next, v_next = lax.ppermute(k, axes, perm), lax.ppermute(v, axes, perm)
+            acc = acc + jnp.sum(k, dtype=jnp.float32) + jnp.sum(v, dtype=jnp.float32)
+            k, v = k_next, v_next
+        return acc[None]
+
+    fn = jax.jit(
+        jax.shard_map(body, mesh=mesh, in_specs=(spec, spec), out_specs=P(axes), check_vma=False)
+    )
+    out = []
+    for n in sizes:
+        keys = max(1, n // key_bytes)
+        shape = (problem.batch, keys * p, problem.kv_heads, problem.head_dim)
+        x = jax.device_put(jnp.ones(shape, problem.dtype), NamedSharding(mesh, spec))
+        t = benchmark.median_time(fn, x, x, repeats=repeats)
+        out.append((keys * key_bytes, t / (2 * max(p - 1, 1))))
+    return out
+
+
+SMALL_MESSAGE = 16 * 1024
+"""Messages up to this size measure latency (α); larger ones measure bandwidth (β)."""
+
+
+def fit_link(points: Iterable[tuple[int, float]]) -> Link:
+    """Hockney parameters from `(bytes, seconds)` points, the way ping-pong benchmarks
+    read them: α is the median time of the small messages (≤ `SMALL_MESSAGE`), β the median
+    of `n / (t − α)` over the larger ones that took longer than α (inf if none did). A
+    least-squares line through all points would let
+    the largest messages set α (often to a negative value) and misprice everything else.
+
+    Each point is a pair of numbers, bytes and seconds, both finite and >= 0."""
+    pts = _points(points)
+    small = [t for n, t in pts if n <= SMALL_MESSAGE]
+    big = [(n, t) for n, t in pts if n > SMALL_MESSAGE]
+    if not small or not big:
+        raise ValueError(
+            f"`points` needs messages both <= and > {SMALL_MESSAGE} bytes (α from "
+            f"the small ones, β from the large), got sizes "
+            f"{sorted({n for n, _ in pts})}; measure both, e.g. at "
+            f"`message_sizes(...)`."
+        )
+    alpha = max(statistics.median(small), 0.0)
+    # A large message no slower than α says nothing about β (noise, or a transfer too fast
+    # to see at this size); if none is slower, the transfer is unresolved: β = inf.
+    rates = [n / (t - alpha) for n, t in big if t > alpha]
+    beta = statistics.median(rates) if rates else float("inf")
+    return Link(alpha_s=alpha, beta_Bps=beta)
+
+
+def _points(points: Any) -> list[tuple[float, float]]:
+    """`fit_link`'s points as a list of `(bytes, seconds)`, each checked by name."""
+    eg = "[(1024, 2e-5), (2**20, 1e-4)]"
+    if isinstance(points, str | bytes) or not isinstance(points, Iterable):
+        raise TypeError(
+            f"`points` must be an iterable of (bytes, seconds) pairs, e.g. {eg}, "
+            f"got {validate.describe(points)}."
+        )
+    out = []
+    for i, point in enumerate(points):
+        if not isinstance(point, tuple | list) or len(point) != 2:
+            raise TypeError(
+                f"`points[{i}]` must be a (bytes, seconds) pair, e.g. {eg}, got "
+                f"{validate.describe(point)}."
+            )
+        validate.check_real(point[0], f"points[{i}][0]", low=0.0, hint="message bytes, e.g. 1024")
+        t = validate.check_real(
+            point[1], f"points[{i}][1]", low=0.0, hint="seconds, a measured time"
+        )
+        out.append((point[0], t))
+    return out
+
+
+def message_sizes(block_bytes: Iterable[int], points: int = 6) -> tuple[int, ...]:
+    """Small messages for α, then `points` sizes spanning the given transfer sizes (from half
+    the smallest to twice the largest) for β: the links are measured where they will be used.
+    `block_bytes`: a non-empty sequence of positive ints; `points >= 1`."""
+    blocks = validate.check_sizes_list(block_bytes, "block_bytes", "[2**20, 2**23]")
+    validate.check_int(points, "points", example="`points=6`")
+    lo, hi = max(min(blocks) // 2, 2 * SMALL_MESSAGE), 2 * max(blocks)
+    big = np.geomspace(lo, hi, points).astype(int) // 4 * 4
+    return (1024, 4096, SMALL_MESSAGE, *sorted(set(big.tolist())))
+
+
+def local_calls(
+    mesh: Mesh, problem: benchmark.Problem, seed: int = 0
+) -> dict[str, tuple[Callable, tuple]]:
+    """The two programs `measure_local` times, as `name -> (fn, args)` for `median_time` or
+    `benchmark.median_times`: "kernel", the xla kernel on every device's shard of the
+    problem's K/V (sharded along the sequence over all the mesh's axes; no collective), and
+    "copy", a fresh copy of every device's K shard (`at[].set` on an argument writes a new
+    buffer, read and written in full: the copy the scan ring makes of its block each step).
+    """
+    q, k, v = benchmark.make_inputs(problem, seed)
+    axes = tuple(mesh.axis_names)
+    spec = kv_spec(axes)
+    kvs = NamedSharding(mesh, spec)
+    local = jax.jit(
+        jax.shard_map(
+            lambda q, k, v: kernels.xla_state(q, k, v).out,
+            mesh=mesh,
+            in_specs=(P(), spec, spec),
+            out_specs=P(axes),
+            check_vma=False,
+        )
+    )
+    args = (
+        jax.device_put(q, NamedSharding(mesh, P())),
+        jax.device_put(k, kvs),
+        jax.device_put(v, kvs),
+    )
+    copy = jax.jit(
+        jax.shard_map(lambda k: k.at[:, :1].set(0), mesh=mesh, in_specs=(spec,), out_specs=spec)
+    )
+    return {"kernel": (local, args), "copy": (copy, args[1:2])}
+
+
+def local_rates(
+    problem: benchmark.Problem,
+    devices: int,
+    kernel_s: float,
+    copy_s: float,
+    overhead_s: float = 0.0,
+) -> tuple[float, float]:
+    """`(mem_Bps, copy_Bps)` per device from the times of `local_calls`' two programs: a
+    shard's K and V bytes over the kernel's time, a K shard's bytes over the copy's (read and
+    written once), each less the per-call `overhead_s`. The times are positive seconds,
+    `overhead_s >= 0`; a time not above the overhead is taken as 1 ns."""
+    validate.check_instance(
+        problem, benchmark.Problem, "problem", "e.g. benchmark.Problem(seq_len=4096)"
+    )
+    validate.check_int(devices, "devices", example="`devices=mesh.size`")
+    for name, value in (("kernel_s", kernel_s), ("copy_s", copy_s)):
+        validate.check_real(value, name, low=0.0, low_open=True, hint="a measured time")
+    validate.check_real(overhead_s, "overhead_s", low=0.0, hint="seconds per call")
+    shard = problem.kv_bytes / devices
+    return (shard / max(kernel_s - overhead_s, 1e-9), shard / max(copy_s - overhead_s, 1e-9))
+
+
+def measure_local(
+    mesh: Mesh, problem: benchmark.Problem, *, overhead_s: float = 0.0, repeats: int = 7
+) -> tuple[float, float]:
+    """`(mem_Bps, copy_Bps)` of one device of `mesh` while all of them work at once
+    (`local_calls`, each timed by `median_time`, `local_rates`).
+
+    All devices run at once because simulated devices (and the processes of
+    `tree_attention_edu.cluster`) share one memory bus.
+    """
+    calls = local_calls(mesh, problem)
+    kernel_s, copy_s = (
+        benchmark.median_time(fn, *args, repeats=repeats)
+        for fn, args in (calls["kernel"], calls["copy"])
+    )
+    return local_rates(problem, mesh.size, kernel_s, copy_s, overhead_s)
