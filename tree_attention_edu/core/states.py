@@ -168,13 +168,21 @@ def lse_weight(lse: Array, lse_lo: Array, shift: Array) -> Array:
     reaches. The empty rows are selected away before the exponent too (so a NaN there
     reaches neither the value nor its gradient)."""
     empty = jnp.isneginf(lse)
-    hi, lo = two_sum(jnp.where(empty, shift, lse), -shift)
-    hi, r = two_sum(hi, lo + jnp.where(empty, jnp.zeros((), lse_lo.dtype), lse_lo))
+    zero = jnp.zeros((), lse_lo.dtype)
+    a, lo_in = jnp.where(empty, shift, lse), jnp.where(empty, zero, lse_lo)
+    x = (a - shift) + lo_in  # the exponent in one word: right wherever the split is not
+    hi, lo = two_sum(a, -shift)
+    hi, r = two_sum(hi, lo + lo_in)
     e = jnp.exp(hi)
     # e·e^r as e + e·expm1(r): XLA rewrites exp(a)·exp(b) into exp(a + b), which is the
     # rounding this split avoids; it leaves expm1 alone (checked under jit by the tests).
-    # r == 0 is e itself (an overflowed e stays inf, not inf·0 = NaN).
-    w = jnp.where(r == 0, e, e + e * jnp.expm1(r))
+    # The split is used only where e is a positive finite number and r a nonzero finite
+    # one; elsewhere (an exponent that under- or overflows, where r may be thousands or
+    # NaN) e^x of the one-word exponent is the weight, 0 or inf as it should be. Each
+    # branch's inputs are selected first, so that neither carries NaN into a gradient.
+    split = jnp.isfinite(r) & (r != 0) & (e > 0) & jnp.isfinite(e)
+    es, rs = jnp.where(split, e, zero), jnp.where(split, r, zero)
+    w = jnp.where(split, es + es * jnp.expm1(rs), jnp.exp(jnp.where(split, zero, x)))
     return jnp.where(empty, jnp.zeros((), w.dtype), w)
 
 
