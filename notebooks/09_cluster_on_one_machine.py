@@ -220,7 +220,7 @@ display(Markdown(f"The fitted inter-node β is within {worst:.0%} of the rate se
 # %% [markdown]
 # **Exercise 1 (code).** Fit β yourself. `points` is a list of `(bytes, seconds)` pairs, one
 # per timed ring step (as in `rep["rates"][0]["links"]["inter"]["points"]`). Return β in
-# bytes per second: the inverse slope of the least-squares line $t = a + 	ext{bytes}/eta$
+# bytes per second: the inverse slope of the least-squares line $t = a + \text{bytes}/\beta$
 # through the messages larger than 16 KiB (the small ones measure α, not β). The test cell
 # compares your β with the recorded fit and with the rate set on the link.
 
