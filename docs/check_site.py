@@ -3,7 +3,11 @@
 Serves `site/` on localhost, opens every page in headless Chromium at 1400 px wide, and fails if:
 
 * a page logs a JavaScript console error (level SEVERE), a failed resource load included;
-* a page that contains math has no MathJax-typeset elements, or has MathJax errors;
+* a page that contains math has no MathJax-typeset elements;
+* any page shows a MathJax error: an error node (`mjx-merror`, `[data-mjx-error]`, MathJax
+  2's `.MathJax_Error`, `merror`, `.mjx-merror`) or the text "Math input error" or "Math
+  Processing Error" (a formula MathJax could not parse, e.g. a LaTeX command that a Python
+  string turned into a control character);
 * a notebook page shows fewer loaded figures (PNG images with a non-zero natural width)
   than its notebook has PNG outputs;
 * a notebook page's content is narrower than `MIN_NOTEBOOK_WIDTH` of the window, its printed
@@ -47,14 +51,19 @@ const done = arguments[arguments.length - 1];
 if (!window.MathJax || !MathJax.Hub) { done(false); return; }
 MathJax.Hub.Queue(() => done(true));
 """
+MATHJAX_ERRORS = "mjx-merror, [data-mjx-error], .mjx-merror, .MathJax_Error, merror"
 COUNT = """
+const MATHJAX_ERRORS = 'MATHJAX_ERRORS_SELECTOR';
 const out = document.querySelector('.jp-OutputArea-output pre');
 const style = out ? getComputedStyle(out) : null;
 const link = (sel) => { const a = document.querySelector(sel); return a ? a.href : null; };
 return {
   typeset: document.querySelectorAll(
     '.MathJax, .MathJax_Display, .MathJax_MathML, .MathJax_CHTML, mjx-container').length,
-  errors: document.querySelectorAll('.MathJax_Error, merror').length,
+  errors: Array.from(document.querySelectorAll(MATHJAX_ERRORS)).map(
+      e => (e.getAttribute('data-mjx-error') || e.textContent || '').trim().slice(0, 80)),
+  error_text: ['Math input error', 'Math Processing Error'].filter(
+      t => document.body.innerText.includes(t)),
   raw_math: document.querySelectorAll('.arithmatex, script[type^="math/tex"]').length,
   figures: Array.from(document.images).filter(
       i => i.src.startsWith('data:image/png') && i.complete && i.naturalWidth > 0).length,
@@ -68,7 +77,7 @@ return {
   folded: document.querySelectorAll(
     'details.solution:not([open]) > .jp-Cell.celltag_solution').length,
 };
-"""
+""".replace("MATHJAX_ERRORS_SELECTOR", MATHJAX_ERRORS)
 NAV = """
 const links = document.querySelectorAll('.md-nav--primary > .md-nav__list a.md-nav__link');
 return Array.from(links).filter(a => !a.getAttribute('href').includes('#'))
@@ -158,11 +167,10 @@ def check_page(driver, base: str, url: str, notebook: Path | None, order: list[s
     status = []
     if errors:
         status.append(f"console errors: {errors}")
-    if c["raw_math"] or notebook:
-        if not mathjax or c["typeset"] == 0:
-            status.append("math present but not typeset by MathJax")
-        if c["errors"]:
-            status.append(f"{c['errors']} MathJax errors")
+    if (c["raw_math"] or notebook) and (not mathjax or c["typeset"] == 0):
+        status.append("math present but not typeset by MathJax")
+    if c["errors"] or c["error_text"]:  # on every page, math or not
+        status.append(f"MathJax errors: {c['errors']} {c['error_text']}")
     if c["figures"] < want_figs:
         status.append(f"{c['figures']} figures shown, notebook has {want_figs}")
     if notebook:
@@ -187,7 +195,7 @@ def check_page(driver, base: str, url: str, notebook: Path | None, order: list[s
     print(
         f"{'FAIL' if status else 'ok  '} /{url:<42} math {c['typeset']:>4}, figures "
         f"{c['figures']}/{want_figs}, content {c['content']:.0f}/{c['window']} px, "
-        f"console errors {len(errors)}"
+        f"MathJax errors {len(c['errors']) + len(c['error_text'])}, console errors {len(errors)}"
     )
     return [f"/{url}: {s}" for s in status]
 

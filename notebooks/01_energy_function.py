@@ -58,8 +58,11 @@
 #   figure reproducible on any machine, and a GPU, if present, is not used.
 # * **Real processes:** notebook 9 (*A cluster on one machine*) runs the same programs as
 #   separate `jax.distributed` processes joined by an emulated network.
-# * **GPUs:** the course states no GPU figure as measured; the home page says how to record
-#   them.
+# * **GPUs:** one session on one NVIDIA H200 was recorded (`results/gpu/`, whose README has
+#   the commands and the logs). Notebook 6 (section 6.2.1) reads that record back: it is a
+#   record of one session, not a test the notebooks run. Every other GPU figure in the
+#   course is the cost model's, filled with published hardware figures, or quoted from the
+#   paper or a datasheet.
 #
 # This notebook needs one device; notebooks 4 onward shard over all 8.
 

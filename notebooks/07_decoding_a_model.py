@@ -21,7 +21,8 @@
 # over 8 devices: tree decoding and one device give the same text, the model finds a fact
 # hidden in a long document, and the per-shard states show *which shard* held the answer.
 # Then we measure what matters for a deployment: the range of the model's lse (is the
-# one-pass merge of notebook 8 safe for it?), the speed of a decode step against the memory
+# one-pass merge safe for it? a forward reference: notebook 8, §8.4, derives that merge and
+# its window; section 7.5 says what it uses), the speed of a decode step against the memory
 # roofline, and the paper's Table 1 in shape.
 #
 # Like every notebook of the course it runs on 8 simulated CPU devices
@@ -403,7 +404,15 @@ assert min(peak[k - 1] for k in digits[1:]) > 0.9 and max(peak[k - 1] for k in a
 # %% [markdown]
 # ## 7.5 Real lse statistics: is the one-pass merge safe for this model?
 #
-# The one-pass merge of notebook 8 (FlashDecoding++'s "unified max") weighs each device's
+# *A forward reference.* The one-pass merge and its window are derived in notebook 8,
+# §8.4. This section uses only the result, stated in the next paragraph: the window of
+# shifted log-weights $\ell_i - c$ that keeps the merge exact, from
+# $\ln(\mathrm{tiny}/\varepsilon)$ up to $\min(\ln \max, -\ln \mathrm{tiny}) - \ln p$, each end
+# moved inward by a small margin (the cell asserts both ends against
+# `merges.one_pass_window`). Read it here as a fact to check on real data, or read §8.4
+# first.
+#
+# The one-pass merge (FlashDecoding++'s "unified max") weighs each device's
 # state by $e^{\ell_i - c}$ with one fixed shift $c$ for the whole model, and sums numerators
 # and denominators in a single Allreduce. That is exact while every term is at least
 # $\mathrm{tiny}/\varepsilon$ ($\mathrm{tiny}$ the smallest normal float, $\varepsilon$ the
@@ -482,8 +491,9 @@ plt.show()
 #
 # <details><summary>Answer</summary>
 #
-# The top of the window is $\min(\ln \max, -\ln \mathrm{tiny}) - \ln 8$ (notebook 8: the
-# sum must not overflow, and its reciprocal must stay a normal number). float64's smallest
+# The top of the window is $\min(\ln \max, -\ln \mathrm{tiny}) - \ln 8$ (derived in
+# notebook 8, §8.4: the sum must not overflow, and its reciprocal must stay a normal
+# number). float64's smallest
 # normal number is about $2.2 \cdot 10^{-308}$, so its window reaches
 # $\ln(4.5 \cdot 10^{307}) - \ln 8 \approx 706$: safe, with room to spare. float16 has five
 # exponent bits: its smallest normal number is $2^{-14}$, so the top of its window is
@@ -503,8 +513,37 @@ for dtype in (np.float64, np.float16):
 # ## 7.6 Speed: the bytes of a decode step, and what ring's bytes cost
 #
 # A decode step at batch 1 multiplies one row by every weight matrix and reads the whole
-# cache once: about two flops per byte, far too few to keep a processor busy. Its time is
-# bounded below by the bytes it reads over the memory's read bandwidth, the *roofline*.
+# cache once. Weights and cache are float32 here. A matrix-vector product does 2 flops
+# (a multiply and an add) per 4-byte weight: half a flop per byte. Attention does $4D$
+# flops per query head and key ($q\cdot k$ and $p\,v$) against $2D$ floats of K and V per kv
+# head: $G/2$ flops per byte of cache, with $G = H_q/H_{kv}$ query heads per kv head. The
+# next cell counts both for SmolLM2 at the contexts timed below.
+
+# %%
+G = cfg.q_heads // cfg.kv_heads
+W = speed.weight_bytes(params, cfg)
+H100_FP32_FLOPS, H100_HBM = 67e12, cm.DGX_H100.mem_Bps  # dense FP32 (NVIDIA's datasheet)
+ridge = H100_FP32_FLOPS / H100_HBM  # flop per byte at which an H100 stops being memory-bound
+print(f"weights: {W / 1e6:.0f} MB, 2 flops per {speed.ITEMSIZE}-byte weight = "
+      f"{2 / speed.ITEMSIZE} flop/byte; cache: G/2 = {G / 2} flop/byte (G = {G})")
+intensity = {}
+for ctx in (1024, 4096, 8192):
+    cache = speed.cache_bytes(cfg, ctx)
+    flops = 2 * W / speed.ITEMSIZE + cfg.layers * cfg.q_heads * ctx * 4 * cfg.head_dim
+    intensity[ctx] = flops / (W + cache)
+    print(f"context {ctx:>5}: {flops / 1e6:5.0f} Mflop over {(W + cache) / 1e6:4.0f} MB = "
+          f"{intensity[ctx]:.2f} flop/byte")
+assert 2 / speed.ITEMSIZE < min(intensity.values()) < max(intensity.values()) < G / 2
+assert max(intensity.values()) < 1 < ridge / 10  # under one; an H100 in float32 needs 20
+print(f"an H100 in float32 is bound by arithmetic only above {ridge:.0f} flop/byte "
+      f"({H100_FP32_FLOPS / 1e12:.0f} TFLOP/s over {H100_HBM / 1e12:.2f} TB/s)")
+
+# %% [markdown]
+# Under one flop per byte at these contexts, and never above $G/2$ however long the cache:
+# far too few to keep a processor busy. (The count leaves out the softmax, the norms and
+# the activations, a few flops per element of a vector rather than per weight.) So a step's
+# time is bounded below by the bytes it reads over the memory's read bandwidth, the
+# *roofline*.
 # `llama.speed` counts the bytes, and `tree-attention-edu speed` times decode steps next to a
 # bandwidth probe (`perf.benchmark.DeviceReader`, a `jnp.sum` over 256 MiB), one after the
 # other so that other work on a shared machine slows both alike.
@@ -584,7 +623,8 @@ if alone:
 # the ring reads the cache $p$ times where tree reads it once. Second, its "transfers" are
 # copies inside one machine's memory. What ring pays grows with the cache (compare the two
 # context lengths), and what both pay for the replicated weights hides much of it. Passing
-# the queries instead (the pass-Q ring of notebook 8) removes the redundancy.
+# the queries instead (the pass-Q ring of notebook 5, §5.7.1, which notebook 8, §8.5,
+# compares with this pass-KV ring) removes the redundancy.
 #
 # </details>
 

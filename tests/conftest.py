@@ -8,6 +8,19 @@ tests marked `cpu_only`, and any test whose mesh asks for more devices than JAX 
 
 import os
 import re
+from pathlib import Path
+
+# Most of this suite's time is XLA compiling (about 80% of a test file's time on 2 cores:
+# tests/test_patterns.py takes 100 s, 18 s once its programs are cached). Many tests, the
+# two xdist workers and the command-line tests' subprocesses compile the same programs, so
+# they share JAX's persistent compilation cache, keyed by the program, the JAX and XLA
+# versions, the flags and the devices: a stale entry is never used. It lives in the
+# checkout's .cache/ (make clean removes it); set JAX_COMPILATION_CACHE_DIR to move it.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "jax-tests")
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax
 import numpy as np

@@ -398,6 +398,7 @@ def states_family() -> list[Case]:
                 merges.all_to_all_combine,
                 merges.reduce_scatter_combine,
                 merges.one_pass_combine,
+                merges.butterfly_combine,
             )
             for c in (
                 case(fn, "type", "state", lambda fn=fn: fn("state", ("x",)), TypeError, "state"),
@@ -1379,6 +1380,7 @@ SHAPE = costmodel.ModelShape(2, 16, 4, 2, 4, 32, 64)
 COST_CALLS = (
     (costmodel.reduction_steps, dict(n=16, p=4, branching=2)),
     (costmodel.tree_depth, dict(p=4, branching=2)),
+    (costmodel.butterfly_rounds, dict(p=6)),
     (
         costmodel.tree_payload_bytes,
         dict(batch=1, q_len=1, q_heads=2, v_dim=4, itemsize=4, levels=1),
@@ -2266,6 +2268,7 @@ NOT_VALIDATED = {
         "reduce_scatter_core",
         "all_to_all_core",
         "one_pass_core",
+        "butterfly_core",
     },  # the decoders' unchecked forms
     "devices": {
         "mesh_devices",

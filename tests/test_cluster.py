@@ -15,6 +15,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -24,7 +25,8 @@ import pytest
 from reference import np_attention
 from test_launch import alive, all_pids, children, wait_until
 
-from tree_attention_edu.cluster import netns
+from tree_attention_edu.cluster import delay as dl
+from tree_attention_edu.cluster import launch, netns, probe, slurm
 from tree_attention_edu.cluster import processes as ps
 from tree_attention_edu.cluster.methods import (
     CLUSTER_METHODS,
@@ -40,6 +42,7 @@ PREFIX = "tae-cltest"  # this module's runs only: a real run elsewhere is never 
 ENV = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
 WAIT = 120
 TEARDOWN: list[tuple[str, object, float, int, int]] = []
+MEASURED: list[str] = []  # the delayed links' round trips, printed with the table
 SMALL = [
     "--nodes",
     "2",
@@ -79,9 +82,10 @@ needs_root = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 @pytest.fixture(scope="module", autouse=True)
 def teardown_table(request):
     yield
-    if not TEARDOWN:
+    if not TEARDOWN and not MEASURED:
         return
-    rows = [
+    rows = [*MEASURED, ""] if MEASURED else []
+    rows += [
         f"{'scenario':<48}{'exit status':>12}{'time to exit':>14}{'processes left':>16}"
         f"{'namespaces left':>17}"
     ]
@@ -195,6 +199,12 @@ def test_bad_settings_exit_2_with_one_line():
         (["--heads", "6", "--kv-heads", "4"], "kv_heads"),
         (["--link-gbit", "0"], "--link-gbit"),
         (["--methods", "tree,bogus"], "bogus"),
+        (["--link-delay-ms", "-1"], "--link-delay-ms"),
+        (["--link-delay-ms", "nan"], "--link-delay-ms"),
+        (["--link-delay-ms", f"{dl.MAX_DELAY_MS + 1:g}"], "--link-delay-ms"),
+        (["--link-delay-ms", "5ms"], "--link-delay-ms"),
+        (["--probe", "0,,5"], "--probe"),
+        (["--slurm", "--json", "x.json", "--heads", "4"], "does not use --heads, --json"),
     ):
         done = subprocess.run(
             [
@@ -218,6 +228,10 @@ def test_bad_settings_exit_2_with_one_line():
         assert len(lines) == 1 and words in lines[0] and "Traceback" not in lines[0], lines
     with pytest.raises(ValueError, match="nodes"):
         ClusterConfig(nodes=1).check()
+    for bad in (-1.0, dl.MAX_DELAY_MS + 1, float("nan"), True):
+        with pytest.raises(ValueError, match="link_delay_ms"):
+            ClusterConfig(link_delay_ms=bad).check()
+    ClusterConfig(link_delay_ms=0).check()  # 0 is valid: the forwarder without delay
 
 
 def test_without_privileges_exit_2_with_one_line():
@@ -340,7 +354,7 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
 class Launch:
     """A cluster launcher whose workers wait in the test hook."""
 
-    def __init__(self, tmp_path, sleep="60"):
+    def __init__(self, tmp_path, sleep="60", extra=()):
         env = {**ENV, ps.TEST_SLEEP_ENV: sleep, "TMPDIR": str(tmp_path)}
         self.out, self.err = tmp_path / "stdout", tmp_path / "stderr"
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
@@ -355,6 +369,7 @@ class Launch:
                     "tree",
                     "--link-gbit",
                     "1",
+                    *extra,
                 ],
                 stdout=out,
                 stderr=err,
@@ -362,6 +377,7 @@ class Launch:
                 start_new_session=True,
             )
         self.workers: list[int] = []
+        self.forwarder: int | None = None  # the delay forwarder, with --link-delay-ms
 
     def wait_for_workers(self) -> list[int]:
         def ready():
@@ -370,8 +386,11 @@ class Launch:
             return self.out.read_text().count("test hook: sleeping") == 2
 
         wait_until(ready, WAIT, "workers to start")
-        self.workers = children(self.proc.pid)
-        assert len(self.workers) == 2, self.workers
+        kids = children(self.proc.pid)
+        forwarders = [p for p in kids if p in processes_with(dl.FORWARDER_MODULE)]
+        self.forwarder = forwarders[0] if forwarders else None
+        self.workers = [p for p in kids if p not in forwarders]
+        assert len(self.workers) == 2 and len(forwarders) <= 1, kids
         assert len(netns.owned(PREFIX)) == 3  # two nodes and the switch
         return self.workers
 
@@ -380,7 +399,8 @@ class Launch:
         return code, [s for s in self.err.read_text().splitlines() if s.strip()]
 
     def left(self) -> list[int]:
-        return [p for p in (self.proc.pid, *self.workers) if alive(p)]
+        extra = [] if self.forwarder is None else [self.forwarder]
+        return [p for p in (self.proc.pid, *self.workers, *extra) if alive(p)]
 
     def cleanup(self) -> None:
         for pid in self.left():
@@ -494,6 +514,184 @@ def test_launcher_killed_then_next_start_clears(pdeathsig, tmp_path, launches, m
     check_clean(nxt, f"next start clears them{how}, SIGTERM", code, t1)
 
 
+# ---------------------------------------------------------------------------------------
+# A link with a set one-way delay: TUN devices and the forwarder
+
+
+def _ipv4(src: bytes, dst: bytes) -> bytes:
+    return bytes([0x45, 0, 0, 28]) + bytes(8) + src + dst + bytes(8)
+
+
+def test_ipv4_destination():
+    a, b = bytes([198, 18, 0, 1]), bytes([198, 18, 0, 2])
+    assert dl.ipv4_destination(_ipv4(a, b)) == b
+    assert dl.ipv4_destination(bytes([0x60]) + bytes(39)) is None  # IPv6: dropped
+    assert dl.ipv4_destination(_ipv4(a, b)[:19]) is None  # shorter than a header
+    assert dl.ipv4_destination(bytes([0x44]) + _ipv4(a, b)[1:]) is None  # header length 4
+
+
+def test_delay_line_releases_at_the_deadline_in_arrival_order():
+    line = dl.DelayLine(0.005)
+    assert line.timeout(0.0) is None and line.due(1.0) == []
+    for t, dest, p in ((1.000, 1, b"a"), (1.000, 0, b"b"), (1.002, 1, b"c")):
+        assert line.push(t, dest, p)
+    assert line.timeout(1.001) == pytest.approx(0.004) and line.held_bytes == 3
+    assert line.due(1.0049) == []
+    assert line.due(1.005) == [(1, b"a"), (0, b"b")]  # one deadline: the order they came in
+    assert line.due(9.0) == [(1, b"c")] and len(line) == 0 and line.held_bytes == 0
+    zero = dl.DelayLine(0.0)  # D = 0: due at once, through the same path
+    zero.push(2.0, 0, b"x")
+    assert zero.timeout(2.0) == 0.0 and zero.due(2.0) == [(0, b"x")]
+    full = dl.DelayLine(1.0, max_bytes=10)  # bounded: a full buffer drops, and counts it
+    assert full.push(0.0, 0, bytes(6)) and not full.push(0.0, 0, bytes(6)) and full.dropped == 1
+
+
+def test_delay_line_keeps_every_link_fifo():
+    """Random arrivals (non-decreasing times, as the forwarder reads them) to 3 nodes,
+    released at random moments: every packet leaves once, no earlier than its deadline,
+    and each destination gets its packets in the order they came."""
+    rng = np.random.default_rng(0)
+    line = dl.DelayLine(0.003)
+    arrivals = np.cumsum(rng.exponential(0.001, 500)) * (rng.random(500) < 0.7)
+    arrivals = np.maximum.accumulate(arrivals)  # bursts share a time
+    sent: list[tuple[float, int, bytes]] = []
+    got: list[tuple[float, int, bytes]] = []
+    checks = np.sort(rng.uniform(0, arrivals[-1] + 0.01, 200))
+    k = 0
+    for i, t in enumerate(arrivals):
+        while k < len(checks) and checks[k] < t:
+            got += [(checks[k], d, p) for d, p in line.due(checks[k])]
+            k += 1
+        dest, packet = int(rng.integers(3)), i.to_bytes(2, "big")
+        line.push(float(t), dest, packet)
+        sent.append((float(t), dest, packet))
+    got += [(9.0, d, p) for d, p in line.due(9.0)]
+    assert sorted(p for _, _, p in got) == [p for _, _, p in sent]
+    when = {p: t for t, _, p in sent}
+    assert all(at >= when[p] + 0.003 for at, _, p in got)
+    for dest in range(3):
+        assert [p for _, d, p in got if d == dest] == [p for _, d, p in sent if d == dest]
+
+
+def test_plan_with_a_delay_makes_tuns_inside_the_nodes():
+    """With a delay: no veth and no bridge; one TUN per node, made in its namespace, with
+    the node's address and the MTU; tbf on each TUN's egress only."""
+    net, cmds = netns.plan(3, 5e8, prefix="tae-x", run_id="42", delay_s=0.005)
+    nodes = [net.node(i) for i in range(3)]
+    assert net.delay_s == 0.005 and net.uplink == dl.TUN
+    assert not any({"veth", "bridge"} & set(c) for c in cmds)
+    for cmd in cmds:
+        names = set(net.namespaces)
+        assert cmd[3] in names if cmd[:3] == ["ip", "netns", "add"] else cmd[2] in names, cmd
+    assert [c[2] for c in cmds if "tuntap" in c] == nodes
+    assert [c[2] for c in cmds if "mtu" in c and str(dl.TUN_MTU) in c] == nodes
+    for i, ns in enumerate(nodes):
+        assert ["ip", "-n", ns, "addr", "add", f"{net.addresses[i]}/24", "dev", dl.TUN] in cmds
+    shaped = [(c[2], c[6]) for c in cmds if c[0] == "tc"]
+    assert shaped == [(ns, dl.TUN) for ns in nodes] == net.shaped()
+    assert netns.plan(2, 1e9, delay_s=0.0)[0].delay_s == 0.0  # 0: the forwarder, no delay
+    for bad in (-0.001, dl.MAX_DELAY_MS / 1e3 + 0.001, float("nan")):
+        with pytest.raises(ValueError, match="delay"):
+            netns.plan(2, 1e9, delay_s=bad)
+
+
+def forwarders_of(prefix: str) -> list[int]:
+    """Live delay forwarders of networks named `prefix-...` (their spec names them)."""
+    return [p for p in processes_with(dl.FORWARDER_MODULE) if p in processes_with(prefix + "-")]
+
+
+@needs_root
+def test_delayed_link_round_trip_follows_the_set_delay():
+    """2 nodes joined through the forwarder: a small message's round trip is 2D within
+    ±20% at D = 5 and 20 ms; afterwards no forwarder, namespace or TUN is left."""
+    links_before = root_links()
+    for ms in (5, 20):
+        with netns.network(2, 1e9, prefix=PREFIX, delay_s=ms / 1e3) as net:
+            assert forwarders_of(net.base) and net.forwarder_exit() is None
+            times = probe.round_trip(net, budget_s=0.3, min_count=10)
+        median = statistics.median(times)
+        MEASURED.append(
+            f"delayed link, D = {ms} ms: round trip {median * 1e3:.2f} ms over "
+            f"{len(times)} messages (2D = {2 * ms} ms)"
+        )
+        assert median == pytest.approx(2 * ms / 1e3, rel=probe.TOLERANCE), times
+        assert forwarders_of(PREFIX) == [] and owned_anything() == []
+    assert root_links() == links_before  # the TUNs went with their namespaces
+
+
+def _tun_exists(namespace: str) -> bool:
+    done = subprocess.run(["ip", "-n", namespace, "link", "show", dl.TUN], capture_output=True)
+    return done.returncode == 0
+
+
+@needs_root
+def test_delayed_cluster_sigterm_leaves_nothing(tmp_path, launches):
+    """`--link-delay-ms`: the forwarder runs beside the workers; SIGTERM to the launcher
+    removes it, the namespaces and so the TUNs."""
+    links_before = root_links()
+    run = Launch(tmp_path, extra=("--link-delay-ms", "5"))
+    launches.append(run)
+    run.wait_for_workers()
+    assert run.forwarder is not None and alive(run.forwarder)
+    assert all(_tun_exists(n) for n in netns.owned(PREFIX) if not n.endswith("-sw"))
+    t0 = time.monotonic()
+    os.kill(run.proc.pid, signal.SIGTERM)
+    code, lines = run.wait()
+    assert code == 128 + signal.SIGTERM
+    one_line(lines, "SIGTERM", "removed the namespaces")
+    check_clean(run, "delay link, launcher SIGTERM", code, t0)
+    assert root_links() == links_before
+
+
+@needs_root
+def test_delayed_cluster_launcher_killed_then_next_start_clears(tmp_path, launches):
+    """SIGKILL of the launcher: the forwarder dies with it (PR_SET_PDEATHSIG), as the
+    workers do; the namespaces stay until the next start removes them."""
+    first = tmp_path / "first"
+    first.mkdir()
+    run = Launch(first, extra=("--link-delay-ms", "5"))
+    launches.append(run)
+    workers = run.wait_for_workers()
+    forwarder = run.forwarder
+    assert forwarder is not None
+    left_behind = netns.owned(PREFIX)
+    t0 = time.monotonic()
+    os.kill(run.proc.pid, signal.SIGKILL)
+    assert run.wait()[0] == -signal.SIGKILL
+    wait_until(lambda: not any(alive(p) for p in (*workers, forwarder)), 10, "all to die")
+    how_long = time.monotonic() - t0
+    TEARDOWN.append(("delay link, launcher SIGKILL (ns stay)", -9, how_long, 0, len(left_behind)))
+    assert netns.owned(PREFIX) == left_behind
+    second = tmp_path / "second"
+    second.mkdir()
+    nxt = Launch(second, extra=("--link-delay-ms", "0"))
+    launches.append(nxt)
+    nxt.wait_for_workers()
+    assert nxt.forwarder is not None and not set(left_behind) & set(netns.owned(PREFIX))
+    t1 = time.monotonic()
+    os.kill(nxt.proc.pid, signal.SIGTERM)
+    code, lines = nxt.wait()
+    assert code == 128 + signal.SIGTERM
+    one_line(lines, "SIGTERM")
+    check_clean(nxt, "delay link, next start clears them, SIGTERM", code, t1)
+
+
+@needs_root
+def test_forwarder_killed_ends_the_run(tmp_path, launches):
+    """A dead forwarder is a dead link: the run ends at once with one line, not at the
+    timeout, and leaves nothing."""
+    run = Launch(tmp_path, extra=("--link-delay-ms", "1"))
+    launches.append(run)
+    run.wait_for_workers()
+    assert run.forwarder is not None
+    t0 = time.monotonic()
+    os.kill(run.forwarder, signal.SIGKILL)
+    code, lines = run.wait()
+    assert code == 1 and time.monotonic() - t0 < 10
+    one_line(lines, "delay forwarder", "SIGKILL")
+    check_clean(run, "delay forwarder killed (SIGKILL)", code, t0)
+
+
 def test_plan_makes_nothing_outside_its_namespaces():
     """Every command of the plan names one of the run's namespaces, each veth is created
     inside the namespaces it joins, and every link is shaped in both directions."""
@@ -511,6 +709,7 @@ def test_plan_makes_nothing_outside_its_namespaces():
     assert sorted(shaped) == sorted(net.shaped()) and len(shaped) == 2 * 3
     assert net.addresses == ["198.18.0.1", "198.18.0.2", "198.18.0.3"]
     assert netns.hosts_file(net, 2).splitlines()[1] == f"198.18.0.3 {net.hostname}"
+    assert "198.18.0.1 tae-x-42-n0\n" in netns.hosts_file(net, 2)  # every node's name
 
 
 def test_tbf_arguments():
@@ -520,3 +719,117 @@ def test_tbf_arguments():
     with pytest.raises(ValueError, match="rate"):
         netns.tbf_args(0)
     assert math.isclose(int(netns.tbf_args(8e9)[4]), 8e9 / 8 * netns.BURST_S)
+
+
+# ---------------------------------------------------------------------------------------
+# SLURM's path: srun's environment, and `launch --cluster` under it in the namespaces
+
+
+def test_slurm_environment_is_what_srun_sets_and_jax_detects(monkeypatch):
+    """Host lists in SLURM's compressed form, each task's variables (block distribution),
+    and JAX's own SlurmCluster reading them: coordinator, count, id, local id."""
+    from jax._src.clusters import SlurmCluster
+
+    assert slurm.compress_hostlist(["n0", "n1", "n2", "n5", "gpu"]) == "n[0-2,5],gpu"
+    assert slurm.compress_hostlist(["n08", "n09", "n10"]) == "n[08-10]"
+    assert slurm.compress_hostlist(["tae-cl-12ab-n0"]) == "tae-cl-12ab-n0"
+    for names in (["a1", "a2", "b", "a4"], ["x9", "x10", "x11"], ["n07", "n09"]):
+        assert slurm.expand_hostlist(slurm.compress_hostlist(names)) == names
+    assert slurm.tasks_per_node_text([2, 2, 1]) == "2(x2),1"
+    step = slurm.SlurmStep(
+        job_id=4242, nodes=("tae-cl-12ab-n0", "tae-cl-12ab-n1"), tasks_per_node=2
+    )
+    env = step.task_env(3)
+    assert env["SLURM_STEP_NODELIST"] == env["SLURM_JOB_NODELIST"] == "tae-cl-12ab-n[0-1]"
+    assert (env["SLURM_PROCID"], env["SLURM_LOCALID"], env["SLURM_NODEID"]) == ("3", "1", "1")
+    assert (env["SLURM_NTASKS"], env["SLURM_STEP_NUM_NODES"], env["SLURM_JOB_NUM_NODES"]) == (
+        "4",
+        "2",
+        "2",
+    )
+    assert env["SLURM_TASKS_PER_NODE"] == "2(x2)" and env["SLURM_GTIDS"] == "2,3"
+    assert env["SLURMD_NODENAME"] == "tae-cl-12ab-n1" and env["SLURM_JOB_ID"] == "4242"
+    base = {
+        "PATH": "/bin",
+        "SLURM_JOB_ID": "9",
+        "OMPI_MCA_x": "1",
+        "JAX_COORDINATOR_ADDRESS": "h:1",
+    }
+    full = slurm.task_environment(base, step, 3, devices_per_process=2)
+    assert full == {**env, "PATH": "/bin", "JAX_NUM_CPU_DEVICES": "2"}
+    for name in [k for k in os.environ if k.startswith(slurm.FOREIGN)]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert SlurmCluster.is_env_present()
+    port = 4242 % 4096 + 65535 - 4095  # JAX's rule: the job id picks an ephemeral port
+    assert SlurmCluster.get_coordinator_address(None, None) == f"tae-cl-12ab-n0:{port}"
+    assert (SlurmCluster.get_process_count(), SlurmCluster.get_process_id()) == (4, 3)
+    assert SlurmCluster.get_local_process_id() == 1
+
+    # What the launcher reads back from each task's line.
+    def said(task: int, index: int | None = None) -> str:
+        node = step.nodes[step.node_of(task)]
+        return (
+            f"[process {task if index is None else index}/4] jax.distributed.initialize() with "
+            f"no arguments; SLURM_PROCID={task} SLURM_NTASKS=4 SLURMD_NODENAME={node}"
+        )
+
+    assert all(launch.DETECTED.fullmatch(said(t)) for t in range(4))
+    assert slurm.check_detections(step, [said(t) for t in range(4)]) is None
+    bad = slurm.check_detections(step, [said(0), said(1), said(2, index=0), said(3)])
+    assert bad is not None and bad.startswith("task 2:") and "'index': '0'" in bad
+    assert "did not say" in str(slurm.check_detections(step, ["", said(1), said(2), said(3)]))
+    with pytest.raises(ValueError, match="task 4"):
+        step.task_env(4)
+
+
+@needs_root
+def test_slurm_path_decodes_under_jax_slurm_detection(tmp_path):
+    """`cluster --slurm`, 2 nodes x 1 task x 2 devices: each task runs `launch --cluster`
+    in its node with srun's variables and no coordinator argument; JAX's SLURM detection
+    takes its process id and count from SLURM_PROCID and SLURM_NTASKS and its coordinator
+    from node 0's name; tree and ring pass; nothing is left behind."""
+    links_before = root_links()
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tree_attention_edu",
+            "cluster",
+            "--slurm",
+            *SMALL[:6],
+            "--seq-len",
+            "256",
+            "--link-gbit",
+            "1",
+            "--prefix",
+            PREFIX,
+            "--timeout",
+            "120",
+        ],
+        capture_output=True,
+        text=True,
+        env={**ENV, "TMPDIR": str(tmp_path)},
+        timeout=300,
+    )
+    elapsed = time.monotonic() - t0
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = {}
+    for line in done.stdout.splitlines():
+        if m := launch.DETECTED.fullmatch(line):
+            found[int(m["index"])] = m
+    assert sorted(found) == [0, 1], done.stdout
+    for i, m in found.items():
+        assert m["procid"] == str(i) and m["count"] == m["ntasks"] == "2", m[0]
+        assert m["node"].endswith(f"-n{i}"), m[0]
+        for name in ("tree", "ring"):
+            assert f"[process {i}/2] {name:<4} on mesh node=2 x gpu=2" in done.stdout
+    assert (
+        done.stdout.count(" OK") == 4
+        and "took its process id and count from SLURM_PROCID" in done.stdout
+    )
+    assert owned_anything() == [] and root_links() == links_before
+    assert processes_with("launch\x00--cluster") == []
+    TEARDOWN.append(("slurm path, success", done.returncode, elapsed, 0, len(owned_anything())))

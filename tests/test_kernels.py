@@ -74,7 +74,7 @@ def test_flash_adapter_layout(monkeypatch):
 
 # --- the streaming xla kernel ------------------------------------------------------------
 
-XLA_STATE_JIT = jax.jit(kernels.xla_state, static_argnames=("causal", "layout", "block"))
+XLA_STATE_JIT = jax.jit(kernels.xla_state, static_argnames=("causal", "layout", "block", "padding"))
 
 
 def _as_layout(x, layout):
@@ -151,7 +151,7 @@ def test_finite_padding_matches_the_reference(layout, tk, tq, group, causal, gar
     lengths = np.array([tk, tk // 2])
     pad = (np.arange(tk)[None, :] >= lengths[:, None])[:, :, None, None]
     kk, vv = (jnp.where(pad, garbage, x) for x in (k, v))
-    got = kernels.xla_state(
+    got = XLA_STATE_JIT(  # one program per example, as above
         q,
         _as_layout(kk, layout),
         _as_layout(vv, layout),

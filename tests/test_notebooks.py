@@ -5,6 +5,7 @@ nbval runs is what the reviewed jupytext sources say.
 """
 
 import json
+import re
 from pathlib import Path
 
 import jupytext
@@ -65,3 +66,68 @@ def test_ignore_output_only_on_timing_cells(path):
                 "run_cluster",
             )
             assert any(w in c.source for w in timing), c.source
+
+
+# C0 controls and DEL, but \t and \n. A control character in a notebook's source is almost
+# always a LaTeX command that a Python string swallowed: "\\text" written in a normal string
+# is a tab and "ext", "\\beta" a backspace and "eta". The site then shows garbled math.
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def control_characters(path: Path) -> list[str]:
+    """Control characters in a notebook's cells (a jupytext .py or an .ipynb): any in
+    Markdown (tabs included), and any but tabs in code. Each as 'cell N (type): repr'."""
+    if path.suffix == ".ipynb":
+        raw = json.loads(path.read_text())["cells"]
+        found_cells = [(c["cell_type"], "".join(c["source"])) for c in raw]
+    else:
+        found_cells = [(c.cell_type, c.source) for c in jupytext.read(path).cells]
+    found = []
+    for i, (kind, source) in enumerate(found_cells):
+        for m in CONTROL.finditer(source):
+            context = source[max(0, m.start() - 20) : m.end() + 10]
+            found.append(f"cell {i} ({kind}): {m.group()!r} in {context!r}")
+        if kind != "code" and "\t" in source:
+            found.append(f"cell {i} ({kind}): a tab in Markdown")
+    return found
+
+
+@pytest.mark.parametrize(
+    "path", NOTEBOOKS + [p.with_suffix(".py") for p in NOTEBOOKS], ids=lambda p: p.name
+)
+def test_no_control_characters(path):
+    found = control_characters(path)
+    assert not found, f"{path.name}: {found}"
+
+
+def test_control_characters_are_caught(tmp_path):
+    """Notebook 9's old formula: "\\t" and "\\b" became a tab and a backspace."""
+    broken = "$t = a + \text{bytes}/\beta$"  # a tab and a backspace, as the bug made them
+    source = tmp_path / "x.py"
+    source.write_text(
+        f"# %% [markdown]\n# {broken}\n\n# %%\nx = 1\tif True else 2  # a tab in code\n"
+    )
+    found = control_characters(source)
+    assert len(found) == 2 and "'\\x08'" in found[0] and "tab in Markdown" in found[1], found
+    nb = tmp_path / "x.ipynb"
+    nb.write_text(
+        json.dumps(
+            {
+                "cells": [
+                    {"cell_type": "markdown", "metadata": {}, "source": [broken]},
+                    {
+                        "cell_type": "code",
+                        "metadata": {},
+                        "source": ["x = 1\t# fine\n", "y = '\x07'"],
+                        "outputs": [],
+                        "execution_count": None,
+                    },
+                ]
+            }
+        )
+    )
+    found = control_characters(nb)
+    assert len(found) == 3 and "(code): '\\x07'" in found[2], found
+    clean = tmp_path / "clean.py"
+    clean.write_text("# %% [markdown]\n# $t = a + \\text{bytes}/\\beta$\n\n# %%\nx\t= 1\n")
+    assert control_characters(clean) == []

@@ -1,5 +1,6 @@
 """The partial-state monoid: unit tests and hypothesis properties."""
 
+import functools
 import itertools
 
 import jax
@@ -110,11 +111,25 @@ def test_tree_reduce_invariant_to_chunking_and_tree_shape(problem, data):
         kw = {**kw, "kv_lengths": np.resize(kw["kv_lengths"], 2)}
     q, k, v = rand_qkv(**shape)
     ref = np_attention(q, k, v, **kw)
-    chunks = tae.chunk_states(q, k, v, random_chunks(data.draw, shape["Tk"]), **kw)
+    sizes = tuple(random_chunks(data.draw, shape["Tk"]))
     branching = data.draw(st.integers(2, 4))
-    for reduced in (tae.tree_reduce(chunks, branching), tae.sequential_reduce(chunks)):
-        assert not np.isnan(np.asarray(reduced.out)).any()
-        np.testing.assert_allclose(tae.finalize(reduced), ref, **tol(q.dtype))
+    for out in _reduce_both(q, k, v, kw["kv_lengths"], sizes, branching, kw["causal"]):
+        assert not np.isnan(np.asarray(out)).any()
+        np.testing.assert_allclose(out, ref, **tol(q.dtype))
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5, 6))
+def _reduce_both(q, k, v, kv_lengths, sizes, branching, causal):
+    """Tree and sequential reductions of the chunks' states, finalised: one program per
+    example (eagerly, each primitive of a new shape compiles on its own, about 5 s an
+    example here; tests/test_jit_native.py checks that eager and jit agree)."""
+    chunks = tae.chunk_states(q, k, v, list(sizes), causal=causal, kv_lengths=kv_lengths)
+    return tae.finalize(tae.tree_reduce(chunks, branching)), tae.finalize(
+        tae.sequential_reduce(chunks)
+    )
+
+
+ATTENTION_JIT = jax.jit(tae.attention, static_argnames=("causal",))
 
 
 @settings(max_examples=6)
@@ -122,7 +137,7 @@ def test_tree_reduce_invariant_to_chunking_and_tree_shape(problem, data):
 def test_low_precision_agreement(problem, dtype):
     shape, kw = problem
     q, k, v = rand_qkv(**shape, dtype=dtype)
-    out = tae.attention(q, k, v, **kw)
+    out = ATTENTION_JIT(q, k, v, **kw)  # one program per example, as above
     np.testing.assert_allclose(
         np.asarray(out, np.float64), np_attention(q, k, v, **kw), **tol(dtype)
     )

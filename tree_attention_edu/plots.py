@@ -2,8 +2,8 @@
 
 Colours keep one meaning across the whole course (`COLORS`, `color`): red is Ring Attention
 (pass-KV), blue is Tree Attention (its Allreduce merge), pink the pass-Q ring; green,
-orange, purple and brown are the other merge patterns (allgather, reduce_scatter,
-all_to_all, one_pass) and nothing else; black is the exact reference (attention itself,
+orange, purple, brown and cyan are the other merge patterns (allgather, reduce_scatter,
+all_to_all, one_pass, butterfly) and nothing else; black is the exact reference (attention itself,
 float64, a closed form) and grey a baseline or a bound (one device, a roofline, the paper's
 formula). A figure that needs more series varies line style or marker, never a colour's
 meaning.
@@ -289,6 +289,7 @@ PATTERN_COLORS = {
     "reduce_scatter": OTHER_COLORS[2],
     "all_to_all": OTHER_COLORS[3],
     "one_pass": OTHER_COLORS[4],
+    "butterfly": "#17becf",  # cyan: recursive doubling
     "ring": RING_COLOR,
     "ring_pass_q": "#e377c2",  # pink: a ring, but not Ring Attention's pass-KV
 }
@@ -305,6 +306,7 @@ COLORS = {
     "tree_energy": TREE_COLOR,
     "reference": REFERENCE_COLOR,
     "single": BASELINE_COLOR,
+    "single_kernel": BASELINE_COLOR,
     "baseline": BASELINE_COLOR,
 }
 """Every named series of the course and its one colour (see the module docstring)."""

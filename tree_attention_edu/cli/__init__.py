@@ -6,7 +6,8 @@ arguments, calls `simulate_devices`, and only then computes. One module per subc
 (`demo`, `bench`, `generate`, `speed`, `fetch_model`, `launch`, `cluster`), each with
 `add_arguments`, `validate` and `run`; what they share is in `plumbing` (the parser,
 argument types, one-line errors), `memory` (what each run needs) and `common` (the decode
-problem and device setup). `worker` is the entry point of the launchers' worker processes.
+problem and device setup). `worker` is the entry point of the launchers' worker processes,
+`forwarder` that of a cluster's delay forwarder.
 Every entry point of the package is here.
 
 Every argument is checked before any work starts: a bad flag, an unwritable output path or

@@ -83,23 +83,20 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     common.setup(args)
-    from ..perf.benchmark import table
+    from ..perf.benchmark import speedup_line, table
 
     out = []
     for seq_len in args.seq_lens:
         records = common.measure(args, seq_len, list(args.methods or METHODS))
         print(table(records))
+        if line := speedup_line(records):
+            print(line)
         by = {r.method: r for r in records}
         if {"tree", "ring"} <= set(by):
             t, r = by["tree"], by["ring"]
             total = (r.argument_bytes + r.temp_bytes) / max(t.argument_bytes + t.temp_bytes, 1)
-            single = (
-                f"tree/single latency {t.median_s / by['single'].median_s:.2f}x, "
-                if "single" in by
-                else ""
-            )
             print(
-                f"   {single}ring/tree latency {r.median_s / t.median_s:.2f}x, ring/tree bytes "
+                f"   ring/tree latency {r.median_s / t.median_s:.2f}x, ring/tree bytes "
                 f"{r.collective_bytes / max(t.collective_bytes, 1):.3g}x, ring/tree memory "
                 f"per device (arguments + temp) {total:.2f}x (paper eqs. 8-9: 2x)"
             )

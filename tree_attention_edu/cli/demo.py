@@ -68,7 +68,7 @@ def three_way_agreement() -> float:
 
 def run(args: argparse.Namespace) -> int:
     common.setup(args)
-    from ..perf.benchmark import table
+    from ..perf.benchmark import speedup_line, table
     from ..plots import message_patterns
 
     three_way_agreement()
@@ -76,8 +76,11 @@ def run(args: argparse.Namespace) -> int:
         f"\n2. {args.devices} devices ({args.mesh} mesh): Tk={args.seq_len}, "
         f"{args.heads} heads x {args.head_dim}, {args.dtype}, batch {args.batch}"
     )
-    records = common.measure(args, args.seq_len, ["single", "tree", "tree_energy", "ring"])
+    records = common.measure(
+        args, args.seq_len, ["single", "single_kernel", "tree", "tree_energy", "ring"]
+    )
     print(table(records))
+    print(speedup_line(records))
     worst = max(r.max_abs_err for r in records)
     tol = 1e-4 if args.dtype == "float32" else 2e-2
     print(f"   all methods agree with float64 attention: max |err| = {worst:.1e} (tol {tol:g})")
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         matplotlib.use("Agg")
         Path(args.figure).parent.mkdir(parents=True, exist_ok=True)
         message_patterns(
-            {r.method: r.collective_bytes for r in records if r.method != "single"},
+            {r.method: r.collective_bytes for r in records if r.devices > 1},
             p=args.devices,
             path=args.figure,
         )

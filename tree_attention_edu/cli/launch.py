@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from . import memory
 from . import plumbing as cl
@@ -75,8 +76,11 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..cluster import launch
+    from ..cluster.processes import PARENT_ENV, guard_parent
 
-    if args.cluster:  # this process is one of the run's: srun started it
+    if args.cluster:  # this process is one of the run's: srun (or `cluster --slurm`) started it
+        if parent := os.environ.get(PARENT_ENV):  # `cluster --slurm`: die with that launcher
+            guard_parent(int(parent))
         return launch.slurm_worker(args.seq_len)
     code = launch.run_local(
         args.processes,

@@ -30,6 +30,10 @@ def run(spec: ps.WorkerSpec) -> int:
         from ..cluster.context import Settings
 
         return worker.run_process(Settings(**spec.settings), spec.process_id)
+    if spec.role == "collectives":
+        from ..cluster import collectives
+
+        return collectives.worker_main(spec.settings, spec.process_id)
     raise ValueError(f"unknown worker role {spec.role!r}")
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -138,12 +139,40 @@ def local_worker(run: LocalRun, process_id: int) -> int:
 
 def slurm_worker(seq_len: int) -> int:
     """One process of a cluster run (under srun): `jax.distributed.initialize()` reads the
-    coordinator, process count and id from SLURM's environment; then decode."""
+    coordinator, process count and id from SLURM's environment; it says what it found
+    (`detection_line`, so that a launcher or a person can check that SLURM's environment,
+    not some other, was read), then decodes."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
     jax.distributed.initialize()
+    print(detection_line(), flush=True)
     return decode_across_processes(seq_len)
+
+
+DETECTED = re.compile(
+    r"\[process (?P<index>\d+)/(?P<count>\d+)\] jax\.distributed\.initialize\(\) with no "
+    r"arguments; SLURM_PROCID=(?P<procid>\S+) SLURM_NTASKS=(?P<ntasks>\S+) "
+    r"SLURMD_NODENAME=(?P<node>\S+)"
+)
+"""`detection_line`'s format: what `cluster.slurm` reads back from each task."""
+
+
+def detection_line() -> str:
+    """What `jax.distributed.initialize()` made of the environment, in one line: the
+    process index and count it got, next to SLURM's own variables (`-` where unset).
+    Matches `DETECTED`. (JAX has no public API that names the cluster it detected; with no
+    arguments and no other launcher's variables, SLURM's are where the index and count can
+    have come from: `cluster.slurm` checks that they agree.)"""
+    import jax
+
+    env = os.environ
+    return (
+        f"[process {jax.process_index()}/{jax.process_count()}] jax.distributed.initialize() "
+        f"with no arguments; SLURM_PROCID={env.get('SLURM_PROCID', '-')} "
+        f"SLURM_NTASKS={env.get('SLURM_NTASKS', '-')} "
+        f"SLURMD_NODENAME={env.get('SLURMD_NODENAME', '-')}"
+    )
 
 
 def decode_across_processes(seq_len: int) -> int:

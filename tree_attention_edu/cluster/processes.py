@@ -46,9 +46,10 @@ POLL_S = 0.05  # how often the launcher looks at its workers
 WATCHDOG_S = 0.25  # how often a worker checks that its launcher is alive
 _SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGINT") if hasattr(signal, n))
 
-Role = Literal["launch", "cluster"]
-"""What a worker runs: the local launcher's decode check (`launch.local_worker`) or one
-process of a cluster on this machine (`worker.run_process`)."""
+Role = Literal["launch", "cluster", "collectives"]
+"""What a worker runs: the local launcher's decode check (`launch.local_worker`), one
+process of a cluster on this machine (`worker.run_process`), or the timing of tiny
+collectives (`collectives.worker_main`)."""
 
 
 @dataclass(frozen=True)
@@ -169,11 +170,15 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def start_worker(cmd: list[str], env: dict[str, str], log: str) -> subprocess.Popen:
+def start_worker(
+    cmd: list[str], env: dict[str, str], log: str, out: str | None = None
+) -> subprocess.Popen:
     """Start `cmd` in a session of its own (so that its whole group can be killed), its
-    stderr in the file `log`."""
-    with open(log, "wb") as f:
-        return subprocess.Popen(cmd, env=env, stderr=f, start_new_session=True)
+    stderr in the file `log`, its stdout in the file `out` (None: this process's)."""
+    with open(log, "wb") as f, open(out or os.devnull, "wb") as o:
+        return subprocess.Popen(
+            cmd, env=env, stderr=f, stdout=o if out else None, start_new_session=True
+        )
 
 
 class SignalFlag:
@@ -236,10 +241,13 @@ def describe_exit(code: int) -> str:
 
 
 _FATAL = re.compile(r"F\d{4} \S+\s+\d+ \S+\] (.*)")  # absl's fatal log line (JAX's C++)
+_CLI_ERROR = re.compile(r"tree-attention-edu(?: \S+)?: error: (.*)")  # a command's one line
 
 
 def worker_summary(log: str) -> str:
-    """The worker's one-line summary from its log: its own, else JAX's fatal error."""
+    """The worker's one-line summary from its log: its own, else JAX's fatal error, else
+    the command's one error line (a worker that runs `tree-attention-edu ...` itself, as
+    `cluster.slurm`'s do)."""
     try:
         with open(log, errors="replace") as f:
             lines = f.read().splitlines()
@@ -254,7 +262,8 @@ def worker_summary(log: str) -> str:
             if "absl::Status:" in text:
                 text = "jax.distributed: " + text.split("absl::Status:", 1)[1].strip()
             return f" ({text[:300]})"
-    return ""
+    cli = [m.group(1) for s in lines if (m := _CLI_ERROR.match(s))]
+    return f" ({cli[-1][:300]})" if cli else ""
 
 
 class Outcome:

@@ -5,6 +5,8 @@
 1. clears what earlier runs killed without teardown left behind (`netns.clear_leftovers`,
    by name prefix only; live runs are kept);
 2. makes one namespace per node and a switch, links shaped to the first rate (`netns`);
+   with `link_delay_ms`, TUN links through the delay forwarder (`delay`), which must live
+   as long as the run (if it dies, the run ends with one line);
 3. starts `nodes × processes_per_node` workers (`worker.py`), each with
    `ip netns exec NODE python -m tree_attention_edu.cli.worker SPEC.json`, and watches them
    with the launchers' loop (`processes.watch_workers`); when process 0 asks for the next
@@ -38,9 +40,16 @@ import numpy as np
 from . import netns
 from . import processes as ps
 from .context import Settings
+from .delay import MAX_DELAY_MS, TUN_MTU
 from .methods import CLUSTER_METHODS
 
 COORDINATOR_PORT = 47100  # in node 0's fresh namespace nothing else can hold it
+LINK_TEXT = {
+    "veth": "veth pairs to a bridge in a switch namespace; tbf on both ends' egress "
+    "(node -> switch and switch -> node)",
+    "delay": "a TUN device per node; a forwarder in the switch namespace holds each packet "
+    "for link_delay_ms (one way); tbf on each TUN's egress (what a node sends)",
+}
 
 
 @dataclass
@@ -51,6 +60,7 @@ class ClusterConfig:
     processes_per_node: int = 1
     devices_per_process: int = 2
     link_gbit: tuple[float, ...] = (1.0, 0.5)
+    link_delay_ms: float | None = None  # None: veth links; else TUNs and the forwarder
     seq_len: int = 16384
     methods: tuple[str, ...] = CLUSTER_METHODS
     repeats: int = 9
@@ -73,6 +83,10 @@ class ClusterConfig:
     @property
     def devices(self) -> int:
         return self.processes * self.devices_per_process
+
+    @property
+    def delay_s(self) -> float | None:
+        return None if self.link_delay_ms is None else self.link_delay_ms / 1e3
 
     def check(self) -> None:
         """Raise ValueError naming the setting and the fix, before anything is made."""
@@ -111,6 +125,11 @@ class ClusterConfig:
             raise ValueError(
                 f"`link_gbit` must be one or more rates in (0, 100] Gbit/s, got {self.link_gbit!r}"
             )
+        d = self.link_delay_ms
+        if d is not None and not (
+            isinstance(d, int | float) and not isinstance(d, bool) and 0 <= d <= MAX_DELAY_MS
+        ):
+            raise ValueError(f"`link_delay_ms` must be in [0, {MAX_DELAY_MS:g}] ms, got {d!r}")
         bad = [m for m in self.methods if m not in CLUSTER_METHODS]
         if bad or not self.methods:
             raise ValueError(
@@ -143,9 +162,12 @@ class ClusterConfig:
 def _serve(
     net: netns.Network, control: str, served: set[str]
 ) -> Callable[[list[int | None]], ps.Outcome | None]:
-    """A `watch_workers` check: set the link rate that process 0 asks for."""
+    """A `watch_workers` check: set the link rate that process 0 asks for; end the run if
+    the delay forwarder died (the workers would wait on a dead link until the timeout)."""
 
     def check(codes: list[int | None]) -> ps.Outcome | None:
+        if (gone := net.forwarder_exit()) is not None:
+            return ps.Outcome(1, gone)
         for name in sorted(os.listdir(control)):
             if name.endswith(".request") and name not in served:
                 with open(os.path.join(control, name)) as f:
@@ -225,7 +247,9 @@ def _build_and_watch(
     logs = [os.path.join(control, f"worker{i}.log") for i in range(cfg.processes)]
     net = None
     try:
-        net = netns.create(cfg.nodes, cfg.link_gbit[0] * 1e9, prefix=cfg.prefix)
+        net = netns.create(
+            cfg.nodes, cfg.link_gbit[0] * 1e9, prefix=cfg.prefix, delay_s=cfg.delay_s
+        )
         _start_workers(cfg, net, control, flag, procs, logs)
         deadline = time.monotonic() + cfg.timeout
         outcome = ps.watch_workers(
@@ -309,8 +333,8 @@ def report(
         command=command,
         addresses=net.addresses,
         namespaces=net.namespaces,
-        link="veth pairs to a bridge in a switch namespace; tbf on both ends' "
-        "egress (node -> switch and switch -> node)",
+        link=LINK_TEXT["veth" if cfg.link_delay_ms is None else "delay"],
+        tun_mtu=None if cfg.link_delay_ms is None else TUN_MTU,
         tbf=netns.tbf_args(cfg.link_gbit[0] * 1e9),
         problem=dict(
             batch=cfg.batch,
@@ -414,7 +438,12 @@ def summary(rep: dict) -> str:
         f"cluster: {c['nodes']} nodes x {c['processes_per_node']} process(es) x "
         f"{c['devices_per_process']} device(s) = {c['devices']} devices; Tk={c['seq_len']}, "
         f"{c['problem']['q_heads']} q heads / {c['problem']['kv_heads']} kv heads x "
-        f"{c['problem']['head_dim']}, float32"
+        f"{c['problem']['head_dim']}, float32; links: "
+        + (
+            "veth, no added delay"
+            if c.get("link_delay_ms") is None
+            else f"one-way delay {c['link_delay_ms']:g} ms (TUN forwarder)"
+        )
     ]
     for r in rep["rates"]:
         inter, intra = r["links"]["inter"], r["links"]["intra"]

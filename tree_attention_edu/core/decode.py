@@ -146,10 +146,13 @@ def _sharded(
     v: Array,
     kv_lengths: Array | None,
     *extra: Array,
+    check_vma: bool = True,
 ) -> Any:
     """Run `body(q, k, v, lengths, *extra)` under `shard_map`: q, the lengths and `extra`
     replicated, K and V sharded along the sequence. On an Explicit mesh the inputs are
-    resharded first (`jax.reshard`); on an Auto mesh `jit` places them."""
+    resharded first (`jax.reshard`); on an Auto mesh `jit` places them. `check_vma=False`
+    only for a body whose replicated output is identical on every device by construction
+    (`merges.VARYING_REPLICATED`)."""
     lengths = masks.clamp_lengths(kv_lengths, q.shape[0], plan.p * plan.shard_len)
     args = (q, k, v, lengths, *extra)
     specs = (P(), plan.kv_spec, plan.kv_spec, P(), *(P() for _ in extra))
@@ -157,7 +160,9 @@ def _sharded(
         args = tuple(
             jax.reshard(x, NamedSharding(plan.mesh, s)) for x, s in zip(args, specs, strict=True)
         )
-    return jax.shard_map(body, mesh=plan.mesh, in_specs=specs, out_specs=out_specs)(*args)
+    return jax.shard_map(
+        body, mesh=plan.mesh, in_specs=specs, out_specs=out_specs, check_vma=check_vma
+    )(*args)
 
 
 def _place(plan: Plan, q: Any, k: Any, v: Any, kv_lengths: Any, *extra: Any) -> tuple:
@@ -300,7 +305,8 @@ def _tree(
         return merged.out.astype(q.dtype)
 
     if merge not in merges.HEAD_SCATTERED:
-        return _sharded(plan, body, P(), q, k, v, kv_lengths)
+        varying = merge in merges.VARYING_REPLICATED  # identical copies, typed varying
+        return _sharded(plan, body, P(), q, k, v, kv_lengths, check_vma=not varying)
     out = _sharded(plan, body, P(None, None, plan.axes, None), q, k, v, kv_lengths)
     if out.shape[2] == q.shape[2]:
         return out  # each device keeps its own heads: no further collective

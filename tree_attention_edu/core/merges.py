@@ -30,6 +30,7 @@ from .names import MERGE_NAMES, MergeChoice, MergeName
 from .numerics import finite_or_zero, lse_pair, nonzero_or_one
 from .states import (
     AttentionState,
+    combine_core,
     from_parts,
     lse_weight,
     merge_stacked,
@@ -225,6 +226,90 @@ def reduce_scatter_core(state: AttentionState, axes: Sequence[str]) -> Attention
     )
 
 
+def butterfly_combine(state: AttentionState, axes: Sequence[str]) -> AttentionState:
+    """Recursive doubling: log2 p rounds in which each device swaps its state with the
+    device whose index along `axes` (numbered in the mesh's axis order, whatever the order
+    of `axes`) differs in bit r (r = 0, 1, ...: the mesh's innermost axis first, so on a
+    `("node", "gpu")` mesh the first rounds stay inside a node) and combines the two.
+
+    A tree by construction: every collective is one `ppermute` of the packed state
+    `[B, Tq, Hq, Dv + 2]`, and a call pays log2 p message latencies, where an Allreduce
+    that a transport runs as a ring pays 2(p - 1). Both partners of a round combine the
+    same two states in the same order (the lower index's first), read from one buffer, so
+    they hold the same bits, and so every device ends with the same result (typed
+    varying: the decoder declares it replicated with `check_vma` off,
+    `VARYING_REPLICATED`).
+
+    Any p: with p = 2^k + e, devices 2^k + i first fold their state into device i, the
+    2^k run the butterfly, and device i sends the result back (k + 2 rounds).
+    """
+    return butterfly_core(state, check_axes(state, axes))
+
+
+def butterfly_core(state: AttentionState, axes: Sequence[str]) -> AttentionState:
+    """`butterfly_combine` without its checks (the decoders' form)."""
+    # `ppermute` over a tuple of axes numbers the devices in the mesh's axis order whatever
+    # the tuple's order, and `axis_index` in the tuple's: use the mesh's order for both, so
+    # that the device a pair names is the device that `idx` selects (any numbering makes a
+    # butterfly; two different ones make a wrong answer, or partners that disagree on who
+    # is the lower and combine in opposite orders).
+    axes = _in_mesh_order(axes)
+    p = lax.axis_size(axes)
+    low = 1 << (p.bit_length() - 1)  # the largest power of two <= p
+    extra = p - low
+    idx = lax.axis_index(axes)
+    if extra:  # fold the devices past 2^k into their partners idx - 2^k
+        got = _permute(state, axes, [(low + i, i) for i in range(extra)])
+        state = _select(idx < extra, combine_core(state, got), state)
+    for r in range((low - 1).bit_length()):
+        got = _permute(state, axes, [(i, i ^ (1 << r)) for i in range(low)])
+        # Both partners combine (lower index's state, higher's) from one buffer: the same
+        # operands, in the same order, read the same way (`_in_order`).
+        upper = (idx >> r) & 1 == 1
+        pair = _in_order(_select(upper, got, state), _select(upper, state, got))
+        # Devices past 2^k receive nothing this round (zeros): they keep their state,
+        # which the last round overwrites.
+        state = _select(idx < low, combine_core(pair[0], pair[1]), state)
+    if extra:  # the result goes back to the devices that folded
+        got = _permute(state, axes, [(i, low + i) for i in range(extra)])
+        state = _select(idx >= low, got, state)
+    return state
+
+
+def _in_mesh_order(axes: Sequence[str]) -> tuple[str, ...]:
+    """`axes` sorted into the order of the enclosing `shard_map`'s mesh (the order in which
+    `ppermute` numbers devices); innermost last, so the butterfly's first rounds pair
+    devices along the mesh's inner axis (inside a node on a `("node", "gpu")` mesh)."""
+    names = tuple(jax.sharding.get_abstract_mesh().axis_names)
+    if not all(a in names for a in axes):  # no mesh in context: keep the given order
+        return tuple(axes)
+    return tuple(sorted(axes, key=names.index))
+
+
+def _permute(
+    state: AttentionState, axes: Sequence[str], perm: list[tuple[int, int]]
+) -> AttentionState:
+    """`ppermute` of a state as one packed message (one collective per round)."""
+    return unpack(lax.ppermute(pack(state), tuple(axes), perm))
+
+
+def _in_order(
+    first: AttentionState, second: AttentionState
+) -> tuple[AttentionState, AttentionState]:
+    """The two states of a round, written side by side into one buffer first (an
+    optimization barrier), as the all-gather pattern's merge reads them. Combined straight
+    from the two buffers they came in, the partners' programs read them from different
+    places, and XLA:CPU's FMA contraction rounded the two results apart (measured: 4 of
+    64 outputs a unit apart on 2 devices, none with `--xla_cpu_max_isa=SSE4_2`)."""
+    both = lax.optimization_barrier(jnp.stack([pack(first), pack(second)]))
+    return unpack(both[0]), unpack(both[1])
+
+
+def _select(pred: Array, a: AttentionState, b: AttentionState) -> AttentionState:
+    """`a` where the scalar `pred` holds, else `b`: a select, never a product."""
+    return AttentionState(*(jnp.where(pred, x, y) for x, y in zip(a, b, strict=True)))
+
+
 def one_pass_window(
     dtype: DTypeLike, p: int, out_max: float = 1.0, out_min: float = 1.0
 ) -> tuple[float, float]:
@@ -356,6 +441,7 @@ MERGES: dict[MergeName, Merge] = {
     "reduce_scatter": reduce_scatter_combine,
     "all_to_all": all_to_all_combine,
     "one_pass": one_pass_combine,
+    "butterfly": butterfly_combine,
 }
 """How `tree_decode` merges the devices' states (`merge=`), name -> merge:
 
@@ -366,9 +452,11 @@ MERGES: dict[MergeName, Merge] = {
   (vLLM/SGLang decode context parallelism);
 * "all_to_all": one all-to-all over heads, then a local merge (TensorRT-LLM Helix);
 * "one_pass": one Allreduce(sum) with a shared shift in place of the max, and an exact
-  fallback when a device's lse leaves the safe window (FlashDecoding++'s unified max).
+  fallback when a device's lse leaves the safe window (FlashDecoding++'s unified max);
+* "butterfly": recursive doubling with `ppermute`, log2 p exchange rounds of the states
+  (a tree by construction, whatever algorithm the transport runs its all-reduce with).
 
-All five compute the same attention (exact to rounding); only the collectives differ. The
+All six compute the same attention (exact to rounding); only the collectives differ. The
 head-scattered patterns leave each device with its own heads' output
 (`P(None, None, seq_axes, None)`); the others are replicated.
 """
@@ -378,14 +466,23 @@ MERGE_CORES: dict[MergeName, Merge] = {
     "reduce_scatter": reduce_scatter_core,
     "all_to_all": all_to_all_core,
     "one_pass": one_pass_core,
+    "butterfly": butterfly_core,
 }
 """`MERGES` without their checks: what the decoders call, on states their own kernels made
 inside their own `shard_map` (the checks ran once, at the decoder's door)."""
 HEAD_SCATTERED: tuple[MergeName, ...] = ("reduce_scatter", "all_to_all")
 """Patterns whose result is split over query heads across the devices."""
-AUTO_MERGES: tuple[MergeName, ...] = tuple(m for m in MERGE_NAMES if m != "one_pass")
+VARYING_REPLICATED: tuple[MergeName, ...] = ("butterfly",)
+"""Patterns whose result is the same on every device, bit for bit, but typed varying (it
+comes from `ppermute`s, and JAX has no free cast to invariant): their `shard_map` declares
+it replicated with `check_vma=False` (tests check that the copies are identical)."""
+AUTO_MERGES: tuple[MergeName, ...] = tuple(
+    m for m in MERGE_NAMES if m not in ("one_pass", "butterfly")
+)
 """The patterns "auto" chooses from. "one_pass" is left out: its cost depends on the data
-(past its window it runs the exact merge as well, and costs more than "allreduce")."""
+(past its window it runs the exact merge as well, and costs more than "allreduce").
+"butterfly" is left out until the cost model prices its rounds by level: it charges every
+collective-permute to the slowest link (an upper bound for the rounds inside a node)."""
 
 
 class MergeProblem(NamedTuple):

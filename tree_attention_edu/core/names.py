@@ -21,9 +21,13 @@ KernelChoice = Literal["auto", "xla", "flash", "cudnn"]
 """`local_kernel=`: a kernel, or "auto" (the fastest that can take the inputs)."""
 KERNEL_CHOICES: tuple[KernelChoice, ...] = get_args(KernelChoice)
 
-MergeName = Literal["allreduce", "allgather", "reduce_scatter", "all_to_all", "one_pass"]
+MergeName = Literal[
+    "allreduce", "allgather", "reduce_scatter", "all_to_all", "one_pass", "butterfly"
+]
 """A merge pattern (`core.merges.MERGES`)."""
-MergeChoice = Literal["allreduce", "allgather", "reduce_scatter", "all_to_all", "one_pass", "auto"]
+MergeChoice = Literal[
+    "allreduce", "allgather", "reduce_scatter", "all_to_all", "one_pass", "butterfly", "auto"
+]
 """`merge=`: a pattern, or "auto" (the registered policy's pick)."""
 MERGE_NAMES: tuple[MergeName, ...] = get_args(MergeName)
 MERGE_CHOICES: tuple[MergeChoice, ...] = get_args(MergeChoice)

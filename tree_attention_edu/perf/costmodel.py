@@ -41,6 +41,7 @@ from ..core.names import MERGE_NAMES
 from .checks import MAX_SIZE
 from .crossover import auto_merge, best_merge, crossover_map
 from .formulas import (
+    butterfly_rounds,
     decode_flops,
     decode_intensity,
     kv_read_bytes,
@@ -133,6 +134,7 @@ __all__ = [
     "allreduce_time",
     "auto_merge",
     "best_merge",
+    "butterfly_rounds",
     "collective_bytes",
     "collective_time",
     "collectives_time",

@@ -42,6 +42,17 @@ def tree_depth(p: int, branching: int = 2) -> int:
     return depth
 
 
+def butterfly_rounds(p: int) -> int:
+    """Exchange rounds of the butterfly merge (`core.merges.butterfly_combine`) over `p`
+    devices, each one collective-permute: `log2 p` for a power of two; otherwise
+    `floor(log2 p)` rounds among the first `2^k` devices, plus one that folds the other
+    `p - 2^k` into them and one that sends the result back. Its latency is this many
+    message latencies, against `2(p - 1)` for a ring all-reduce."""
+    check_size(p, "p")
+    k = p.bit_length() - 1
+    return k if p == 1 << k else k + 2
+
+
 def tree_payload_bytes(
     batch: int, q_len: int, q_heads: int, v_dim: int, itemsize: int = 4, levels: int = 1
 ) -> int:

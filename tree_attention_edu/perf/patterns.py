@@ -11,7 +11,9 @@ only in the collectives that move them:
 * "all_to_all": one all-to-all of the packed states over heads, then a local merge
   (TensorRT-LLM Helix, arXiv 2507.07120);
 * "one_pass": one Allreduce(sum) with a shared shift in place of the max (FlashDecoding++'s
-  unified max), with the exact "allreduce" merge as a fallback.
+  unified max), with the exact "allreduce" merge as a fallback;
+* "butterfly": recursive doubling, `formulas.butterfly_rounds(p)` collective-permutes of the
+  packed states (a tree by construction, whatever a transport's all-reduce algorithm).
 
 The two rings (`RINGS`) move the cache (pass-KV) or the queries (pass-Q) instead.
 
@@ -28,6 +30,7 @@ from typing import Literal, get_args
 from ..core import inputs, validate
 from ..core.names import MergeName
 from .checks import check_collectives, check_pattern, check_sizes
+from .formulas import butterfly_rounds
 from .links import COLLECTIVE_KINDS, Collective
 
 RingName = Literal["ring", "ring_pass_q"]
@@ -67,6 +70,7 @@ def merge_collectives(
     "reduce_scatter"    all-gather p·n_pad·2·s (lse pairs), reduce-scatter n_pad·Dv·s
     "all_to_all"        all-to-all n_pad·(Dv+2)·s
     "one_pass"          all-reduce n·(Dv+1)·s + s (numerator, denominator, a flag), per level
+    "butterfly"         `butterfly_rounds(p)` collective-permutes of n·(Dv+2)·s
     ==================  ===========================================================
 
     `levels`: mesh levels reduced over one after the other (2 on a `("node", "gpu")` mesh):
@@ -102,6 +106,9 @@ def merge_collectives(
         return exact
     if pattern == "allgather":
         return [("all-gather", p * n * (v_dim + 2) * s, 1)]
+    if pattern == "butterfly":
+        rounds = butterfly_rounds(p)
+        return [("collective-permute", n * (v_dim + 2) * s, rounds)] if rounds else []
     gather: list[Collective] = (
         [("all-gather", n_pad * v_dim * out_itemsize, 1)] if n_pad != n else []
     )
@@ -132,7 +139,8 @@ def merge_read_bytes(
     "allreduce" and "one_pass" divide the summed numerator by the denominator,
     n·(Dv+1)·s; "allgather" merges the p gathered states, p·n·(Dv+2)·s; "all_to_all" the p
     slices of `n_pad/p` rows it received, n_pad·(Dv+2)·s; "reduce_scatter" weighs its own
-    output by the gathered lse pairs, n_pad·Dv·s + p·n_pad·2·s.
+    output by the gathered lse pairs, n_pad·Dv·s + p·n_pad·2·s; "butterfly" combines its
+    state with the one it received in each round, 2·n·(Dv+2)·s per round.
     """
     check_pattern(pattern)
     check_sizes(
@@ -146,6 +154,7 @@ def merge_read_bytes(
         "allgather": p * n * (v_dim + 2) * s,
         "all_to_all": n_pad * (v_dim + 2) * s,
         "reduce_scatter": n_pad * v_dim * s + p * n_pad * 2 * s,
+        "butterfly": butterfly_rounds(p) * 2 * n * (v_dim + 2) * s,
     }[pattern]
 
 

@@ -1,0 +1,40 @@
+"""The plain helpers of `cluster.collectives` (no JAX, no namespaces): the slope in units of
+D, the counts the gloo source predicts, and the delay sweep's summary."""
+
+import pytest
+
+from tree_attention_edu.cluster import collectives
+
+
+def test_slope_counts_delays_per_call():
+    k, c = collectives.slope([0.0, 0.005, 0.010], [0.004, 0.064, 0.124])
+    assert k == pytest.approx(12.0) and c == pytest.approx(0.004)
+    with pytest.raises(ValueError, match="2 or more distinct delays"):
+        collectives.slope([0.005, 0.005], [0.1, 0.2])
+
+
+def test_predicted_terms_follow_the_lockstep_ring():
+    """4(p-1) for a ring all-reduce, 2(p-1) for a ring all-gather, 2 for one message; none
+    on one node."""
+    four = collectives.predicted_terms(4, 2)
+    assert four["all-reduce"] == 12 and four["all-gather"] == 6
+    assert four["collective-permute"] == four["all-to-all"] == 2
+    assert collectives.predicted_terms(8, 4)["all-reduce"] == 28
+    assert set(collectives.predicted_terms(4, 4).values()) == {0}
+    assert set(collectives.ALGORITHMS) <= set(collectives.KINDS)
+
+
+def test_delay_sweep_reads_time_against_delay():
+    def report(d_ms, t_s):
+        method = {"median_s": t_s, "predicted_s": t_s / 2, "collectives": {}}
+        return {
+            "config": {"link_delay_ms": d_ms, "command": f"run {d_ms}"},
+            "links": {"inter": {"alpha_s": 0.0}},
+            "methods": {"butterfly": method},
+        }
+
+    got = collectives.delay_sweep([report(10.0, 0.025), report(0.0, 0.005)])
+    assert got["delays_ms"] == [0.0, 10.0] and got["commands"] == ["run 0.0", "run 10.0"]
+    fly = got["methods"]["butterfly"]
+    assert fly["delays_per_step"] == pytest.approx(2.0)
+    assert fly["rel_err"] == pytest.approx([-0.5, -0.5])
