@@ -120,8 +120,10 @@ print(jax.device_count(), "devices,", jax.default_backend())
 # $u$: then $F(t u) = \log\sum_{a=1}^n e^{s_a + t w_a}$ with $w_a = u\cdot v_a$, a scalar
 # per key. A gradient is fixed by its directional derivatives, so proving
 # $\frac{d}{dt}F(tu)\big|_0 = \mathrm{E}_p[w]$ for every $u$ proves $\nabla F(0) = \mathrm{E}_p[v]$,
-# for any number of keys and any value dimension. The cell proves that, and checks that sympy
-# rejects a wrong claim, so that its "0" means something.
+# for any number of keys and any value dimension. The cell proves that, and shows a wrong
+# claim false by a counterexample: with numbers substituted (3 keys), the difference is
+# printed and asserted far from zero. (A `simplify(...) != 0` would prove nothing: it also
+# holds whenever sympy merely fails to simplify.)
 
 # %%
 cumulants = symbolic.cumulants_any_n()  # derivatives 1, 2, 3 of F(t u) at t = 0, symbolic n
@@ -132,8 +134,22 @@ assert sp.simplify(gradient.lhs - gradient.rhs) == 0, gradient.name
 n_sym, a_sym, s_sym, w_sym, t_sym = symbolic.symbols_any_n()
 assert sp.Symbol("n", integer=True, positive=True) in gradient.lhs.free_symbols  # any n
 wrong = symbolic.expectation_any_n(w_sym[a_sym] ** 2, n_sym, a_sym, s_sym)  # E[w^2]
-assert sp.simplify(gradient.lhs - wrong) != 0  # a wrong right-hand side is rejected
+COUNTER_S, COUNTER_W = (0, 1, sp.Rational(-1, 2)), (1, -2, 3)  # a counterexample, n = 3
+
+
+def at_counterexample(expr):
+    """expr with n = 3 keys and the scores COUNTER_S, projected values COUNTER_W: a number."""
+    expr = expr.subs(n_sym, len(COUNTER_S)).doit()
+    point = {s_sym[i + 1]: x for i, x in enumerate(COUNTER_S)}
+    point |= {w_sym[i + 1]: x for i, x in enumerate(COUNTER_W)}
+    return float(expr.subs(point).evalf(30))
+
+
+gap = at_counterexample(gradient.lhs - wrong)
+assert abs(gap) > 1  # a wrong right-hand side is false: shown at a point, with a margin
 print(f"{gradient.name}: proved for symbolic n   ✓")
+print(f"wrong claim dF/dt = E[w^2]: at s = (0, 1, -1/2), w = (1, -2, 3) the difference is "
+      f"{gap:.3f}, not 0: false   ✓")
 
 # %% [markdown]
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
@@ -162,8 +178,11 @@ hessian = cumulants[1]
 display(sp.Eq(hessian.lhs, hessian.rhs, evaluate=False))
 assert sp.simplify(hessian.lhs - hessian.rhs) == 0, hessian.name
 raw_second = symbolic.expectation_any_n(w_sym[a_sym] ** 2, n_sym, a_sym, s_sym)
-assert sp.simplify(hessian.lhs - raw_second) != 0  # the raw second moment is rejected
+gap2 = at_counterexample(hessian.lhs - raw_second)
+assert abs(gap2) > 0.1  # the raw second moment is false: a counterexample, with a margin
 print(f"{hessian.name}: proved for symbolic n   ✓")
+print(f"wrong claim d2F/dt2 = E[w^2] (the raw moment): at the same point the difference is "
+      f"{gap2:.3f}, not 0: false   ✓")
 
 # %% [markdown]
 # **Predict, then run.** $F$ is convex in $\zeta$. Is it convex in the query $q$ (keys
@@ -695,8 +714,8 @@ print("Hessian at 5 random zeta == tilted covariance, eigenvalues >= 0   ✓")
 # $\frac{d^3}{dt^3}F(tu)\big|_0 = \mathrm{E}_p[(w - \mathrm{E}_p w)^3]$, proved for symbolic
 # $n$: the third cumulant is the third central moment. The pattern stops there: the fourth
 # derivative, the fourth cumulant, is the fourth central moment minus three times the squared
-# variance. sympy rejects "fourth central moment" for symbolic $n$, and the cell checks the
-# correct value numerically with nested `jax.grad` on the row of section 1.3.
+# variance. The cell shows "fourth central moment" false by a counterexample (3 keys,
+# numbers substituted, a nonzero difference), and checks the correct value numerically with nested `jax.grad` on the row of section 1.3.
 #
 # </details>
 
@@ -706,8 +725,10 @@ assert sp.simplify(third.lhs - third.rhs) == 0
 mean_w = symbolic.expectation_any_n(w_sym[a_sym], n_sym, a_sym, s_sym)
 fourth_central = symbolic.expectation_any_n((w_sym[a_sym] - mean_w) ** 4, n_sym, a_sym, s_sym)
 d4_sym = sp.diff(symbolic.directional_energy_any_n(), t_sym, 4).subs(t_sym, 0)
-assert sp.simplify(d4_sym - fourth_central) != 0
-print(f"{third.name}: proved for symbolic n; d4F/dt4 = E[(w - E w)^4]: rejected   ✓")
+gap4 = at_counterexample(d4_sym - fourth_central)
+assert abs(gap4) > 1  # false at a point, with a margin
+print(f"{third.name}: proved for symbolic n; d4F/dt4 = E[(w - E w)^4] is false: at "
+      f"s = (0, 1, -1/2), w = (1, -2, 3) the difference is {gap4:.2f}   ✓")
 
 # Numerically, along u = e_0 for the row of section 1.3: derivatives 3 and 4 of F at 0.
 w_n = v_row[:, 0]

@@ -564,8 +564,11 @@ def wire_bytes(kind, nbytes, p):
     return nbytes
 
 
+stub_wire_bytes = wire_bytes
+
+
 # %% tags=["solution"] jupyter={"source_hidden": true}
-def wire_bytes(kind, nbytes, p):  # noqa: F811 (the solution replaces the stub)
+def wire_bytes(kind, nbytes, p):  # the solution replaces the stub
     """Bytes one device sends in a ring collective (pairwise all-to-all) of payload `nbytes`
     (received for "all-gather", contributed otherwise) on `p` devices."""
     share = (p - 1) / p * nbytes  # every block but the device's own, once
@@ -600,23 +603,34 @@ def ring_all_gather(blocks):
     return np.stack([np.stack([h[j] for j in range(p_)]) for h in have]), sent
 
 
-rng = np.random.default_rng(0)
-for pp in (2, 3, 4, 8):
-    m, item = 5, 4  # numbers per block, bytes per number
-    bufs = rng.normal(size=(pp, pp, m))
-    reduced, sent_rs = ring_reduce_scatter(bufs)
-    np.testing.assert_allclose(reduced, bufs.sum(0))  # device d holds the sum of block d
-    everything, sent_ag = ring_all_gather(reduced)
-    np.testing.assert_allclose(everything, np.broadcast_to(bufs.sum(0), (pp, pp, m)))
-    n = pp * m * item  # one device's buffer: p blocks
-    for kind, counted in (("reduce-scatter", sent_rs[0] * item),
-                          ("all-gather", sent_ag[0] * item),  # n received
-                          ("all-reduce", (sent_rs[0] + sent_ag[0]) * item),
-                          ("all-reduce", 2 * (pp - 1) / pp * n),  # the paper's eq. 12
-                          ("all-to-all", (pp - 1) * m * item),  # p-1 peers, a block each
-                          ("collective-permute", n)):
-        assert math.isclose(wire_bytes(kind, n, pp), counted, rel_tol=1e-12), (kind, pp)
-print("wire_bytes == bytes sent by the simulated ring algorithms, p = 2, 3, 4, 8   ✓")
+def check_wire_bytes(fn):
+    """Raises AssertionError unless fn gives the bytes the ring algorithms send."""
+    rng = np.random.default_rng(0)
+    for pp in (2, 3, 4, 8):
+        m, item = 5, 4  # numbers per block, bytes per number
+        bufs = rng.normal(size=(pp, pp, m))
+        reduced, sent_rs = ring_reduce_scatter(bufs)
+        np.testing.assert_allclose(reduced, bufs.sum(0))  # device d holds the sum of block d
+        everything, sent_ag = ring_all_gather(reduced)
+        np.testing.assert_allclose(everything, np.broadcast_to(bufs.sum(0), (pp, pp, m)))
+        n = pp * m * item  # one device's buffer: p blocks
+        for kind, counted in (("reduce-scatter", sent_rs[0] * item),
+                              ("all-gather", sent_ag[0] * item),  # n received
+                              ("all-reduce", (sent_rs[0] + sent_ag[0]) * item),
+                              ("all-reduce", 2 * (pp - 1) / pp * n),  # the paper's eq. 12
+                              ("all-to-all", (pp - 1) * m * item),  # p-1 peers, a block each
+                              ("collective-permute", n)):
+            assert math.isclose(fn(kind, n, pp), counted, rel_tol=1e-12), (kind, pp)
+
+
+try:
+    check_wire_bytes(stub_wire_bytes)
+    raise RuntimeError("the test accepted the stub")
+except AssertionError:
+    pass  # the stub fails the test
+check_wire_bytes(wire_bytes)
+print("the stub is rejected; wire_bytes == bytes sent by the simulated ring algorithms, "
+      "p = 2, 3, 4, 8   ✓")
 
 # %% [markdown]
 # With `wire_bytes`, the table compares like with like.
@@ -956,8 +970,11 @@ def outside_window(out, lse):
     return weights_outside(out, lse)
 
 
+stub_outside_window = outside_window
+
+
 # %% tags=["solution"] jupyter={"source_hidden": true}
-def outside_window(out, lse):  # noqa: F811 (the solution replaces the stub)
+def outside_window(out, lse):  # the solution replaces the stub
     """[B, Tq, Hq]: rows whose terms e^(lse - SHIFT)·out leave the exact window."""
     info = np.finfo(out.dtype)
     tiny, top, ln_p = math.log(float(info.tiny)), math.log(float(info.max)), math.log(p)
@@ -981,7 +998,7 @@ def device_flags(outside, out, lse):
 
 assert np.array_equal(device_flags(outside_window, out_g, lse_g), flags_g)  # the package's
 assert np.all(device_flags(outside_window, out_g, lse_g)[wrong])  # so every failure
-assert (wrong & ~device_flags(weights_outside, out_g, lse_g)).any()  # the stub fails this test
+assert (wrong & ~device_flags(stub_outside_window, out_g, lse_g)).any()  # the stub fails
 assert (wrong & ~device_flags(old_outside, out_g, lse_g)).any()  # and so does the 0.9 window
 safe = functools.partial(merge_one_pass, outside=outside_window)
 safe_on_states, by_hand_allreduce = on_states(safe), on_states(merge_allreduce)
@@ -1004,12 +1021,14 @@ print("outside_window flags every failing case, as the package does; the merge f
 # none is, the fast path runs, and its error is held to the same bound as the `allreduce`
 # merge's: $16u$ times the largest $|v|$ (u = $2^{-24}$, float32's unit roundoff), against
 # float64 attention of the same rounded inputs. The errors themselves are rounding noise,
-# whose last digits differ from one CPU to another, so the table prints the bound they meet.
+# whose last digits differ from one CPU to another, so the table prints the bound they meet;
+# for the same reason it prints whether the merge fell back (a flag, the same on any CPU),
+# not whether the two results happen to agree bit for bit where it did not.
 
 # %%
 q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
 err_bound = 16 * u32 * float(np.abs(v32).max())
-print(f"{'scale':>8}{'lse range':>20}{'rows outside':>14}{'== allreduce bitwise':>22}"
+print(f"{'scale':>8}{'lse range':>20}{'rows outside':>14}{'fell back':>11}"
       f"{'both errors':>14}")
 for scale in (None, 5.0, 1e3):
     outs32, lses32 = (np.asarray(x) for x in shard_states(q32, k32, v32, scale=scale))
@@ -1023,16 +1042,17 @@ for scale in (None, 5.0, 1e3):
     two = tae.tree_decode(q32, k32, v32, mesh=mesh, merge="allreduce", scale=scale)
     exact = tae.attention(*(x.astype(jnp.float64) for x in (q32, k32, v32)), scale=scale)
     err_one, err_two = (float(np.abs(np.asarray(x, np.float64) - exact).max()) for x in (one, two))
-    assert np.array_equal(one, two) == outside.any()  # fell back if and only if flagged
+    if outside.any():  # flagged: every device fell back, the allreduce merge's result
+        assert np.array_equal(one, two)
     assert max(err_one, err_two) <= err_bound  # as accurate as the two-collective merge
     label = "default" if scale is None else f"{scale:g}"
     print(f"{label:>8}{f'[{lses32.min():.1f}, {lses32.max():.1f}]':>20}"
-          f"{f'{outside.sum()}/{outside.size}':>14}{np.array_equal(one, two)!s:>22}"
+          f"{f'{outside.sum()}/{outside.size}':>14}{outside.any()!s:>11}"
           f"{f'<= {err_bound:.1e}':>14}")
 
 # %% [markdown]
-# Inside the window the fast path's result differs from `allreduce` in its last bits (other
-# weights, other roundings) and is as accurate; past it, one row on one device is enough
+# Inside the window the fast path's result may differ from `allreduce` in its last bits
+# (other weights, other roundings) and is held to the same bound; past it, one row on one device is enough
 # for all of them to fall back.
 #
 # **What it saves, what it adds.** On a network, the fast path saves the Allreduce(max): one
@@ -1056,6 +1076,10 @@ def break_even(p_devices, batch_heads, heads=16):
 for p_devices, bh in ((8, 16), (16, 16), (128, 16), (8, 65536), (16, 65536), (128, 65536)):
     t1, t2, f = break_even(p_devices, bh)
     assert t1 < t2 and 0 < f < 1
+    if bh == 16:  # latency dominates: one_pass nearly halves the merge, f* about 1/2
+        assert 0.45 < t1 / t2 < 0.55 and 0.4 < f < 0.6
+    else:  # bytes dominate: the saving is a sliver
+        assert t1 / t2 > 0.9 and f < 0.1
     print(f"DGX H100, p = {p_devices:>3}, batch x heads = {bh:>6,}: merge {t1 * 1e6:7.1f} us "
           f"(one_pass) vs {t2 * 1e6:7.1f} us (allreduce); pays while fallback rate < {f:.0%}")
 
@@ -1193,6 +1217,7 @@ ax.set_title(f"Ring bytes per device, Tk = {TK_RING:,}, 32 q / 8 kv heads, p = {
 ax.legend(fontsize=9)
 ax.grid(alpha=0.3)
 plt.show()
+assert 0.5 < rule < 2  # the rule of thumb's constant is close to one
 print(f"pass-Q moves fewer bytes than pass-KV for Tq < {tq_star:,} at Tk = {TK_RING:,} "
       f"(Tq/Tk < {tq_star / TK_RING:.3f}); at the crossover Tk·Hkv / (Tq·Hq) = {rule:.2f}")
 
