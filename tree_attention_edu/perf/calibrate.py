@@ -51,6 +51,7 @@ from .microbench import (
     collective_times,
     fit_link,
     measure_local,
+    measure_local_affine,
     message_sizes,
     ring_pass_times,
 )
@@ -216,6 +217,7 @@ def measure_topology(
     repeats: int = 7,
     progress: Progress = None,
     kinds: Iterable[str] = ("psum",),
+    short_kernel_problem: benchmark.Problem | None = None,
 ) -> Calibration:
     """Measure α, β, the per-call overhead and the per-device decode bandwidth of `mesh`.
 
@@ -228,7 +230,10 @@ def measure_topology(
     The decode bandwidth is measured with every device running the xla kernel on its shard
     at once (no collective), at `kernel_problem` (default: the bench problem at Tk = 49152;
     `calibrate` passes a size its validation does not use), because the simulated devices
-    share one memory bus.
+    share one memory bus. With `short_kernel_problem` (a shorter cache) the kernel is timed at
+    both sizes and the line through the two times gives the bandwidth (its slope) and the
+    fixed part of a kernel call (its intercept, `Topology.kernel_fixed_s`); without it the
+    kernel's whole time is charged to bandwidth.
     """
     if progress:
         progress("collectives")
@@ -249,7 +254,13 @@ def measure_topology(
 
     if progress:
         progress("local kernel")
-    mem_Bps, copy_Bps = measure_local(mesh, prob, overhead_s=overhead, repeats=repeats)
+    fixed = 0.0
+    if short_kernel_problem is None:
+        mem_Bps, copy_Bps = measure_local(mesh, prob, overhead_s=overhead, repeats=repeats)
+    else:
+        mem_Bps, fixed, copy_Bps = measure_local_affine(
+            mesh, (short_kernel_problem, prob), overhead_s=overhead, repeats=repeats
+        )
 
     topo = Topology(
         nodes=1,
@@ -264,6 +275,7 @@ def measure_topology(
         sources=("measured by tree_attention_edu.perf.calibrate.measure_topology",),
         measured=tuple(links.items()) if len(kinds) > 1 else (),
         copy_Bps=copy_Bps,
+        kernel_fixed_s=fixed,
     )
     return Calibration(
         overhead, link, psum_link, mem_Bps, topo, pts, {**links, "collective-permute": link}
@@ -421,14 +433,22 @@ def pattern_calibration(
     """The topology `validate_patterns` predicts with (shared with `bench_patterns`):
     `measure_topology` over every collective the patterns and rings use, at message sizes
     spanning what they will send at `seq_lens`, and the decode bandwidth at 3/4 of the
-    longest length (rounded to a multiple of the device count: not a validated length)."""
+    longest length and at 3/4 of the shortest (each rounded to a multiple of the device
+    count: not validated lengths), the line through the two giving the bandwidth and the
+    fixed part of a kernel call."""
     base = problem or benchmark.Problem()
     p = mesh.size
     seq_lens = list(seq_lens)
     cal_len = max(p, (3 * max(seq_lens) // 4) // p * p)
+    short_len = max(p, (3 * min(seq_lens) // 4) // p * p)
     return measure_topology(
         mesh,
         kernel_problem=benchmark.Problem(**{**asdict(base), "seq_len": cal_len}),
+        short_kernel_problem=(
+            benchmark.Problem(**{**asdict(base), "seq_len": short_len})
+            if short_len < cal_len
+            else None
+        ),
         sizes=message_sizes(_pattern_payloads(base, p, seq_lens)),
         repeats=repeats,
         progress=progress,
@@ -498,17 +518,25 @@ def validate_patterns(
     return calibration, rows
 
 
-def patterns_table(cal: Calibration, rows: list[dict]) -> str:
-    """`validate_patterns`'s result as a fixed-width table, with the measured links and the
-    worst relative error."""
+def measured_line(cal: Calibration) -> str:
+    """A calibration in one line: overhead, local rates, fixed kernel part and each link."""
     links = "; ".join(
         f"{kind} alpha {link.alpha_s * 1e6:.0f} us, beta {link.beta_Bps / 1e9:.2f} GB/s"
         for kind, link in cal.links.items()
     )
     copy = cal.topology.copy_Bps or cal.mem_Bps
+    return (
+        f"per-call overhead {cal.overhead_s * 1e6:.0f} us; decode {cal.mem_Bps / 1e9:.2f} GB/s, "
+        f"{cal.topology.kernel_fixed_s * 1e6:.0f} us per kernel call and copy "
+        f"{copy / 1e9:.2f} GB/s per device; {links}"
+    )
+
+
+def patterns_table(cal: Calibration, rows: list[dict]) -> str:
+    """`validate_patterns`'s result as a fixed-width table, with the measured links and the
+    worst relative error."""
     lines = [
-        f"measured: per-call overhead {cal.overhead_s * 1e6:.0f} us; decode "
-        f"{cal.mem_Bps / 1e9:.2f} GB/s and copy {copy / 1e9:.2f} GB/s per device; {links}",
+        f"measured: {measured_line(cal)}",
         f"{'name':<16}{'devices':>8}{'seq_len':>9}{'predicted ms':>14}{'measured ms':>13}"
         f"{'rel err':>9}",
     ]

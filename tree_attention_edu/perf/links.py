@@ -119,6 +119,12 @@ class Topology:
     reduce-scatter or all-to-all) gives each device `β·uplinks/devices_per_node`
     (`shared_inter`); a ring's collective-permute crosses with one device per node and runs
     at `β`.
+
+    `kernel_fixed_s`: the fixed part of one local kernel call, paid whatever the shard's
+    length (the kernel's loop set-up and, on simulated devices, the device threads taking
+    their turns on the host's shared cores); a tree decode pays it once, a ring once per
+    block. `calibrate` measures it as the intercept of the kernel's time at two shard
+    lengths; 0 for the published topologies, whose sources give no such figure.
     """
 
     nodes: int
@@ -135,6 +141,7 @@ class Topology:
     copy_Bps: float | None = None
     ring_only: bool = False
     uplinks: int | None = None
+    kernel_fixed_s: float = 0.0
 
     def __post_init__(self):
         check_size(self.nodes, "nodes")
@@ -171,6 +178,7 @@ class Topology:
             hint="peak flop/s, e.g. 989e12 (inf: never compute-bound)",
         )
         check_real(self.overhead_s, "overhead_s", low=0.0)
+        check_real(self.kernel_fixed_s, "kernel_fixed_s", low=0.0, hint="seconds per call")
         validate.check_bool(self.overlap, "overlap")
         validate.check_bool(self.ring_only, "ring_only")
         if self.uplinks is not None:

@@ -267,3 +267,52 @@ def measure_local(
         for fn, args in (calls["kernel"], calls["copy"])
     )
     return local_rates(problem, mesh.size, kernel_s, copy_s, overhead_s)
+
+
+def fit_local(
+    shard_bytes: tuple[float, float], kernel_s: tuple[float, float], overhead_s: float = 0.0
+) -> tuple[float, float]:
+    """`(mem_Bps, kernel_fixed_s)` of one device from the kernel's times at two shard sizes:
+    the slope of time against a shard's K/V bytes is `1/mem_Bps`, its intercept (less the
+    per-call `overhead_s`) the fixed part of a kernel call.
+
+    `shard_bytes`: two increasing positive sizes; `kernel_s`: their measured times. Where
+    noise makes the slope non-positive, the two sizes say nothing about a fixed part: the
+    larger size's rate is returned, with no fixed part."""
+    eg = "(2**20, 2**24)"
+    for i in (0, 1):
+        validate.check_real(shard_bytes[i], f"shard_bytes[{i}]", low=0.0, low_open=True, hint=eg)
+        validate.check_real(kernel_s[i], f"kernel_s[{i}]", low=0.0, low_open=True, hint="seconds")
+    validate.check_real(overhead_s, "overhead_s", low=0.0, hint="seconds per call")
+    (b0, b1), (t0, t1) = shard_bytes, kernel_s
+    if not b1 > b0:
+        raise ValueError(f"`shard_bytes` must increase, e.g. {eg}, got {shard_bytes}.")
+    slope = (t1 - t0) / (b1 - b0)
+    if slope <= 0:
+        return b1 / max(t1 - overhead_s, 1e-9), 0.0
+    return 1 / slope, max(t0 - overhead_s - b0 * slope, 0.0)
+
+
+def measure_local_affine(
+    mesh: Mesh,
+    problems: tuple[benchmark.Problem, benchmark.Problem],
+    *,
+    overhead_s: float = 0.0,
+    repeats: int = 7,
+) -> tuple[float, float, float]:
+    """`(mem_Bps, kernel_fixed_s, copy_Bps)` of one device of `mesh` while all of them work
+    at once: the xla kernel timed at the two problems' shards (shorter first), the two times
+    fitted by `fit_local`, and the copy rate at the longer one (`local_rates`)."""
+    lo, hi = problems
+    calls = {
+        f"{name}{i}": c
+        for i, prob in enumerate(problems)
+        for name, c in local_calls(mesh, prob).items()
+    }
+    times = benchmark.median_times(
+        {name: calls[name] for name in ("kernel0", "kernel1", "copy1")}, repeats=repeats
+    )
+    shard = (lo.kv_bytes / mesh.size, hi.kv_bytes / mesh.size)
+    mem_Bps, fixed = fit_local(shard, (times["kernel0"], times["kernel1"]), overhead_s)
+    _, copy_Bps = local_rates(hi, mesh.size, times["kernel1"], times["copy1"], overhead_s)
+    return mem_Bps, fixed, copy_Bps

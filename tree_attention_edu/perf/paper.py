@@ -33,9 +33,12 @@ DGX_H100 = Topology(
         "NVIDIA DGX H100 user guide: 8 GPUs per node on NVLink 4, 900 GB/s bidirectional per "
         "GPU (450 GB/s per direction); 8 ConnectX-7 ports, 400 Gb/s NDR InfiniBand each "
         "(50 GB/s per GPU).",
+        "alpha is the latency of one step of a collective algorithm (one exchange between "
+        "partners): a ring allreduce takes 2(p-1) steps, recursive doubling ceil(log2 p). On "
+        "2 ranks the model runs recursive doubling (the cheaper of the two: one step for the "
+        "same bytes), so a measured 2-rank small-message allreduce is one alpha.",
         "alpha inside a node: a small-message allreduce on 2 H100s with NVLS and CUDA graphs "
-        "takes 5.5-6 us (github.com/NVIDIA/nccl/issues/1259); on 2 ranks the model's "
-        "allreduce is one alpha, so alpha = 6 us.",
+        "takes 5.5-6 us (github.com/NVIDIA/nccl/issues/1259), so alpha = 6 us.",
         "alpha across nodes: a small-message allreduce across 2 nodes takes about 46 us "
         "(github.com/NVIDIA/nccl/issues/1244), so alpha = 46 us.",
     ),

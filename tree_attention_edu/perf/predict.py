@@ -41,9 +41,9 @@ def local_decode_time(
     itemsize: int = 2,
     q_len: int = 1,
 ) -> float:
-    """Roofline time of one device's local decode over `kv_len` keys: the larger of reading
-    K and V once at `mem_Bps` (`kv_read_bytes`) and doing `decode_flops` at `flops`.
-    Numbers only (the larger of two times)."""
+    """Time of one device's local decode over `kv_len` keys: `topo.kernel_fixed_s` plus the
+    roofline, the larger of reading K and V once at `mem_Bps` (`kv_read_bytes`) and doing
+    `decode_flops` at `flops`. Numbers only (the larger of two times)."""
     check_no_symbols(
         "local_decode_time takes the larger of two times",
         batch=batch,
@@ -69,7 +69,7 @@ def local_decode_time(
     validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
     nbytes = kv_read_bytes(batch, kv_len, kv_heads, head_dim, v_dim, itemsize)
     flops = decode_flops(batch, kv_len, q_heads, head_dim, v_dim, q_len)
-    return max(nbytes / topo.mem_Bps, flops / topo.flops)
+    return topo.kernel_fixed_s + max(nbytes / topo.mem_Bps, flops / topo.flops)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,256 @@
+"""The cost model's check: predicted against measured latency of every merge pattern and
+both rings, over meshes and cache lengths, and the regret of `merge="auto"` with the
+calibrated model. `tree-attention-edu calibrate --check` (and `make calibrate`) runs it.
+
+Per mesh, `calibrate.pattern_calibration` measures the machine first (the per-call overhead,
+every collective kind at message sizes around the ones the methods send, and the local
+kernel at two lengths that are not checked), then `calibrate.validate_patterns` times every
+method at each length, the repeats interleaved, and predicts it with that calibration.
+Nothing is fitted to the timings being predicted.
+
+`auto`'s regret in a cell is `measured[picked] / measured[best] - 1`, where `picked` is what
+`best_merge` picks on the calibrated topology among `core.merges.AUTO_MERGES` (the patterns
+"auto" chooses from) and `best` is the fastest of them as measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from ..core import merges, validate
+from ..core.devices import make_mesh
+from ..core.names import MergeName
+from ..core.numerics import accum_dtype
+from . import benchmark, calibrate
+from .crossover import best_merge
+from .links import Topology
+
+GRID_SEQ_LENS: tuple[int, ...] = (4096, 16384, 65536)
+"""The cache lengths the check measures by default."""
+GRID_MESHES: tuple[str, ...] = ("8", "2x4")
+"""The meshes the check measures by default: 8 devices on one axis, and 2 x 4."""
+PROBLEM = benchmark.Problem(seq_len=GRID_SEQ_LENS[0], q_heads=8, kv_heads=8, head_dim=64)
+"""The decode problem of the checked cells (float32, batch 1, as notebook 8's)."""
+AUTO_PROBLEMS: tuple[benchmark.Problem, ...] = (
+    benchmark.Problem(seq_len=GRID_SEQ_LENS[0], batch=8, q_heads=32, kv_heads=8, head_dim=64),
+)
+"""More problems for `auto`'s regret, at the shortest length only: batch and heads that move
+the tree's payload, and with it the winner, against the local work."""
+BAND = 0.30
+"""A cell passes when `|predicted / measured - 1| <= BAND`."""
+REGRET_BAND = 0.10
+"""`auto` passes a cell when its pick is at most this much slower than the best."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One method on one mesh at one length: predicted, measured (median) and their
+    relative error `predicted / measured - 1`."""
+
+    method: str
+    mesh: str
+    seq_len: int
+    predicted_s: float
+    measured_s: float
+    rel_err: float
+
+
+@dataclass(frozen=True)
+class AutoRow:
+    """`auto`'s pick in one cell against the fastest measured pattern it could pick."""
+
+    mesh: str
+    seq_len: int
+    batch: int
+    q_heads: int
+    kv_heads: int
+    picked: MergeName
+    best: MergeName
+    regret: float
+
+
+@dataclass
+class Report:
+    """What `run` measured: the cells, `auto`'s rows, and each mesh's calibration."""
+
+    cells: list[Cell]
+    auto: list[AutoRow]
+    calibrations: dict[str, calibrate.Calibration]
+    band: float = BAND
+    regret_band: float = REGRET_BAND
+
+    @property
+    def failures(self) -> list[str]:
+        """One line per cell outside the band and per `auto` row over the regret band."""
+        out = [
+            f"{c.method} on {c.mesh} at Tk={c.seq_len}: {c.rel_err:+.0%}"
+            for c in self.cells
+            if not abs(c.rel_err) <= self.band
+        ]
+        out += [
+            f"auto on {a.mesh} at Tk={a.seq_len}, batch {a.batch}, heads {a.q_heads}/"
+            f"{a.kv_heads}: picked {a.picked}, {a.regret:+.0%} slower than {a.best}"
+            for a in self.auto
+            if not a.regret <= self.regret_band
+        ]
+        return out
+
+    def as_json(self) -> dict:
+        return dict(
+            band=self.band,
+            regret_band=self.regret_band,
+            cells=[asdict(c) for c in self.cells],
+            auto=[asdict(a) for a in self.auto],
+            calibrations={
+                mesh: dict(
+                    overhead_s=cal.overhead_s,
+                    mem_Bps=cal.mem_Bps,
+                    kernel_fixed_s=cal.topology.kernel_fixed_s,
+                    copy_Bps=cal.topology.copy_Bps,
+                    links={k: asdict(v) for k, v in cal.links.items()},
+                )
+                for mesh, cal in self.calibrations.items()
+            },
+            failures=self.failures,
+        )
+
+
+def parse_mesh(name: str) -> tuple[int, ...]:
+    """ "8" -> (8,), "2x4" -> (2, 4): a mesh's shape from its name."""
+    validate.check_instance(name, str, "mesh", 'e.g. "8" or "2x4"')
+    parts = name.split("x")
+    if len(parts) > 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(
+            f'`mesh` must be "P" or "NxG" with positive ints, e.g. "2x4", got {name!r}.'
+        )
+    return tuple(int(p) for p in parts)
+
+
+def mesh_of(name: str) -> Mesh:
+    """The mesh a name stands for: "8" one "x" axis, "2x4" ("node", "gpu")."""
+    shape = parse_mesh(name)
+    return make_mesh(shape[0], "x") if len(shape) == 1 else make_mesh(shape, ("node", "gpu"))
+
+
+def pick(topology: Topology, problem: benchmark.Problem, seq_len: int) -> MergeName:
+    """What `merge="auto"` picks with the calibrated model: `best_merge` on `topology` among
+    `merges.AUTO_MERGES`."""
+    return best_merge(
+        seq_len,
+        topology,
+        batch=problem.batch,
+        q_heads=problem.q_heads,
+        kv_heads=problem.kv_heads,
+        head_dim=problem.head_dim,
+        itemsize=jnp.dtype(problem.dtype).itemsize,
+        q_len=problem.q_len,
+        stat_itemsize=jnp.dtype(accum_dtype(problem.dtype)).itemsize,
+        patterns=merges.AUTO_MERGES,
+    )
+
+
+def regret(
+    measured: dict[str, float], picked: MergeName, among: Sequence[str] = merges.AUTO_MERGES
+) -> tuple[MergeName, float]:
+    """`(best, measured[picked] / measured[best] - 1)`, best the fastest of `among`."""
+    best = min(among, key=lambda m: measured[m])
+    return best, measured[picked] / measured[best] - 1  # type: ignore[return-value]
+
+
+def _auto_rows(
+    mesh: str,
+    problem: benchmark.Problem,
+    rows: list[dict],
+    topology: Topology,
+) -> list[AutoRow]:
+    out = []
+    for n in sorted({r["seq_len"] for r in rows}):
+        measured = {r["name"]: r["median_s"] for r in rows if r["seq_len"] == n}
+        picked = pick(topology, problem, n)
+        best, loss = regret(measured, picked)
+        out.append(
+            AutoRow(mesh, n, problem.batch, problem.q_heads, problem.kv_heads, picked, best, loss)
+        )
+    return out
+
+
+def run(
+    meshes: Iterable[str] = GRID_MESHES,
+    seq_lens: Iterable[int] = GRID_SEQ_LENS,
+    *,
+    problem: benchmark.Problem = PROBLEM,
+    auto_problems: Iterable[benchmark.Problem] = AUTO_PROBLEMS,
+    repeats: int = 3,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
+    """Calibrate each mesh, then measure and predict every method at each length (`Cell`s),
+    and `auto`'s regret there and on `auto_problems` at the shortest length (`AutoRow`s)."""
+    seq_lens = validate.check_sizes_list(seq_lens, "seq_lens", "(4096, 16384, 65536)")
+    meshes = [str(m) for m in meshes]
+    for m in meshes:
+        parse_mesh(m)
+    cells: list[Cell] = []
+    autos: list[AutoRow] = []
+    cals = {}
+    for name in meshes:
+        mesh = mesh_of(name)
+        if progress:
+            progress(f"mesh {name}: calibrating")
+        cal = calibrate.pattern_calibration(mesh, seq_lens, problem=problem, repeats=repeats)
+        cals[name] = cal
+        _, rows = calibrate.validate_patterns(
+            mesh, seq_lens, problem=problem, calibration=cal, repeats=repeats, progress=progress
+        )
+        cells += [
+            Cell(r["name"], name, r["seq_len"], r["predicted_s"], r["median_s"], r["rel_err"])
+            for r in rows
+        ]
+        autos += _auto_rows(name, problem, rows, cal.topology)
+        for extra in auto_problems:
+            extra = replace(extra, seq_len=min(seq_lens))
+            _, rows = calibrate.validate_patterns(
+                mesh,
+                (extra.seq_len,),
+                problem=extra,
+                methods=merges.AUTO_MERGES,
+                calibration=cal,
+                repeats=repeats,
+                progress=progress,
+            )
+            autos += _auto_rows(name, extra, rows, cal.topology)
+    return Report(cells, autos, cals)
+
+
+def table(report: Report) -> str:
+    """The cells and `auto`'s rows as fixed-width tables, with the bands."""
+    head = (
+        f"{'method':<16}{'mesh':>5}{'seq_len':>9}{'predicted ms':>14}{'measured ms':>13}"
+        f"{'rel err':>9}"
+    )
+    lines = [head, "-" * len(head)]
+    for c in report.cells:
+        flag = "" if abs(c.rel_err) <= report.band else "  outside"
+        lines.append(
+            f"{c.method:<16}{c.mesh:>5}{c.seq_len:>9}{c.predicted_s * 1e3:>14.2f}"
+            f"{c.measured_s * 1e3:>13.2f}{c.rel_err:>+9.0%}{flag}"
+        )
+    inside = sum(abs(c.rel_err) <= report.band for c in report.cells)
+    lines.append(f"{inside} of {len(report.cells)} cells within ±{report.band:.0%}")
+    head = (
+        f"{'mesh':<5}{'seq_len':>9}{'batch':>6}{'heads':>7}  {'picked':<15}{'best':<15}"
+        f"{'regret':>7}"
+    )
+    lines += ["", "auto (calibrated model) against the fastest measured pattern", head]
+    lines.append("-" * len(head))
+    for a in report.auto:
+        lines.append(
+            f"{a.mesh:<5}{a.seq_len:>9}{a.batch:>6}{f'{a.q_heads}/{a.kv_heads}':>7}  "
+            f"{a.picked:<15}{a.best:<15}{a.regret:>+7.0%}"
+        )
+    worst = max((a.regret for a in report.auto), default=0.0)
+    lines.append(f"worst regret {worst:+.0%} (band {report.regret_band:.0%})")
+    return "\n".join(lines)
