@@ -327,7 +327,7 @@ print("tae.local_state(shard) == line 2 by hand   ✓")
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_1", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def plain_average(q, k, v):
     o, _ = local_state(q, k, v)  # (a): every shard weighs the same
     return lax.psum(o, "x") / 8
@@ -425,7 +425,7 @@ def algorithm2_by_hand(q, k, v):
     return jnp.zeros(q.shape[:3] + v.shape[-1:])
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "algorithm2_by_hand", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def algorithm2_by_hand(q, k, v):  # noqa: F811 (the solution replaces the stub)
     """Algorithm 2 inside shard_map (zeta = 0): attention [B, Tq, H, Dv], one psum at the end."""
     s = jnp.einsum("bqhd,bkhd->bqhk", q, k) * scale
@@ -434,7 +434,7 @@ def algorithm2_by_hand(q, k, v):  # noqa: F811 (the solution replaces the stub)
     return lax.psum(jnp.einsum("bqhk,bkhd->bqhd", jnp.exp(s - lse[..., None]), v), "x")  # 4-6
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_algorithm2_by_hand", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 alg2 = jax.jit(jax.shard_map(algorithm2_by_hand, mesh=mesh, in_specs=(P(), kv_spec, kv_spec),
                              out_specs=P()))
 np.testing.assert_allclose(alg2(q, k_sh, v_sh), reference, rtol=1e-12, atol=1e-14)
@@ -683,7 +683,7 @@ assert set(by_tk.values()) == {payload}
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_2", "locked": false, "schema_version": 3, "solution": true, "task": false}
 s1 = tae.collective_stats(tree_fn, *structs(mesh, 8192, batch=4, q_len=2, q_heads=32,
                                              head_dim=64, dtype=jnp.bfloat16))
 predicted = 4 * 2 * 32 * (64 + 2) * 4
@@ -835,7 +835,7 @@ assert two_level_s < flat_s
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_3", "locked": false, "schema_version": 3, "solution": true, "task": false}
 s2 = tae.collective_stats(lambda q, k, v: tae.tree_decode(q, k, v, mesh=mesh2, seq_axes="gpu"),
                           *structs(mesh2, 8192, seq_axes="gpu"))
 assert {c.groups for c in s2.collectives} == {inner}
@@ -854,13 +854,13 @@ def two_level_psum(x):
     return lax.psum(x, ("node", "gpu"))
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "two_level_psum", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def two_level_psum(x):  # noqa: F811 (the solution replaces the stub)
     """Inside shard_map on mesh2: the sum of x over all 8 devices, inside nodes first."""
     return lax.psum(lax.psum(x, "gpu"), "node")
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_two_level_psum", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 summed = jax.jit(jax.shard_map(two_level_psum, mesh=mesh2, in_specs=P(("node", "gpu")),
                                out_specs=P()))
 values = jnp.arange(8.0) ** 2

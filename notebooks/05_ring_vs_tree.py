@@ -408,7 +408,7 @@ print(f"at Tk = {tks[-1]:,}: ring sends {wire['ring'][-1]:,.0f} B, tree {wire['t
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_1", "locked": false, "schema_version": 3, "solution": true, "task": false}
 i4, i8 = ps.index(4), ps.index(8)
 for name in ("ring", "tree"):
     factor = wire_p[name][i8] / wire_p[name][i4]
@@ -600,7 +600,7 @@ def ring_home(q, k, v):
     return jnp.zeros((1, *q.shape[:3], v.shape[-1]), q.dtype), k, v
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "ring_home", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ring_home(q, k, v):  # noqa: F811 (the solution replaces the stub)
     """Inside shard_map: this device's answer [1, B, Tq, H, Dv], and k, v after the ring."""
     def step(carry, _):
@@ -615,7 +615,7 @@ def ring_home(q, k, v):  # noqa: F811 (the solution replaces the stub)
     return state.out[None], k, v
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_ring_home", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 home_fn = jax.shard_map(ring_home, mesh=mesh, in_specs=(P(), kv_spec, kv_spec),
                         out_specs=(P("x"), kv_spec, kv_spec))
 outs, k_back, v_back = jax.jit(home_fn)(q, k, v)
@@ -778,7 +778,7 @@ print(f"flops per device at Tk = {tk_c:,}: ring {f_ring:,.0f}, the tree over p c
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_2", "locked": false, "schema_version": 3, "solution": true, "task": false}
 tree_alphas = 2 * 2 * (p - 1)  # two ring Allreduces in sequence
 ring_alphas = (p - 1) + 2 * (p - 1)  # this package's ring: p - 1 transfers, then the output's
 #                                      ring Allreduce (footnote 2's ring permutes p times)
@@ -832,7 +832,7 @@ def pass_q_by_hand(q, k, v):
     return jnp.zeros(q.shape[:3] + v.shape[-1:], q.dtype)
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "pass_q_by_hand", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def pass_q_by_hand(q, k, v):  # noqa: F811 (the solution replaces the stub)
     """Inside shard_map: q replicated [B, Tq, H, D], k and v this device's shard. Attention."""
     b, tq, h, _ = q.shape
@@ -859,7 +859,7 @@ def pass_q_by_hand(q, k, v):  # noqa: F811 (the solution replaces the stub)
     return jnp.moveaxis(gathered, 0, 2).reshape(b, tq, h, -1)
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_pass_q_by_hand", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 passq_hand = jax.jit(jax.shard_map(pass_q_by_hand, mesh=mesh, in_specs=(P(), kv_spec, kv_spec),
                                    out_specs=P()))
 qh = jax.random.normal(kq, (1, 1, H, HEAD_DIM))
@@ -944,7 +944,7 @@ assert pf["tree"][0] < pf["ring"][0] and pf["tree"][-1] > pf["ring"][-1]
 #   the sequence length. Measured bytes equal the formulas exactly.
 # * Memory and the measured ratios, computed from the compiled programs above:
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_ring_home_2", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 at_bytes = tks[-1]
 display(Markdown(
     f"* Wire bytes at $T_k$ = {at_bytes:,}: ring {plots.bytes_label(wire['ring'][-1])}, tree "

@@ -145,7 +145,7 @@ def dequantize_q8_0(raw: np.ndarray) -> np.ndarray:
     return np.zeros((rows, nbytes // 34 * 32), np.float32)  # wrong on purpose: replace it
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "dequantize_q8_0", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def dequantize_q8_0(raw: np.ndarray) -> np.ndarray:  # noqa: F811 (replaces the stub)
     """Q8_0 rows `[rows, 34·blocks]` (uint8) -> float32 weights `[rows, 32·blocks]`."""
     rows, nbytes = raw.shape
@@ -155,7 +155,7 @@ def dequantize_q8_0(raw: np.ndarray) -> np.ndarray:  # noqa: F811 (replaces the 
     return (d * q).reshape(rows, -1)
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_dequantize_q8_0", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 reader = gguf.GGUFReader(MODEL)
 embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
 rows = np.asarray(embd.data[:16])  # the first 16 tokens' rows, as stored
@@ -330,7 +330,7 @@ def posterior(lse: np.ndarray) -> np.ndarray:
     return np.exp(x) / np.exp(x).sum(-1, keepdims=True)  # overflows: replace it
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "posterior", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def posterior(lse: np.ndarray) -> np.ndarray:  # noqa: F811 (replaces the stub)
     """Weights `exp(lse_i - logsumexp(lse))` along the last axis (float64)."""
     x = np.asarray(lse, np.float64)
@@ -340,7 +340,7 @@ def posterior(lse: np.ndarray) -> np.ndarray:  # noqa: F811 (replaces the stub)
     return e / np.where(total > 0, total, 1.0)
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_posterior", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 with np.errstate(over="ignore", invalid="ignore"):
     cases = np.array([[0.0, -np.inf, np.log(3.0)], [800.0, 799.0, -np.inf],
                       [-np.inf, -np.inf, -np.inf]])
@@ -824,7 +824,7 @@ plt.show()
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_1", "locked": false, "schema_version": 3, "solution": true, "task": false}
 M1, B1, FLIP1 = 256, 64.0, 0.3
 before = acc[SIZES.index(M1), BETAS.index(B1)]
 after = hf.accuracy_grid(jax.random.key(6), (M1,), (B1,), dim=DIM, flip=FLIP1)[0, 0]

@@ -236,7 +236,7 @@ def fit_beta(points: list) -> float:
     return float(np.mean([n / t for n, t in points]))  # wrong on purpose: replace it
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "fit_beta", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def fit_beta(points: list) -> float:  # noqa: F811 (replaces the stub)
     """Bytes per second: 1 / slope of a least-squares line through the points > 16 KiB."""
     big = np.array([(n, t) for n, t in points if n > 16 * 1024], float)
@@ -244,7 +244,7 @@ def fit_beta(points: list) -> float:  # noqa: F811 (replaces the stub)
     return float(1 / slope)
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_fit_beta", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 for r in runs.values():
     for x in r["rates"]:
         mine = fit_beta(x["links"]["inter"]["points"])
@@ -465,14 +465,14 @@ def ring_at_rate(t_fast: float, link_bytes: float, beta_fast: float, beta_slow: 
     return t_fast * beta_fast / beta_slow  # wrong on purpose (all of it scaled): replace it
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "ring_at_rate", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ring_at_rate(t_fast: float, link_bytes: float, beta_fast: float,  # noqa: F811
                  beta_slow: float) -> float:
     """Seconds per decode on the slow link: the fast time with the link's share re-priced."""
     return t_fast + link_bytes * (1 / beta_slow - 1 / beta_fast)
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_ring_at_rate", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 for name, r in runs.items():
     fast, slow = sorted(r["rates"], key=lambda x: -x["set_Bps"])
     ring = fast["methods"]["ring"]
@@ -677,7 +677,7 @@ def one_way_delays(kind: str, p: int, nodes: int) -> int:
     return 2  # right for one message only: replace it
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "one_way_delays", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def one_way_delays(kind: str, p: int, nodes: int) -> int:  # noqa: F811 (replaces the stub)
     """One-way delays D that one call of `kind` pays over p devices on `nodes` >= 2 nodes,
     on gloo's TCP transport (a message across nodes costs 2D: notice, then data)."""
@@ -686,7 +686,7 @@ def one_way_delays(kind: str, p: int, nodes: int) -> int:  # noqa: F811 (replace
             "collective-permute": 2, "permute-exchange": 2}[kind]
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_one_way_delays", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 for lay in layouts:
     nodes_l = int(lay["layout"].split("x")[0])
     for kind in kinds:
@@ -716,7 +716,7 @@ print("one_way_delays == the record's source counts, in every layout   ✓")
 # The slope of each method's time against $D$, divided by $D$, is what it pays per decode
 # step. The cell checks the record's slopes by refitting them.
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_one_way_delays_2", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 sweep = json.loads((LAT / "latency-2x2x1.json").read_text())
 cfg = sweep["reports"]["0.0"]["config"]
 p4, nodes4 = cfg["devices"], cfg["nodes"]
@@ -929,7 +929,7 @@ else:
 # one scheduler slice of 2 ms, for the states of §9.4? How much slower than the slowest
 # link here is that?
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_1", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # The flat ring crosses the link with 2(p-1)/p·n bytes per direction per call.
 crossing = 2 * (p - 1) / p * n
 rate = crossing / 2e-3  # bytes per second that make it last one 2 ms slice

@@ -366,6 +366,8 @@ def test_every_option_has_help_and_help_shows_defaults(capsys):
         "fetch-model",
         "launch",
         "cluster",
+        "student",
+        "grade",
     }
     for name, sub in [("", parser), *subs.choices.items()]:
         for action in sub._actions:
