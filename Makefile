@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: help setup demo lab test lint unit nbval docs browser-check bench calibrate speed launch cluster notebooks clean model
+.PHONY: help setup demo lab test lint unit nbval docs browser-check bench calibrate speed launch \
+	cluster notebooks clean model student grade student-check
 
 help:
 	@echo "make demo   set up .venv and run the main demonstration (8 simulated devices)"
@@ -22,6 +23,9 @@ help:
 	@echo "make cluster  (root) a cluster of network namespaces; write out/cluster.json"
 	@echo "make notebooks  regenerate notebooks/*.ipynb from their jupytext sources and execute them"
 	@echo "make browser-check  open the built site in headless Chromium (needs Debian's chromium)"
+	@echo "make student  write the student release (nbgrader: no solutions, no outputs) to out/student/"
+	@echo "make grade SUBMISSIONS=dir  autograde submitted notebooks; a score per notebook and exercise"
+	@echo "make student-check  the release fails exactly its exercises' tests; solved, full marks (~15 min)"
 
 $(STAMP): pyproject.toml requirements-lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +84,22 @@ browser-check: docs
 notebooks: $(STAMP)
 	for nb in $(NOTEBOOKS:.ipynb=.py); do $(VENV)/bin/jupytext --to ipynb -q $$nb; done
 	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace $(NOTEBOOKS)
+
+# The student release, for lecturers who grade with nbgrader (docs/lecturers-guide.md): the
+# committed notebooks are nbgrader's source version; the release clears their solutions and
+# outputs. `grade` autogrades a folder of submitted notebooks (or one folder per student).
+STUDENT := out/student
+student: $(STAMP)
+	$(VENV)/bin/tree-attention-edu student --out $(STUDENT)
+
+grade: $(STAMP)
+	$(if $(SUBMISSIONS),,$(error name the submitted notebooks: make grade SUBMISSIONS=dir))
+	$(VENV)/bin/tree-attention-edu grade $(SUBMISSIONS)
+
+# Executes all nine notebooks twice: as released (exactly the exercises' tests must fail) and
+# with the solutions put back (full marks). For CI; tests/ check one notebook this way.
+student-check: $(STAMP)
+	$(VENV)/bin/tree-attention-edu student --out $(STUDENT) --check
 
 bench: $(STAMP)
 	mkdir -p out

@@ -198,7 +198,7 @@ print(f"wrong claim d2F/dt2 = E[w^2] (the raw moment): at the same point the dif
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_1", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def F_qk(qk):
     """F at ζ = 0 (scale 1) for one query q [2] and three keys k [3, 2], packed in qk [8]."""
     q_, k_ = qk[:2], qk[2:].reshape(3, 2)
@@ -416,14 +416,14 @@ def covariance_by_hvp(f, zeta, dv):
 stub_covariance_by_hvp = covariance_by_hvp
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "covariance_by_hvp", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def covariance_by_hvp(f, zeta, dv):
     """∇²f(ζ) [dv, dv] from dv Hessian-vector products of the scalar function f."""
     columns = [jax.jvp(jax.grad(f), (zeta,), (e,))[1] for e in jnp.eye(dv)]
     return jnp.stack(columns, axis=1)
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_covariance_by_hvp", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def check_covariance_by_hvp(fn):
     """Raises AssertionError unless fn gives the tilted covariance of section 1.3."""
     zeta_t = jnp.asarray(zeta_row)  # not 0: a solution that evaluates at 0 fails
@@ -589,7 +589,7 @@ def energy_stable(s, v, zeta):
 stub_energy_stable = energy_stable
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "energy_stable", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def energy_stable(s, v, zeta):
     """F(ζ) = log Σ_a exp(s_a + ζ·v_a) for one query, finite for any finite logits."""
     x = s + v @ zeta
@@ -597,7 +597,7 @@ def energy_stable(s, v, zeta):
     return m + np.log(np.sum(np.exp(x - m)))
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_energy_stable", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def check_energy_stable(fn):
     """Raises AssertionError unless fn equals energy_np on small logits and the exact value
     on logits of a million."""
@@ -719,7 +719,7 @@ print("Hessian at 5 random zeta == tilted covariance, eigenvalues >= 0   ✓")
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_2", "locked": false, "schema_version": 3, "solution": true, "task": false}
 third = cumulants[2]
 assert sp.simplify(third.lhs - third.rhs) == 0
 mean_w = symbolic.expectation_any_n(w_sym[a_sym], n_sym, a_sym, s_sym)
@@ -761,7 +761,7 @@ print(f"F''' = {float(d3):.4f} = E[(w-Ew)^3];  F'''' = {float(d4):.4f} = "
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_3", "locked": false, "schema_version": 3, "solution": true, "task": false}
 two = jnp.array([2, 1])
 cov2 = np.asarray(value_covariance(q[:, :1], k, v, kv_lengths=two))  # [B, 1, Hq, Dv, Dv]
 for hh in range(Hq):

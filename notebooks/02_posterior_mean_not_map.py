@@ -575,7 +575,7 @@ plt.show()
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_1", "locked": false, "schema_version": 3, "solution": true, "task": false}
 best = int(np.argmax(s1))
 other = int(np.argmax(np.abs(vals1 - vals1[best])))  # the value farthest from the best's
 kk_tie = kk1.at[0, other].set(kk1[0, best])  # two keys with the same largest score
@@ -664,7 +664,7 @@ def conjugate_1d(z, s, vals):
 stub_conjugate_1d = conjugate_1d
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "conjugate_1d", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def conjugate_1d(z, s, vals):
     """(F*(z), ζ̂) for one query: scores s [n], scalar values vals [n]."""
     if not vals.min() < z < vals.max():
@@ -680,7 +680,7 @@ def conjugate_1d(z, s, vals):
     return z * zeta - logsumexp(s + zeta * vals), zeta
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_conjugate_1d", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def check_conjugate_1d(fn):
     """Raises AssertionError unless fn solves the one-query conjugate correctly."""
     value, zeta_hat = fn(mu1, s1, vals1)  # at attention: ζ̂ = 0, F* = −F(0)
@@ -711,7 +711,7 @@ print("conjugate_1d: F*(attention) = -F(0), zeta_hat(tilted mean) = tilt, dF*/dz
 # maximiser solves $\nabla F(\hat\zeta) = z$. Outside the hull the solver cannot converge
 # (the supremum is $+\infty$), and it returns NaN.
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_conjugate_1d_2", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 zeta_true = 0.7 * jax.random.normal(jax.random.key(6), att.shape)
 tilted = bayes.tilted_posterior(zeta_true, q, k, v)  # [B, Hq, Tq, Tk]
 z_in = jnp.einsum("bhqk,bkv->bqhv", tilted, v[:, :, 0])  # E_Q[v]: inside the hull
@@ -1068,13 +1068,13 @@ def sample_means_np(p, vals, n, num, rng):
 stub_sample_means_np = sample_means_np
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "sample_means_np", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def sample_means_np(p, vals, n, num, rng):
     """num means of n values drawn i.i.d. from vals with probabilities p: [num]."""
     return vals[rng.choice(len(vals), size=(num, n), p=p)].mean(axis=1)
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_sample_means_np", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def check_sample_means_np(fn):
     """Raises AssertionError unless fn samples means of n draws from the posterior."""
     m_np = fn(p1, vals1, n, 400_000, np.random.default_rng(0))
@@ -1154,7 +1154,7 @@ print(f"sample_means_np: mean = attention, variance = sigma^2/n, chi^2 per bin a
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_2", "locked": false, "schema_version": 3, "solution": true, "task": false}
 predicted = -np.log(p1[np.argmax(vals1)])
 gaps_edge = np.geomspace(1e-2, 1e-8, z_curve.size)
 near_edge = jnp.asarray(vmax - gaps_edge * (vmax - vmin)).reshape(1, -1, 1, 1)
@@ -1180,7 +1180,7 @@ for i in (0, gaps_edge.size // 2, -1):
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_3", "locked": false, "schema_version": 3, "solution": true, "task": false}
 for key in jax.random.split(jax.random.key(12), 3):
     zeta_r = 2.0 * jax.random.normal(key, att.shape)
     eig_r = np.linalg.eigvalsh(np.asarray(tae.gamma_hessian(q, k, v, zeta=zeta_r)))

@@ -168,7 +168,7 @@ def combine_np(a, b):
 stub_combine_np = combine_np
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "combine_np", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def combine_np(a, b):
     """The state of the union of two disjoint chunks with states a and b."""
     (oa, la), (ob, lb) = a, b
@@ -181,7 +181,7 @@ def combine_np(a, b):
     return (wa * oa + wb * ob) / (wa + wb), m + np.log(wa + wb)
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_combine_np", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 rng = np.random.default_rng(0)
 s12, v12 = 3 * rng.normal(size=12), rng.normal(size=(12, 3))  # 12 keys, Dv = 3
 empty_np = (np.zeros(3), -np.inf)
@@ -225,7 +225,7 @@ print("combine_np: exact identity, empty + empty without NaN, chunks == all keys
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_1", "locked": false, "schema_version": 3, "solution": true, "task": false}
 a5 = state_np(s12[:5], v12[:5])
 doubled = combine_np(a5, a5)
 np.testing.assert_allclose(doubled[0], a5[0], rtol=1e-15)
@@ -272,7 +272,7 @@ for make in (symbolic.combine_associative, symbolic.combine_commutative,
 # and the monoid laws (derandomised, so this notebook's output is reproducible; the test
 # suite, `tests/test_states.py`, also draws huge log-sum-exps, near the limit of float64).
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_combine_np_2", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 # Log-sum-exps in [-50, 50] and the empty state. XLA's CPU backend flushes subnormals to
 # zero, so they are left out of the draws.
 lse_values = st.one_of(st.just(-np.inf), st.floats(-50, 50, allow_subnormal=False))
@@ -432,7 +432,7 @@ def two_sum(a, b):
 stub_two_sum = two_sum
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "two_sum", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def two_sum(a, b):
     """(hi, lo) with hi = fl(a + b) and a + b = hi + lo exactly, for float32 a, b."""
     hi = a + b
@@ -441,7 +441,7 @@ def two_sum(a, b):
     return hi, lo
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_two_sum", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def check_two_sum(fn):
     """Raises AssertionError unless fn(a, b) is exact: a + b == hi + lo as rationals."""
     r = np.random.default_rng(3)
@@ -473,7 +473,7 @@ print("two_sum: a + b == hi + lo exactly (Fraction) on 400 float32 pairs; "
 # word" drops `lse_lo` first, `AttentionState.from_lse(s.out, s.lse)`, which is what a state
 # without the double word would hold.
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_two_sum_2", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def three_equal_keys(logit):
     q = jnp.ones((1, 1, 1, 1), jnp.float32)
     k = jnp.full((1, 3, 1, 1), logit, jnp.float32)  # every score is `logit` (scale 1)
@@ -681,7 +681,7 @@ def tree_reduce_np(xs, op):
 stub_tree_reduce_np = tree_reduce_np
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "tree_reduce_np", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def tree_reduce_np(xs, op):
     """Reduce xs with op in a binary tree of ceil(log2 len(xs)) levels."""
     level = list(xs)
@@ -691,7 +691,7 @@ def tree_reduce_np(xs, op):
     return level[0]
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_tree_reduce_np", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def check_tree_reduce_np(fn):
     """Raises AssertionError unless fn reduces correctly in ceil(log2 p) levels."""
     for p in range(1, 41):
@@ -720,7 +720,7 @@ print("tree_reduce_np: all keys' state for p = 1..40 chunks, depth ceil(log2 p);
 # $b$: groups of $b$ per level, $\lceil\log_b p\rceil$ levels); the cell checks that it builds
 # the same tree as `tree_reduce_np`.
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_tree_reduce_np_2", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 assert count(count(0, 0), 5) == 6 and count(0, count(0, 5)) == 7  # not associative
 for p_ in range(1, 130):
     assert tae.tree_reduce([0] * p_, 2, op=count) == tree_reduce_np([0] * p_, count)
@@ -884,7 +884,7 @@ print(f"N = {n_paper:,}, p = {p_paper}: tree schedule {tree_paper:,} steps, stat
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_2", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def combine_unshifted(sa, sb):
     """The textbook formula without the shift: (out, lse) pairs of float64 numbers."""
     (oa, la), (ob, lb) = sa, sb

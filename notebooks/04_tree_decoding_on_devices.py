@@ -328,7 +328,7 @@ print("tae.local_state(shard) == line 2 by hand   ✓")
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_1", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def plain_average(q, k, v):
     o, _ = local_state(q, k, v)  # (a): every shard weighs the same
     return lax.psum(o, "x") / 8
@@ -429,7 +429,7 @@ def algorithm2_by_hand(q, k, v):
 stub_algorithm2_by_hand = algorithm2_by_hand
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "algorithm2_by_hand", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def algorithm2_by_hand(q, k, v):  # the solution replaces the stub
     """Algorithm 2 inside shard_map (zeta = 0): attention [B, Tq, H, Dv], one psum at the end."""
     s = jnp.einsum("bqhd,bkhd->bqhk", q, k) * scale
@@ -438,7 +438,7 @@ def algorithm2_by_hand(q, k, v):  # the solution replaces the stub
     return lax.psum(jnp.einsum("bqhk,bkhd->bqhd", jnp.exp(s - lse[..., None]), v), "x")  # 4-6
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_algorithm2_by_hand", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def check_algorithm2(fn):
     """Raises AssertionError unless fn, in shard_map, is attention with Algorithm 2's collectives."""
     alg2 = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(P(), kv_spec, kv_spec),
@@ -701,7 +701,7 @@ assert set(by_tk.values()) == {payload}
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_2", "locked": false, "schema_version": 3, "solution": true, "task": false}
 s1 = tae.collective_stats(tree_fn, *structs(mesh, 8192, batch=4, q_len=2, q_heads=32,
                                              head_dim=64, dtype=jnp.bfloat16))
 predicted = 4 * 2 * 32 * (64 + 2) * 4
@@ -886,7 +886,7 @@ assert abs(stage_out - a_out) < 0.01 * a_out  # one step: the measured 46 us, by
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_3", "locked": false, "schema_version": 3, "solution": true, "task": false}
 s2 = tae.collective_stats(lambda q, k, v: tae.tree_decode(q, k, v, mesh=mesh2, seq_axes="gpu"),
                           *structs(mesh2, 8192, seq_axes="gpu"))
 assert {c.groups for c in s2.collectives} == {inner}
@@ -908,13 +908,13 @@ def two_level_psum(x):
 stub_two_level_psum = two_level_psum
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "two_level_psum", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def two_level_psum(x):  # the solution replaces the stub
     """Inside shard_map on mesh2: the sum of x over all 8 devices, inside nodes first."""
     return lax.psum(lax.psum(x, "gpu"), "node")
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_two_level_psum", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 values = jnp.arange(8.0) ** 2
 
 

@@ -409,7 +409,7 @@ print(f"at Tk = {tks[-1]:,}: ring sends {wire['ring'][-1]:,.0f} B, tree {wire['t
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_1", "locked": false, "schema_version": 3, "solution": true, "task": false}
 i4, i8 = ps.index(4), ps.index(8)
 for name in ("ring", "tree"):
     factor = wire_p[name][i8] / wire_p[name][i4]
@@ -617,7 +617,7 @@ def ring_home(q, k, v):
 stub_ring_home = ring_home
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "ring_home", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ring_home(q, k, v):  # the solution replaces the stub
     """Inside shard_map: this device's answer [1, B, Tq, H, Dv], and k, v after the ring."""
     def step(carry, _):
@@ -632,7 +632,7 @@ def ring_home(q, k, v):  # the solution replaces the stub
     return state.out[None], k, v
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_ring_home", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 tk_home = 65536
 
 
@@ -818,7 +818,7 @@ print(f"flops per device at Tk = {tk_c:,}: ring {f_ring:,.0f}, the tree over p c
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_2", "locked": false, "schema_version": 3, "solution": true, "task": false}
 steps = {"ring Allreduce": 2 * (p - 1), "recursive doubling": math.ceil(math.log2(p))}
 alphas = {}
 for algo, n in steps.items():
@@ -879,7 +879,7 @@ def pass_q_by_hand(q, k, v):
 stub_pass_q_by_hand = pass_q_by_hand
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "pass_q_by_hand", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def pass_q_by_hand(q, k, v):  # the solution replaces the stub
     """Inside shard_map: q replicated [B, Tq, H, D], k and v this device's shard. Attention."""
     b, tq, h, _ = q.shape
@@ -906,7 +906,7 @@ def pass_q_by_hand(q, k, v):  # the solution replaces the stub
     return jnp.moveaxis(gathered, 0, 2).reshape(b, tq, h, -1)
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_pass_q_by_hand", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 qh = jax.random.normal(kq, (1, 1, H, HEAD_DIM))
 kh = jax.random.normal(kk, (1, 4096, H, HEAD_DIM))
 vh = jax.random.normal(kv, (1, 4096, H, HEAD_DIM))
@@ -1005,7 +1005,7 @@ assert pf["tree"][0] < pf["ring"][0] and pf["tree"][-1] > pf["ring"][-1]
 #   the sequence length. Measured bytes equal the formulas exactly.
 # * Memory and the measured ratios, computed from the compiled programs above:
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_ring_home_2", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 at_bytes = tks[-1]
 display(Markdown(
     f"* Wire bytes at $T_k$ = {at_bytes:,}: ring {plots.bytes_label(wire['ring'][-1])}, tree "

@@ -212,7 +212,7 @@ plt.show()
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_1", "locked": false, "schema_version": 3, "solution": true, "task": false}
 tq_min = next(tq for tq in range(1, 1000)
               if cm.decode_intensity(llama_group, llama.itemsize, tq) > ridge["bf16"])
 print("compute-bound from T_q =", tq_min)
@@ -424,7 +424,7 @@ stub_ring_allreduce_time, stub_recursive_doubling_time = (ring_allreduce_time,
                                                           recursive_doubling_time)
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "allreduce_times", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ring_allreduce_time(n, p, alpha, beta):  # the solution replaces the stub
     """Seconds of a ring allreduce of n bytes over p ranks."""
     return 2 * (p - 1) * (alpha + n / p / beta)
@@ -435,7 +435,7 @@ def recursive_doubling_time(n, p, alpha, beta):  # the solution replaces the stu
     return math.ceil(math.log2(p)) * (alpha + n / beta)
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_allreduce_times", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def ring_allreduce_log(x):
     """Run a ring allreduce on x [p, n] (rank i holds x[i]); return the result and the bytes
     each rank sends at each step."""
@@ -508,7 +508,7 @@ for algorithm, formula, stub, package in (
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_2", "locked": false, "schema_version": 3, "solution": true, "task": false}
 intra = h100.intra
 n_tree = 8320
 print(f"ring: latency {2 * 7 * intra.alpha_s * 1e6:.1f} us, bytes "
@@ -650,7 +650,7 @@ def fit_alpha_beta(points):
 stub_fit_alpha_beta = fit_alpha_beta
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "fit_alpha_beta", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def fit_alpha_beta(points):  # the solution replaces the stub
     """Hockney parameters (alpha seconds, beta bytes/s) from (bytes, seconds) points."""
     small = [t for n, t in points if n <= calibrate.SMALL_MESSAGE]
@@ -660,7 +660,7 @@ def fit_alpha_beta(points):  # the solution replaces the stub
     return alpha, beta
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_fit_alpha_beta", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 true = cm.Link(alpha_s=20e-6, beta_Bps=20e9)
 test_sizes = (1024, 4096, 16384, 2**19, 2**21, 2**23)  # three small, three large
 noise = np.random.default_rng(0).uniform(0.95, 1.05, size=(len(test_sizes), 3))
@@ -898,7 +898,7 @@ Markdown(
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_3", "locked": false, "schema_version": 3, "solution": true, "task": false}
 prefill = {}
 for n, (pt, _) in paper.items():
     matmul = 2 * llama.params * n
@@ -1015,7 +1015,7 @@ Markdown(
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_4", "locked": false, "schema_version": 3, "solution": true, "task": false}
 N3, P3 = 1_280_000, 8
 t3 = N3 // P3
 block_bytes = t3 * 16 * 128 * 2  # one K (or V) block of the microbenchmark, bf16

@@ -148,7 +148,7 @@ def dequantize_q8_0(raw: np.ndarray) -> np.ndarray:
 stub_dequantize_q8_0 = dequantize_q8_0
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "dequantize_q8_0", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def dequantize_q8_0(raw: np.ndarray) -> np.ndarray:  # replaces the stub
     """Q8_0 rows `[rows, 34·blocks]` (uint8) -> float32 weights `[rows, 32·blocks]`."""
     rows, nbytes = raw.shape
@@ -158,7 +158,7 @@ def dequantize_q8_0(raw: np.ndarray) -> np.ndarray:  # replaces the stub
     return (d * q).reshape(rows, -1)
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_dequantize_q8_0", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 reader = gguf.GGUFReader(MODEL)
 embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
 rows = np.asarray(embd.data[:16])  # the first 16 tokens' rows, as stored
@@ -358,7 +358,7 @@ def posterior(lse: np.ndarray) -> np.ndarray:
 stub_posterior = posterior
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "posterior", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def posterior(lse: np.ndarray) -> np.ndarray:  # replaces the stub
     """Weights `exp(lse_i - logsumexp(lse))` along the last axis (float64)."""
     x = np.asarray(lse, np.float64)
@@ -368,7 +368,7 @@ def posterior(lse: np.ndarray) -> np.ndarray:  # replaces the stub
     return e / np.where(total > 0, total, 1.0)
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_posterior", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def check_posterior(fn):
     """Raises AssertionError unless fn gives the closed forms (overflow and empty rows
     included) and the package's weights for the real model's lse."""
@@ -901,7 +901,7 @@ plt.show()
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_1", "locked": false, "schema_version": 3, "solution": true, "task": false}
 M1, B1, FLIP1 = 256, 64.0, 0.3
 before = acc[SIZES.index(M1), BETAS.index(B1)]
 after = hf.accuracy_grid(jax.random.key(6), (M1,), (B1,), dim=DIM, flip=FLIP1)[0, 0]

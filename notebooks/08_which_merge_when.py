@@ -567,7 +567,7 @@ def wire_bytes(kind, nbytes, p):
 stub_wire_bytes = wire_bytes
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "wire_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def wire_bytes(kind, nbytes, p):  # the solution replaces the stub
     """Bytes one device sends in a ring collective (pairwise all-to-all) of payload `nbytes`
     (received for "all-gather", contributed otherwise) on `p` devices."""
@@ -576,7 +576,7 @@ def wire_bytes(kind, nbytes, p):  # the solution replaces the stub
             "all-to-all": share, "collective-permute": nbytes}[kind]
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_wire_bytes", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def ring_reduce_scatter(bufs):
     """bufs [p, p, m]: device d holds p blocks. Each of p-1 steps, device d adds its running
     block (d - s - 1) % p into its right neighbour's. Returns (device d's summed block d,
@@ -635,7 +635,7 @@ print("the stub is rejected; wire_bytes == bytes sent by the simulated ring algo
 # %% [markdown]
 # With `wire_bytes`, the table compares like with like.
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_wire_bytes_2", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def sent(stats):
     return sum(wire_bytes(c.kind, c.bytes, p) * c.count for c in stats.fast_path().collectives)
 
@@ -973,7 +973,7 @@ def outside_window(out, lse):
 stub_outside_window = outside_window
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "outside_window", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def outside_window(out, lse):  # the solution replaces the stub
     """[B, Tq, Hq]: rows whose terms e^(lse - SHIFT)·out leave the exact window."""
     info = np.finfo(out.dtype)
@@ -989,7 +989,7 @@ def outside_window(out, lse):  # the solution replaces the stub
     return outside & ~jnp.isneginf(lse)
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_outside_window", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def device_flags(outside, out, lse):
     """[cases]: some device has a row that `outside` flags."""
     return np.any([np.asarray(outside(jnp.asarray(out[d]), jnp.asarray(lse[d]))).any(axis=(1, 2))
@@ -1570,7 +1570,7 @@ print(f"second map: one_pass wins {all_winners.count('one_pass')} of {cells} cel
 #
 # </details>
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_1", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def gather_wins(batch):
     t = {m: costmodel.predict_merge(m, 2**20, topo8, batch=batch).total_s
          for m in ("allgather", "allreduce")}

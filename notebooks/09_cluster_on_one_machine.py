@@ -239,7 +239,7 @@ def fit_beta(points: list) -> float:
 stub_fit_beta = fit_beta
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "fit_beta", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def fit_beta(points: list) -> float:  # replaces the stub
     """Bytes per second: 1 / slope of a least-squares line through the points > 16 KiB."""
     big = np.array([(n, t) for n, t in points if n > 16 * 1024], float)
@@ -247,7 +247,7 @@ def fit_beta(points: list) -> float:  # replaces the stub
     return float(1 / slope)
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_fit_beta", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def check_fit_beta(fn):
     """Raises AssertionError unless fn refits the recorded β, within ±20% of the rate set."""
     for r in runs.values():
@@ -487,14 +487,14 @@ def ring_at_rate(t_fast: float, link_bytes: float, beta_fast: float, beta_slow: 
 stub_ring_at_rate = ring_at_rate
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "ring_at_rate", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ring_at_rate(t_fast: float, link_bytes: float, beta_fast: float,
                  beta_slow: float) -> float:  # replaces the stub
     """Seconds per decode on the slow link: the fast time with the link's share re-priced."""
     return t_fast + link_bytes * (1 / beta_slow - 1 / beta_fast)
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_ring_at_rate", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def check_ring_at_rate(fn, show=False):
     """Raises AssertionError unless fn predicts the ring's slow-link time within 10%."""
     for name, r in runs.items():
@@ -713,7 +713,7 @@ def one_way_delays(kind: str, p: int, nodes: int) -> int:
 stub_one_way_delays = one_way_delays
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "one_way_delays", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def one_way_delays(kind: str, p: int, nodes: int) -> int:  # replaces the stub
     """One-way delays D that one call of `kind` pays over p devices on `nodes` >= 2 nodes,
     on gloo's TCP transport (a message across nodes costs 2D: notice, then data)."""
@@ -722,7 +722,7 @@ def one_way_delays(kind: str, p: int, nodes: int) -> int:  # replaces the stub
             "collective-permute": 2, "permute-exchange": 2}[kind]
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_one_way_delays", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def check_one_way_delays(fn):
     """Raises AssertionError unless fn gives the record's source counts in every layout."""
     for lay in layouts:
@@ -762,7 +762,7 @@ print("the stub is rejected; one_way_delays == the record's source counts, in ev
 # The slope of each method's time against $D$, divided by $D$, is what it pays per decode
 # step. The cell checks the record's slopes by refitting them.
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "test_one_way_delays_2", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 sweep = json.loads((LAT / "latency-2x2x1.json").read_text())
 cfg = sweep["reports"]["0.0"]["config"]
 p4, nodes4 = cfg["devices"], cfg["nodes"]
@@ -975,7 +975,7 @@ else:
 # one scheduler slice of 2 ms, for the states of §9.4? How much slower than the slowest
 # link here is that?
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_1", "locked": false, "schema_version": 3, "solution": true, "task": false}
 # The flat ring crosses the link with 2(p-1)/p·n bytes per direction per call.
 crossing = 2 * (p - 1) / p * n
 rate = crossing / 2e-3  # bytes per second that make it last one 2 ms slice

@@ -371,11 +371,14 @@ def test_every_option_has_help_and_help_shows_defaults(capsys):
     assert set(subs.choices) == {
         "demo",
         "bench",
+        "calibrate",
         "generate",
         "speed",
         "fetch-model",
         "launch",
         "cluster",
+        "student",
+        "grade",
     }
     for name, sub in [("", parser), *subs.choices.items()]:
         for action in sub._actions:

@@ -1,13 +1,13 @@
 """Command line: `tree-attention-edu demo | bench | calibrate | generate | speed | fetch-model |
-launch | cluster`.
+launch | cluster | student | grade`.
 
 Device setup must happen before JAX computes anything, so every subcommand parses its
 arguments, calls `simulate_devices`, and only then computes. One module per subcommand
-(`demo`, `bench`, `calibrate`, `generate`, `speed`, `fetch_model`, `launch`, `cluster`), each with
-`add_arguments`, `validate` and `run`; what they share is in `plumbing` (the parser,
-argument types, one-line errors), `memory` (what each run needs) and `common` (the decode
-problem and device setup). `worker` is the entry point of the launchers' worker processes,
-`forwarder` that of a cluster's delay forwarder.
+(`demo`, `bench`, `calibrate`, `generate`, `speed`, `fetch_model`, `launch`, `cluster`,
+`student`, `grade`), each with `add_arguments`, `validate` and `run`; what they share is in
+`plumbing` (the parser, argument types, one-line errors), `memory` (what each run needs) and
+`common` (the decode problem and device setup). `worker` is the entry point of the
+launchers' worker processes, `forwarder` that of a cluster's delay forwarder.
 Every entry point of the package is here.
 
 Every argument is checked before any work starts: a bad flag, an unwritable output path or
@@ -23,10 +23,21 @@ import os
 import sys
 
 from .. import __version__
-from . import bench, calibrate, cluster, demo, fetch_model, generate, launch, speed
+from . import (
+    bench,
+    calibrate,
+    cluster,
+    demo,
+    fetch_model,
+    generate,
+    grade,
+    launch,
+    speed,
+    student,
+)
 from . import plumbing as cl
 
-COMMANDS = (demo, bench, calibrate, generate, speed, fetch_model, launch, cluster)
+COMMANDS = (demo, bench, calibrate, generate, speed, fetch_model, launch, cluster, student, grade)
 
 
 def build_parser() -> argparse.ArgumentParser:

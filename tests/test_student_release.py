@@ -1,0 +1,291 @@
+"""The student release (`course.release`, nbgrader): how the lecturer's notebooks are
+marked, what the release carries, and how it grades.
+
+Static checks cover all nine notebooks: the marks, no solution text and no outputs in the
+release, and the release with its solutions put back giving the lecturer's cells (so that
+nbval of the committed notebooks proves the release, solved, passes everything). One
+notebook, the cheapest to run, is autograded: as released exactly its exercises' tests fail,
+and with its solutions, full marks. `make student-check` does that for all nine.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tree_attention_edu import cli
+from tree_attention_edu.course import release
+
+pytest.importorskip("nbgrader")  # a developer dependency (the dev extra)
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = release.lecturer_notebooks(ROOT / "notebooks")
+LECTURER = {p.name: release.read(p) for p in NOTEBOOKS}
+# The cheapest notebook to execute (measured with `nice` on 2 shared cores: 03 takes 45 s,
+# 01 52 s, 04 57 s, the others 60 s to 100 s and more).
+CHEAPEST = "03_associativity_and_trees.ipynb"
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    """The release of all nine notebooks (nbgrader generate_assignment, about 15 s)."""
+    out = tmp_path_factory.mktemp("student")
+    paths = release.release(NOTEBOOKS, out)
+    return {p.name: release.read(p) for p in paths}
+
+
+# --- the lecturer's marks -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(LECTURER))
+def test_the_lecturers_notebooks_are_marked(name):
+    """Every `solution` cell is an nbgrader answer cell and the other way round; every test
+    is locked, worth points and follows its exercise's answer cell."""
+    assert release.mark_problems(LECTURER[name]) == []
+
+
+def test_every_notebook_has_exercises():
+    counts = {n: len(release.exercises(nb, n)) for n, nb in LECTURER.items()}
+    assert all(counts.values()), counts
+    assert sum(counts.values()) == 20, counts
+
+
+def test_the_mark_check_can_fail():
+    nb = copy.deepcopy(LECTURER[CHEAPEST])
+    test = next(c for c in nb.cells if release.is_test(c))
+    test.metadata.nbgrader["locked"] = False
+    answer = next(c for c in nb.cells if release.is_answer(c))
+    answer.metadata.tags = []  # an answer cell the site would not fold
+    later = [c for c in nb.cells if release.is_test(c)][1]
+    later.metadata.nbgrader["grade_id"] = "test_nothing_2"  # a test of no exercise
+    problems = release.mark_problems(nb)
+    assert any("not locked" in p for p in problems) and any("tagged" in p for p in problems)
+    assert any("'test_nothing_2' comes before 'test_nothing'" in p for p in problems)
+
+
+# --- what the release carries (static, all nine) ------------------------------------------
+
+
+def solution_lines(lecturer) -> set[str]:
+    """Lines of the answer cells that no other cell of the lecturer's notebook has (a stub's
+    `def` line or docstring, repeated in its solution, is no solution text)."""
+    answers = [c for c in lecturer.cells if release.is_answer(c)]
+    others = {
+        line.strip()
+        for c in lecturer.cells
+        if not release.is_answer(c)
+        for line in c.source.splitlines()
+    }
+    return {
+        line.strip() for c in answers for line in c.source.splitlines() if line.strip()
+    } - others
+
+
+def leaks(released_nb, lecturer) -> list[str]:
+    """Solution lines found anywhere in a released notebook's cells."""
+    text = {line.strip() for c in released_nb.cells for line in c.source.splitlines()}
+    return sorted(solution_lines(lecturer) & text)
+
+
+@pytest.mark.parametrize("name", sorted(LECTURER))
+def test_the_release_carries_no_solution_and_no_output(released, name):
+    nb = released[name]
+    assert leaks(nb, LECTURER[name]) == []
+    assert len(solution_lines(LECTURER[name])) > 5  # the check has something to look for
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.outputs == [] and c.execution_count is None for c in code)
+    for cell in nb.cells:
+        if release.is_answer(cell):
+            assert cell.source == release.CODE_STUB
+            assert not cell.metadata.get("jupyter", {}).get("source_hidden")  # shown
+    assert "jupytext" not in nb.metadata  # no .py paired beside a student's notebook
+
+
+def test_a_planted_solution_line_is_found(released):
+    nb = copy.deepcopy(released[CHEAPEST])
+    lecturer = LECTURER[CHEAPEST]
+    planted = next(iter(sorted(solution_lines(lecturer))))
+    stub = next(c for c in nb.cells if release.is_answer(c))
+    stub.source += "\n    " + planted
+    assert leaks(nb, lecturer) == [planted]
+
+
+def lecturer_cells(nb):
+    return [(c.cell_type, c.source) for c in nb.cells]
+
+
+@pytest.mark.parametrize("name", sorted(LECTURER))
+def test_solutions_put_back_give_the_lecturers_cells(released, name):
+    """The release differs from the lecturer's copy in its answer cells only: with them
+    filled back in, every cell is the lecturer's (which nbval checks, outputs and all)."""
+    filled = release.put_back(released[name], LECTURER[name])
+    assert lecturer_cells(filled) == lecturer_cells(LECTURER[name])
+
+
+def test_putting_back_finds_any_other_change(released):
+    nb = copy.deepcopy(released[CHEAPEST])
+    test = next(c for c in nb.cells if release.is_test(c))
+    test.source = test.source.replace("assert", "pass  #", 1)  # a weakened test
+    filled = release.put_back(nb, LECTURER[CHEAPEST])
+    assert lecturer_cells(filled) != lecturer_cells(LECTURER[CHEAPEST])
+
+
+# --- grading -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_cheapest_release_fails_exactly_its_tests_and_solved_scores_full(tmp_path):
+    """Autograde one notebook twice (about 2 x 45 s): as released, exactly the exercises'
+    graded tests raise and score 0; with the solutions put back, nothing raises, full
+    marks. This is `make student-check` for one notebook."""
+    lecturer = [p for p in NOTEBOOKS if p.name == CHEAPEST]
+    written = release.release(lecturer, tmp_path / "student")
+    assert release.check_release(written, lecturer) == []
+
+
+def test_the_release_check_can_fail():
+    """The verdict on two gradings: a test that passes unfilled, a cell that raises which
+    is no test, and a solved notebook short of full marks are each reported."""
+    tests = ["test_a", "test_b"]
+    right = release.judge(
+        release.Graded("x.ipynb", {"test_a": (0, 1), "test_b": (0, 1)}, tests),
+        release.Graded("x.ipynb", {"test_a": (1, 1), "test_b": (1, 1)}, []),
+        tests,
+    )
+    assert right == []
+    wrong = release.judge(
+        release.Graded("x.ipynb", {"test_a": (0, 1), "test_b": (1, 1)}, ["test_a", "cell 7"]),
+        release.Graded("x.ipynb", {"test_a": (1, 1), "test_b": (0, 1)}, ["test_b"]),
+        tests,
+    )
+    assert len(wrong) == 3 and "cell 7" in wrong[0] and "scores 1" in wrong[1], wrong
+
+
+# --- the command line: bad input is one line and exit status 2 ----------------------------
+
+
+def call(argv, capsys):
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:
+        code = e.code
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    return code, err
+
+
+def test_bad_input_is_one_line_and_status_2(tmp_path, capsys):
+    (tmp_path / "not_json").mkdir()
+    (tmp_path / "not_json" / "01_energy_function.ipynb").write_text("not json")
+    (tmp_path / "stranger").mkdir()
+    (tmp_path / "stranger" / "99_unknown.ipynb").write_text(json.dumps({"cells": []}))
+    (tmp_path / "empty").mkdir()
+    cases = [
+        (["grade", str(tmp_path / "missing")], "no such folder"),
+        (["grade", str(tmp_path / "empty")], "no notebooks"),
+        (["grade", str(tmp_path / "not_json")], "not a notebook"),
+        (["grade", str(tmp_path / "stranger")], "no notebook 99_unknown.ipynb"),
+        (["student", "--notebooks", str(tmp_path / "missing")], "no such folder"),
+        (["student", "--notebooks", str(tmp_path / "empty")], "no course notebooks"),
+        (["student", "--only", "42"], "no notebook numbered 42"),
+    ]
+    for argv, expected in cases:
+        code, err = call(argv, capsys)
+        assert code == 2 and len(err) == 1 and expected in err[0], (argv, err)
+
+
+def test_grade_prints_a_score_per_test_and_writes_json(tmp_path, monkeypatch, capsys):
+    """`grade`'s report, with nbgrader's run replaced by a fixed result (no execution)."""
+    (tmp_path / "ada").mkdir()
+    nbformat.write(LECTURER[CHEAPEST], tmp_path / "ada" / CHEAPEST)
+    scores = {"test_combine_np": (1.0, 1.0), "test_two_sum": (0.0, 1.0)}
+
+    def fake(by_student, notebooks, timeout_s):
+        assert [p.name for p in by_student["ada"]] == [CHEAPEST] and len(notebooks) == 9
+        return {"ada": [release.Graded(CHEAPEST, scores, ["test_two_sum"])]}
+
+    monkeypatch.setattr(release, "grade", fake)
+    out = tmp_path / "grades.json"
+    assert (
+        cli.main(
+            ["grade", str(tmp_path), "--notebooks", str(ROOT / "notebooks"), "--json", str(out)]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert f"{CHEAPEST}: 1 / 2" in text and "test_two_sum" in text and "total: 1 / 2" in text
+    assert json.loads(out.read_text())["ada"][CHEAPEST]["failed"] == ["test_two_sum"]
+
+
+def test_grading_reads_a_folder_per_student(tmp_path):
+    for student in ("ada", "bob"):
+        (tmp_path / student).mkdir()
+        nbformat.write(LECTURER[CHEAPEST], tmp_path / student / CHEAPEST)
+    found = release.submissions(tmp_path)
+    assert list(found) == ["ada", "bob"] and all(len(v) == 1 for v in found.values())
+
+
+# --- the lecturer's guide ------------------------------------------------------------------
+
+
+GUIDE = ROOT / "docs" / "lecturers-guide.md"
+ANSWERS = ROOT / "docs" / "lecturers-answers.md"
+
+
+NO_SITE = pytest.mark.skipif(
+    not ANSWERS.exists(), reason="the site's sources (docs/, mkdocs.yml) are not in the sdist"
+)
+
+
+@NO_SITE
+def test_the_guide_is_on_the_site_and_the_answers_are_not():
+    """The guide is a page of the site (in the nav); the exam answers are excluded from
+    it (`exclude_docs`), and no page of the site carries an answer's text."""
+    from mkdocs.config import load_config
+    from mkdocs.structure.files import get_files
+
+    config = load_config(str(ROOT / "mkdocs.yml"))
+    files = {f.src_uri: f for f in get_files(config)}
+    assert not files["lecturers-answers.md"].inclusion.is_included()
+    assert files["lecturers-guide.md"].inclusion.is_included()
+    assert "lecturers-guide.md" in (ROOT / "mkdocs.yml").read_text()
+    answers = answer_texts(ANSWERS.read_text())
+    assert len(answers) == 27, len(answers)  # three questions for each of nine notebooks
+    published = [
+        Path(f.abs_src_path)
+        for f in files.values()
+        if f.inclusion.is_included() and f.src_uri.endswith((".md", ".ipynb"))
+    ]
+    assert len(published) > 40
+    assert shown(published, answers) == []
+
+
+def page_text(path: Path) -> str:
+    """A page's text, whitespace collapsed (a notebook's: its cells' sources)."""
+    if path.suffix == ".ipynb":
+        text = "\n".join(c.source for c in release.read(path).cells)
+    else:
+        text = path.read_text()
+    return " ".join(text.split())
+
+
+def shown(pages: list[Path], answers: list[str]) -> list[tuple[str, str]]:
+    """(page, answer) for each answer whose text a page carries."""
+    texts = {p.name: page_text(p) for p in pages}
+    return [(name, a) for name, text in texts.items() for a in answers if a in text]
+
+
+def answer_texts(text: str) -> list[str]:
+    """The first 80 characters of each answer (after "**Answer.**"), whitespace collapsed."""
+    return [" ".join(part.split("\n\n")[0].split())[:80] for part in text.split("**Answer.**")[1:]]
+
+
+@NO_SITE
+def test_the_answer_check_can_fail(tmp_path):
+    answers = answer_texts(ANSWERS.read_text())
+    page = tmp_path / "page.md"
+    page.write_text(f"# A page\n\nIn short:\n{ANSWERS.read_text().split('**Answer.**')[5]}")
+    assert shown([page], answers) == [("page.md", answers[4])]
