@@ -854,7 +854,7 @@ stage_out, algo_out = costmodel.allreduce_time(payload, 2, dgx.inter)
 print(f"the model's pick: inside a node {algo_in} ({stage_in * 1e6:.1f} us), across nodes "
       f"{algo_out} ({stage_out * 1e6:.1f} us); a 2-rank ring would take "
       f"{costmodel.ring_allreduce_time(payload, 2, dgx.inter) * 1e6:.1f} us")
-assert (algo_in, algo_out) == ("tree", "tree")  # recursive doubling, at both levels
+assert (algo_in, algo_out) == ("recursive_doubling", "recursive_doubling")
 assert abs(stage_out - a_out) < 0.01 * a_out  # one step: the measured 46 us, bytes aside
 
 # %% [markdown]

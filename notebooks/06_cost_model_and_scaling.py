@@ -515,7 +515,7 @@ print(f"ring: latency {2 * 7 * intra.alpha_s * 1e6:.1f} us, bytes "
       f"{2 * 7 / 8 * n_tree / intra.beta_Bps * 1e6:.3f} us; recursive doubling "
       f"{cm.tree_allreduce_time(n_tree, 8, intra) * 1e6:.1f} us; the model picks "
       f"{cm.allreduce_time(n_tree, 8, intra)[1]!r}")
-assert cm.allreduce_time(n_tree, 8, intra)[1] == "tree"  # the costmodel's name for it
+assert cm.allreduce_time(n_tree, 8, intra)[1] == "recursive_doubling"
 latency_s, bytes_s = 2 * 7 * intra.alpha_s, 2 * 7 / 8 * n_tree / intra.beta_Bps
 assert latency_s > 1000 * bytes_s and bytes_s < 1e-7  # "dominates", "well under a microsecond"
 

@@ -116,7 +116,7 @@ def test_model_reduces_to_paper_formulas():
 def test_allreduce_choice_and_hierarchy():
     link = cm.Link(alpha_s=10e-6, beta_Bps=10e9)
     # Latency-bound messages take the log-depth tree; bandwidth-bound ones the ring.
-    assert cm.allreduce_time(1e3, 64, link)[1] == "tree"
+    assert cm.allreduce_time(1e3, 64, link)[1] == "recursive_doubling"
     assert cm.allreduce_time(1e9, 64, link)[1] == "ring"
     t, _ = cm.allreduce_time(1e3, 64, link)
     assert t == pytest.approx(6 * (10e-6 + 1e3 / 10e9))

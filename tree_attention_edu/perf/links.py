@@ -245,15 +245,18 @@ def tree_allreduce_time(nbytes: float, p: int, link: Link) -> float:
     return math.ceil(math.log2(p)) * link.send(nbytes)
 
 
-def allreduce_time(nbytes: float, p: int, link: Link) -> tuple[float, str]:
+def allreduce_time(
+    nbytes: float, p: int, link: Link
+) -> tuple[float, Literal["ring", "recursive_doubling"]]:
     """The cheaper of ring and recursive-doubling allreduce (an MPICH-style selection):
-    `(seconds, "ring"|"tree")`. Numbers only: the choice compares the two times."""
+    `(seconds, "ring"|"recursive_doubling")`. Numbers only: the choice compares the two
+    times."""
     _allreduce_args(nbytes, p, link)
     check_no_symbols(
         "allreduce_time compares two algorithms' times", nbytes=nbytes, **_link_fields(link)
     )
     ring, tree = ring_allreduce_time(nbytes, p, link), tree_allreduce_time(nbytes, p, link)
-    return (tree, "tree") if tree <= ring else (ring, "ring")
+    return (tree, "recursive_doubling") if tree <= ring else (ring, "ring")
 
 
 def hierarchical_allreduce_time(nbytes: float, topo: Topology) -> float:
