@@ -158,8 +158,10 @@ assert len(rep["process_lines"]) == rep["config"]["processes"]
 # own calls so that the machine's other work hits both alike. gloo's ring takes $2(g-1)$ steps over $g$
 # ranks, each moving $n/g$ bytes; across nodes, the $k$ devices of a node share its
 # uplink, so a step puts $k\,n/g$ bytes on the link. Per step,
-# $t = \alpha + \text{bytes}/\beta$: α is the mean over the small messages, β the inverse
-# slope over the large ones (the link's own rate, comparable with the rate set).
+# $t = \alpha + \text{bytes}/\beta$: α is the **mean** over the small messages, β the inverse
+# slope over the large ones (the link's own rate, comparable with the rate set). Notebook 6
+# (Exercise 2) and `calibrate.fit_link` take α as the **median** of the small messages
+# instead; the reason for the difference, and its size here, follow the figure.
 
 # %%
 def level_rows(rep):
@@ -207,15 +209,22 @@ plt.show()
 #
 # That spread is this machine, not the network. Its two cores run the workers' device
 # threads, gloo's threads and other people's jobs; a step whose peer is awake is fast, a
-# step that must wake it waits for a scheduler slice. A decode adds many steps, so α is
-# their mean. Bandwidth is robust.
+# step that must wake it waits for a scheduler slice. A decode adds many steps, so α here is
+# their mean, what a sum of many steps pays; the median, notebook 6's α, is a typical single
+# step, and with this spread the two differ (both are printed below). Bandwidth is robust.
+# A fitted β a little above the rate set (the table's largest "of set") is not a faster
+# link: tbf lets a burst through unshaped whenever its bucket has refilled, and how full
+# the bucket is when a message starts depends on the gap before it, so over short timing
+# windows on shared cores the slope lands some percent either side of the rate set.
 
 # %%
 small = np.array([t for _, inter, intra in level_rows(rep) for f in (inter, intra)
                   for n_, t in f["points"] if n_ <= 16384])
 print(f"small-message steps, {rep['config']['devices']} devices: 10th percentile "
       f"{np.percentile(small, 10) * 1e3:.2f} ms, median {np.median(small) * 1e3:.2f} ms, "
-      f"90th percentile {np.percentile(small, 90) * 1e3:.2f} ms")
+      f"90th percentile {np.percentile(small, 90) * 1e3:.2f} ms; mean (this notebook's alpha) "
+      f"{np.mean(small) * 1e3:.2f} ms, {np.mean(small) / np.median(small):.1f}x the median "
+      f"(notebook 6's alpha)")
 worst = max(abs(inter["beta_Bps"] / s_ - 1) for r in runs.values()
             for s_, inter, _ in level_rows(r))
 display(Markdown(f"The fitted inter-node β is within {worst:.0%} of the rate set, in both "
@@ -259,11 +268,11 @@ def check_fit_beta(fn):
 
 try:
     check_fit_beta(stub_fit_beta)
-    raise RuntimeError("the test accepted the stub")
+    print("the stub cell passes the test (filled in?)")
 except AssertionError:
-    pass  # the stub fails the test
+    print("the stub as given fails the test")
 check_fit_beta(fit_beta)
-print("the stub is rejected; your beta == the recorded fit, within ±20% of the rate set, for "
+print("your beta == the recorded fit, within ±20% of the rate set, for "
       "both runs and rates")
 
 # %% [markdown]
@@ -388,6 +397,30 @@ for name, r in runs.items():
     assert t["verdict"] == run.verdict(slow["tree"]["round_s"],
                                        slow["tree_2level"]["round_s"])["verdict"]
 
+# Ring steps per decode, counted as §9.8 counts them: XLA's all-reduces ran as three gloo
+# rings, of all p devices (flat), or of the k devices of a node and then of the nodes.
+claim_lines = []
+for name, r in runs.items():
+    c_, t = r["config"], r["topology_claim"]
+    p_, nodes_ = c_["devices"], c_["nodes"]
+    k_ = c_["processes_per_node"] * c_["devices_per_process"]
+    flat_steps, two_steps = 3 * 2 * (p_ - 1), 3 * 2 * (k_ - 1) + 3 * 2 * (nodes_ - 1)
+    model_ratio = t["flat_predicted_s"] / t["two_level_predicted_s"]
+    assert two_steps < flat_steps and model_ratio > 1.25  # fewer steps; model: 2-level faster
+    assert t["verdict"] == "no measurable difference"
+    claim_lines.append(
+        f"{name} ({p_} devices, {k_} per node): flat 3 · 2({p_} − 1) = {flat_steps} ring "
+        f"steps, 2-level 3 · 2({k_} − 1) + 3 · 2({nodes_} − 1) = {two_steps}; the model "
+        f"predicts flat {t['flat_predicted_s'] * 1e3:.1f} ms, 2-level "
+        f"{t['two_level_predicted_s'] * 1e3:.1f} ms ({model_ratio:.1f}× for 2-level); "
+        f"measured flat {t['flat_s'] * 1e3:.1f} ms, 2-level {t['two_level_s'] * 1e3:.1f} ms "
+        f"({t['flat_over_two_level']:.2f}×).")
+big_run = runs["2x2x2"]["topology_claim"]
+assert 1.8 < big_run["flat_predicted_s"] / big_run["two_level_predicted_s"] < 2.5  # about 2x
+assert abs(big_run["flat_predicted_s"] / big_run["flat_s"] - 1) < 0.1  # flat: close
+assert big_run["two_level_predicted_s"] < 0.6 * big_run["two_level_s"]  # 2-level: about half
+display(Markdown("\n".join(f"* {line}" for line in claim_lines)))
+
 # %% [markdown]
 # **Quiz (predict, then read).** Before reading the verdict above: the 2-level schedule
 # crosses the slow link once, with states already reduced inside each node, while the flat
@@ -398,9 +431,10 @@ for name, r in runs.items():
 # <details><summary>Answer</summary>
 #
 # The 2-level schedule puts *more* bytes on the link here (both counts are printed above),
-# and neither is measurably faster: the verdict above says so. The next paragraphs explain
-# why: the states are a few kB, so bytes hardly cost anything, and the steps' latency is
-# the same inside and across nodes on this machine.
+# and neither is measurably faster: the verdict above says so. The next paragraphs say what
+# the record explains and what it does not: the states are a few kB, so bytes hardly cost
+# anything; the 2-level tree takes fewer latency steps, and the cost model predicts it
+# faster, but the measurement does not show it.
 #
 # </details>
 #
@@ -411,12 +445,20 @@ for name, r in runs.items():
 #   puts *more* bytes on the link here: its second stage runs $k$ all-reduces at once, one per
 #   device of the node, each carrying the whole state, while the flat ring crosses the
 #   link with $2\frac{p-1}{p}$ of one state per direction.
-# * **Latency terms decide it.** The flat tree runs 2 Allreduces of $2(p-1)$ steps each; the
-#   2-level tree runs 4, of $2(k-1)$ and 2 steps. With no added latency (no `netem`), an
-#   inter-node step costs the same order as an intra-node step (both fitted α are printed
-#   below, and asserted within a factor of 3 of each other), so the 2-level tree's
-#   advantage (fewer steps at the slow link's α) has nothing to act on. §9.8 gives the link
-#   a delay, and the verdict changes.
+# * **The latency count favours the 2-level tree; the measurement does not show it.**
+#   Counted as §9.8 counts them (XLA's two all-reduces ran as three gloo rings), the flat
+#   tree takes $3 \cdot 2(p-1)$ ring steps per decode and the 2-level tree
+#   $3 \cdot 2(k-1) + 3 \cdot 2$ (the list above gives both runs' counts): fewer, even if
+#   every step cost the same α. So equal α inside and across nodes (both fitted α are
+#   printed below, within a factor of 3 of each other) does not explain the parity. The
+#   cost model, which prices each step at its level's fitted α, predicts the 2-level tree
+#   faster in both runs, about 2× in the 8-device run; measured, neither is faster. There
+#   the model's flat tree is close to its measurement and its 2-level tree about half of
+#   it. What the model misses is the one §9.4 names: α is measured in isolation, from
+#   back-to-back all-reduces, and a step inside a decode, after a kernel kept every core
+#   busy, costs far more; the record does not separate how that cost falls on each
+#   schedule's steps. §9.8 gives the link a delay that outweighs it, and the verdict
+#   changes.
 #
 # %%
 t = rep["topology_claim"]
@@ -436,7 +478,9 @@ assert t["two_level_link_bytes"] / t["set_Bps"] < 2e-3  # a fraction of one 2 ms
 # ## 9.6 Ring against the link rate
 #
 # Halve the rate: the ring, which moves $(p-1)/p$ of the cache per token, slows down by
-# nearly 2; the tree's few kB barely notice.
+# less than the rate's factor of 2 but far more than any other method. The other methods
+# move a few kB; their times changed in both directions between the two rates (the cell
+# prints each factor).
 
 # %%
 for name, r in runs.items():
@@ -445,8 +489,19 @@ for name, r in runs.items():
         f"{mt} x{s:.2f}" for mt, s in v["slowdown"].items()))
     assert v["slowdown"]["ring"] > 1.4  # the ring's time is mostly bytes over the link
     assert v["slowdown"]["ring"] > max(s for mt, s in v["slowdown"].items() if mt != "ring")
-    assert 1.5 < v["slowdown"]["ring"] <= 1.05 * v["rate_ratio"]  # "nearly 2", "about 2"
-    assert max(s for mt, s in v["slowdown"].items() if mt != "ring") < 1.2  # barely notice
+    assert 1.5 < v["slowdown"]["ring"] < v["rate_ratio"]  # "less than the rate's factor"
+others_x = [s for r in runs.values() for mt, s in r["ring_vs_rate"]["slowdown"].items()
+            if mt != "ring"]
+ring_x = [r["ring_vs_rate"]["slowdown"]["ring"] for r in runs.values()]
+assert min(others_x) < 1 < max(others_x)  # "in both directions"
+assert max(others_x) < 1.2 and min(others_x) > 0.6
+in_fig = [s for mt, s in rep["ring_vs_rate"]["slowdown"].items() if mt != "ring"]
+assert 0.9 < min(in_fig) and max(in_fig) < 1.1  # the figure's run: "within 10%"
+display(Markdown(
+    f"On the slower link the ring took ×{min(ring_x):.2f} to ×{max(ring_x):.2f} its time. The "
+    f"other methods took ×{min(others_x):.2f} to ×{max(others_x):.2f}: some got faster on "
+    f"the slower link, which no rate effect does. That spread is this machine's run-to-run "
+    f"noise, larger than any effect of the rate on a few kB."))
 
 fig, ax = plt.subplots(figsize=(7, 3.4))
 v = rep["ring_vs_rate"]
@@ -467,8 +522,9 @@ plt.show()
 
 # %% [markdown]
 # *Figure: for each method, the pale bar is the slow link, the dark one the fast link.
-# Ring (red) is the only method whose bars differ by about 2; tree methods (blue) and the
-# other patterns (grey) sit at the same height within the noise.*
+# This is the 8-device run. Ring (red) is the only method whose bars differ clearly; the
+# tree methods (blue) and the other patterns (grey) differ by less than 10% here (in the
+# 4-device run they moved further, and in both directions: the factors above).*
 #
 # **Exercise 2 (code).** Predict the ring's time on the slow link from its time on the fast
 # one. Only the bytes on the link depend on the rate: write `ring_at_rate(t_fast,
@@ -512,9 +568,9 @@ def check_ring_at_rate(fn, show=False):
 
 try:
     check_ring_at_rate(stub_ring_at_rate)
-    raise RuntimeError("the test accepted the stub")
+    print("the stub cell passes the test (filled in?)")
 except AssertionError:
-    print("the stub (every second scaled by the rate) is rejected")
+    print("the stub as given (every second scaled by the rate) fails the test")
 check_ring_at_rate(ring_at_rate, show=True)
 
 # %% [markdown]
@@ -734,11 +790,11 @@ def check_one_way_delays(fn):
 
 try:
     check_one_way_delays(stub_one_way_delays)
-    raise RuntimeError("the test accepted the stub")
+    print("the stub cell passes the test (filled in?)")
 except AssertionError:
-    pass  # the stub fails the test
+    print("the stub as given fails the test")
 check_one_way_delays(one_way_delays)
-print("the stub is rejected; one_way_delays == the record's source counts, in every layout   ✓")
+print("one_way_delays == the record's source counts, in every layout   ✓")
 
 # %% [markdown]
 # ### Every method against the delay
@@ -932,7 +988,11 @@ display(Markdown(
 #
 # The cell below reruns a small cluster live where this kernel has the privileges
 # (two nodes of one process with two devices, one rate, three methods; about half a
-# minute), and says why not elsewhere. Its output is a fresh measurement, so nbval does not compare it.
+# minute), and says why not elsewhere. Its output is a fresh measurement, so nbval does not
+# compare it. A short live run like this, three rounds on shared cores, can order the flat
+# and the 2-level tree either way, and the ring against them too; draw no conclusion from
+# its ordering. §9.5 and §9.8 read the recorded runs, with more rounds and a verdict that
+# asks whether a difference exceeds its spread.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -957,11 +1017,15 @@ else:
 #   set of devices, and the launcher removes everything on every way out.
 # * Fitted from all-reduces of growing size, the inter-node β matched the rate set within
 #   ±20% at both rates; α on this shared machine is a scheduler's, not a network's.
-# * The ring is bandwidth-bound: predicted from β, and slower by about 2 when the rate
-#   halves. The tree methods are latency-bound and barely notice the rate.
-# * 2-level against flat: on a link slow only in bandwidth, with states of a few kB, the
-#   paper's schedule has little to save (§9.5 prints what was measured); its claim needs a
-#   link slow in latency too.
+# * The ring is bandwidth-bound: predicted from β, and slower when the rate halves, by less
+#   than the rate's factor but far more than any other method (§9.6). The tree methods
+#   send a few kB; between the two rates their times moved in both directions, by
+#   run-to-run noise larger than any effect of the rate.
+# * 2-level against flat, on a link slow only in bandwidth: the 2-level tree takes fewer
+#   ring steps, and the cost model predicts it faster (about 2× with 8 devices), but the
+#   measurement shows no difference (§9.5). The model's α, fitted from all-reduces in
+#   isolation, is far below what a step costs inside a decode on these shared cores. The
+#   paper's claim shows once the link is slow in latency (§9.8).
 # * Tree overtakes ring, if at all in range, at a handful of keys per device (§9.7).
 # * With a delay on the link (a TUN forwarder, round trips within a few percent of $2D$),
 #   every gloo message across nodes costs $2D$ and an XLA:CPU all-reduce is a ring of
@@ -971,16 +1035,49 @@ else:
 #
 # ## 9.11 Exercises
 #
-# **Exercise 4.** At what link rate would the flat tree's inter-node bytes cost as much as
-# one scheduler slice of 2 ms, for the states of §9.4? How much slower than the slowest
-# link here is that?
+# **Exercise 4 (code).** At what link rate would the flat tree's inter-node bytes cost as
+# much as one scheduler slice of 2 ms, for the states of §9.4? How much slower than the
+# slowest link here is that? Write `slice_rate(p, n, slice_s)`: the bytes per second at
+# which the bytes the flat ring sends per device and call, for states of `n` bytes over
+# `p` devices (§9.4's closed form), take `slice_s` seconds. The test compares it with the
+# record's byte counts, then prints the answer.
+
+# %%
+def slice_rate(p: int, n: float, slice_s: float) -> float:
+    """Bytes per second at which the flat ring's bytes per device and call take slice_s."""
+    # TODO: how many bytes does one device send in a ring all-reduce of n bytes?
+    return n / slice_s  # wrong on purpose: replace it
+
+
+stub_slice_rate = slice_rate
+
 
 # %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_1", "locked": false, "schema_version": 3, "solution": true, "task": false}
-# The flat ring crosses the link with 2(p-1)/p·n bytes per direction per call.
-crossing = 2 * (p - 1) / p * n
-rate = crossing / 2e-3  # bytes per second that make it last one 2 ms slice
+def slice_rate(p: int, n: float, slice_s: float) -> float:  # replaces the stub
+    """Bytes per second at which the flat ring's bytes per device and call take slice_s."""
+    return 2 * (p - 1) / p * n / slice_s  # a ring sends 2(p-1)/p of the state per device
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_answer_1", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+def check_slice_rate(fn):
+    """Raises AssertionError unless fn prices the recorded flat-tree bytes, in both runs."""
+    for r in runs.values():
+        c_, m_ = r["config"], r["methods"]["tree"]
+        pr = c_["problem"]
+        n_ = pr["batch"] * pr["q_heads"] * 4 * (pr["head_dim"] + 2)  # maxima, then sums
+        sent = m_["bytes_inter"] + m_["bytes_intra"]  # read from the compiled program
+        assert np.isclose(fn(c_["devices"], n_, 2e-3), sent / 2e-3, rtol=1e-9, atol=0)
+
+
+try:
+    check_slice_rate(stub_slice_rate)
+    print("the stub cell passes the test (filled in?)")
+except AssertionError:
+    print("the stub as given fails the test")
+check_slice_rate(slice_rate)
+rate = slice_rate(p, n, 2e-3)
 slowest = min(x["set_Bps"] for x in rep["rates"])
-print(f"{crossing:,.0f} B in 2 ms is {rate / 1e6:.2f} MB/s = {rate * 8 / 1e6:.1f} Mbit/s: "
+print(f"{rate * 2e-3:,.0f} B in 2 ms is {rate / 1e6:.2f} MB/s = {rate * 8 / 1e6:.1f} Mbit/s: "
       f"{slowest / rate:.0f} times slower than the slowest link here")
 
 # %% [markdown]
