@@ -58,11 +58,13 @@
 #   figure reproducible on any machine, and a GPU, if present, is not used.
 # * **Real processes:** notebook 9 (*A cluster on one machine*) runs the same programs as
 #   separate `jax.distributed` processes joined by an emulated network.
-# * **GPUs:** one session on one NVIDIA H200 was recorded (`results/gpu/`, whose README has
-#   the commands and the logs). Notebook 6 (section 6.2.1) reads that record back: it is a
-#   record of one session, not a test the notebooks run. Every other GPU figure in the
-#   course is the cost model's, filled with published hardware figures, or quoted from the
-#   paper or a datasheet.
+# * **GPUs:** one GPU session was recorded (`results/gpu/`, whose README has the commands and
+#   the logs): most of it on one NVIDIA H200, and two highest-precision runs of part of the
+#   kernel sweep on a second H200 in a later call. Notebook 6 (section 6.2.1) reads that
+#   record back: it is a record of one session, not a test the notebooks run. Every other
+#   GPU figure in the course is the cost model's, filled with published hardware figures,
+#   quoted from the paper or a datasheet, or a third-party measurement: the NCCL latencies
+#   and bandwidth from NVIDIA/nccl GitHub issues #1259, #1244 and #1455.
 #
 # This notebook needs one device; notebooks 4 onward shard over all 8.
 
@@ -431,13 +433,13 @@ def check_covariance_by_hvp(fn):
     np.testing.assert_allclose(got, hessian_np(s_row, v_row, zeta_row), rtol=0, atol=1e-13)
 
 
-check_covariance_by_hvp(covariance_by_hvp)
 try:
     check_covariance_by_hvp(stub_covariance_by_hvp)
-    raise RuntimeError("the test accepted the placeholder")
+    print("the stub cell passes the test (filled in?)")
 except AssertionError:
-    pass
-print("covariance_by_hvp == numpy covariance at zeta != 0; the placeholder is rejected   ✓")
+    print("the stub as given fails the test")
+check_covariance_by_hvp(covariance_by_hvp)
+print("covariance_by_hvp == numpy covariance at zeta != 0   ✓")
 
 # %% [markdown]
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
@@ -614,14 +616,13 @@ def check_energy_stable(fn):
     np.testing.assert_allclose(got, exact, rtol=1e-15)
 
 
-check_energy_stable(energy_stable)
 try:
     check_energy_stable(stub_energy_stable)
-    raise RuntimeError("the test accepted the placeholder")
+    print("the stub cell passes the test (filled in?)")
 except AssertionError:
-    pass
-print("energy_stable == energy_np on small logits, == mpmath at logits 1e6; "
-      "the unshifted placeholder is rejected   ✓")
+    print("the stub as given fails the test")
+check_energy_stable(energy_stable)
+print("energy_stable == energy_np on small logits, == mpmath at logits 1e6   ✓")
 
 # %% [markdown]
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>

@@ -204,14 +204,14 @@ def check_combine_np(fn):
         np.testing.assert_allclose(lse, lse_all, rtol=1e-15)
 
 
-check_combine_np(combine_np)
 try:
     check_combine_np(stub_combine_np)
-    raise RuntimeError("the test accepted the placeholder")
+    print("the stub cell passes the test (filled in?)")
 except AssertionError:
-    pass
+    print("the stub as given fails the test")
+check_combine_np(combine_np)
 print("combine_np: exact identity, empty + empty without NaN, chunks == all keys "
-      "(also at logits near 1000); the placeholder is rejected   ✓")
+      "(also at logits near 1000)   ✓")
 
 # %% [markdown]
 # **Predict, then run.** Combine a state with itself: $(o, \ell)\circ(o, \ell) = {?}$
@@ -455,14 +455,13 @@ def check_two_sum(fn):
                 float(lo)), (a, b)
 
 
-check_two_sum(two_sum)
 try:
     check_two_sum(stub_two_sum)
-    raise RuntimeError("the test accepted the placeholder")
+    print("the stub cell passes the test (filled in?)")
 except AssertionError:
-    pass
-print("two_sum: a + b == hi + lo exactly (Fraction) on 400 float32 pairs; "
-      "the placeholder is rejected   ✓")
+    print("the stub as given fails the test")
+check_two_sum(two_sum)
+print("two_sum: a + b == hi + lo exactly (Fraction) on 400 float32 pairs   ✓")
 
 # %% [markdown]
 # Where `lse_lo` comes from, for the chunk of two keys with equal logits $10^8$: the shift is
@@ -540,7 +539,9 @@ assert float(combine_single(a, combine_single(b, c)).out.ravel()[0]) == 0.25
 # %% [markdown]
 # Equal logits are the easy case: there the double word is exact. With **unequal** logits the
 # honest claim is float32 precision. The cell runs 200 random trials at each of four logit
-# sizes: six float32 logits a few units apart (a few spacings at $10^8$) and random values,
+# sizes: six float32 logits, each the base plus a random whole number of float32 spacings
+# spanning at most 4 units (at $10^8$, where the spacing is 8, that rounds down to one
+# spacing: each logit is the base or the base + 8), and random values,
 # reduced as chunks of 2, 1 and 3 keys by a tree, against a float64 softmax of the same
 # float32 inputs. The error is measured relative to the largest value; float32's unit
 # roundoff is $2^{-24}$.
@@ -553,7 +554,7 @@ worst = {}
 for base in single_floor:
     sp32 = float(np.spacing(np.float32(base)))
     steps = r.integers(0, max(1, int(4 / sp32)) + 1, size=(trials, 6))
-    logits = (np.float32(base) + np.float32(sp32) * steps).astype(np.float32)  # a few units
+    logits = (np.float32(base) + np.float32(sp32) * steps).astype(np.float32)  # <= 4 units; 0 or 8 at 1e8
     vals = r.normal(size=(trials, 6)).astype(np.float32)
     q3 = jnp.ones((trials, 1, 1, 1), jnp.float32)
     k3 = jnp.asarray(logits).reshape(trials, 6, 1, 1)
@@ -703,14 +704,13 @@ def check_tree_reduce_np(fn):
         np.testing.assert_allclose(lse, state_np(s12, v12)[1], rtol=1e-15)
 
 
-check_tree_reduce_np(tree_reduce_np)
 try:
     check_tree_reduce_np(stub_tree_reduce_np)
-    raise RuntimeError("the test accepted the placeholder")
+    print("the stub cell passes the test (filled in?)")
 except AssertionError:
-    pass
-print("tree_reduce_np: all keys' state for p = 1..40 chunks, depth ceil(log2 p); "
-      "the sequential placeholder is rejected   ✓")
+    print("the stub as given fails the test")
+check_tree_reduce_np(tree_reduce_np)
+print("tree_reduce_np: all keys' state for p = 1..40 chunks, depth ceil(log2 p)   ✓")
 
 # %% [markdown]
 # Why does a counting operation measure the shape at all? Because it is **not** associative:

@@ -45,7 +45,7 @@
 # * read the collectives in the compiled program (`collective_stats`, and the HLO lines it
 #   reads), and tell an Allreduce's payload from the bytes it puts on the wire;
 # * say what a two-level `("node", "gpu")` schedule buys for a message of a few kilobytes
-#   (latency terms, not bytes), and what XLA finds on its own.
+#   (latency terms, not bytes, when the Allreduce is a ring), and what XLA finds on its own.
 
 # %%
 import tree_attention_edu as tae
@@ -451,11 +451,11 @@ def check_algorithm2(fn):
 
 try:
     check_algorithm2(stub_algorithm2_by_hand)
-    raise RuntimeError("the test accepted the stub")
+    print("the stub cell passes the test (filled in?)")
 except AssertionError:
-    pass  # the stub fails the test
+    print("the stub as given fails the test")
 check_algorithm2(algorithm2_by_hand)
-print("the stub is rejected; Algorithm 2 by hand == numpy attention, with three all-reduces   ✓")
+print("Algorithm 2 by hand == numpy attention, with three all-reduces   ✓")
 
 # %% [markdown]
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
@@ -747,6 +747,10 @@ print(f"on the wire, ring Allreduce, 2(p-1)/p x payload with p = {p}: {wire:>8,.
 # 4 devices. `tree_decode` reduces over the **inner axis first**: each node combines its 4
 # states over the fast links, and only then do the nodes exchange one already-reduced
 # message per device position over the slow links.
+#
+# Each link has a latency α (`alpha_s`, seconds per message) and a bandwidth β (`beta_Bps`,
+# bytes per second), the α and β of notebooks 4–9's cost model. This β is a link bandwidth,
+# not notebook 2's inverse temperature.
 
 # %%
 dgx = costmodel.DGX_H100
@@ -929,17 +933,19 @@ def check_two_level_psum(fn):
 
 try:
     check_two_level_psum(stub_two_level_psum)  # right sum, one flat all-reduce
-    raise RuntimeError("the test accepted the stub")
+    print("the stub cell passes the test (filled in?)")
 except AssertionError:
-    pass  # the stub fails the test
+    print("the stub as given fails the test")
 check_two_level_psum(two_level_psum)
-print("the flat stub is rejected; two-level psum == numpy sum; replica groups: inside nodes, "
+print("two-level psum == numpy sum; replica groups: inside nodes, "
       "then across   ✓")
 
 # %% [markdown]
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>On a ("node", "gpu") mesh the tree reduces inside nodes first. For a payload of a few
-# kilobytes what this saves is slow latency terms, not bytes.</p></div>
+# kilobytes what this saves is slow latency terms, not bytes, and only when the Allreduce
+# runs as a ring: under recursive doubling over node-contiguous ranks the flat schedule
+# already crosses nodes once, and the quiz above found flat = two-level.</p></div>
 #
 # ## 4.9 Does XLA discover tree attention by itself?
 #
@@ -1001,7 +1007,8 @@ assert all(c.groups in ((), (tuple(range(8)),)) for c in auto2_stats.collectives
 # * The compiled program's payload is $B\,T_q\,H_q\,(D_v + 2)$ float32 numbers per device,
 #   independent of the sequence length; a ring Allreduce sends $2\frac{p-1}{p}$ times that.
 #   On a `("node", "gpu")` mesh the reduction runs inside nodes first, which at these sizes
-#   saves latency terms, not bytes.
+#   saves latency terms, not bytes, when the Allreduce runs as a ring; under recursive
+#   doubling the flat schedule costs the same as the two-level one (§4.8's quiz).
 # * XLA finds the flat version of this reduction by itself; the hierarchy comes from NCCL
 #   or from the program.
 #

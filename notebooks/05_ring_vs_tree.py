@@ -655,11 +655,11 @@ def check_ring_home(fn):
 
 try:
     check_ring_home(stub_ring_home)
-    raise RuntimeError("the test accepted the stub")
+    print("the stub cell passes the test (filled in?)")
 except AssertionError:
-    pass  # the stub fails the test
+    print("the stub as given fails the test")
 held = check_ring_home(ring_home)
-print(f"the stub is rejected; ring_home at Tk = {tk_home:,}, cache donated: {held:.3f} K/V "
+print(f"ring_home at Tk = {tk_home:,}, cache donated: {held:.3f} K/V "
       f"shards per device (the package's ring: {ring_args + ring_temp:.2f})")
 
 # %% [markdown]
@@ -714,6 +714,7 @@ for tk in TK_TIMED:
 # %%
 # NBVAL_IGNORE_OUTPUT
 speedup = {tk: timed[tk]["ring"] / timed[tk]["tree"] for tk in TK_TIMED}
+pass_q_ratio = {tk: timed[tk]["ring_pass_q"] / timed[tk]["tree"] for tk in TK_TIMED}
 compute_share = {tk: min(timed[tk]["compute"] / timed[tk]["ring"], 1.0) for tk in TK_TIMED}
 fig, ax = plt.subplots(figsize=(9, 4))
 width = 0.2
@@ -738,8 +739,9 @@ display(Markdown(
     f"keys) took {min(compute_share.values()):.0%} to {max(compute_share.values()):.0%} of "
     f"the ring's time: at $T_k$ = {at:,}, {timed[at]['compute'] * 1e3:.1f} ms of the ring's "
     f"{timed[at]['ring'] * 1e3:.1f} ms, {timed[at]['compute'] / timed[at]['tree']:.1f}× "
-    f"the tree. Pass-Q (pink) took {timed[at]['ring_pass_q'] / timed[at]['tree']:.1f}× the "
-    f"tree's time.*"))
+    f"the tree. Pass-Q (pink) took {min(pass_q_ratio.values()):.1f}× to "
+    f"{max(pass_q_ratio.values()):.1f}× the tree's time over the lengths measured ($T_k$ = "
+    f"{', '.join(f'{tk:,}' for tk in TK_TIMED)}).*"))
 
 # %% [markdown]
 # Two kinds of statement can be made about these bars. What is **structural** holds on any
@@ -812,9 +814,12 @@ print(f"flops per device at Tk = {tk_c:,}: ring {f_ring:,.0f}, the tree over p c
 # * With recursive doubling, $\log_2 p$ steps each: the tree pays $2\log_2 p$ α, the ring
 #   $p - 1 + \log_2 p$. At $p = 8$ the tree pays *fewer*, 6 against 10.
 #
-# The paper's "logarithmic number of communication steps" holds for a log-step Allreduce
-# (recursive doubling, or NCCL's trees across nodes), not for the word "Allreduce". With a
-# ring inside a node the tree wins on bytes and on compute, not on the number of steps.
+# The paper's Introduction promises "an asymptotically faster algorithm for performing
+# decoding in which the number of communication steps scales logarithmically with the number
+# of devices, instead of linearly in alternatives such as Ring Attention". That holds for a
+# log-step Allreduce (recursive doubling, or NCCL's trees across nodes), not for the word
+# "Allreduce". With a ring inside a node the tree wins on bytes and on compute, not on the
+# number of steps.
 #
 # </details>
 
@@ -929,11 +934,11 @@ def check_pass_q(fn):
 
 try:
     check_pass_q(stub_pass_q_by_hand)
-    raise RuntimeError("the test accepted the stub")
+    print("the stub cell passes the test (filled in?)")
 except AssertionError:
-    pass  # the stub fails the test
+    print("the stub as given fails the test")
 ratio, permute_bytes = check_pass_q(pass_q_by_hand)
-print(f"the stub is rejected; pass-Q by hand == numpy; flops per device {ratio:.3f}x the "
+print(f"pass-Q by hand == numpy; flops per device {ratio:.3f}x the "
       f"tree's; the permutes carry {permute_bytes:,} B")
 
 # %% [markdown]

@@ -175,13 +175,13 @@ def check_dequantize(fn):
 
 try:
     check_dequantize(stub_dequantize_q8_0)
-    raise RuntimeError("the test accepted the stub")
+    print("the stub cell passes the test (filled in?)")
 except AssertionError:
-    pass  # the stub fails the test
+    print("the stub as given fails the test")
 mine = check_dequantize(dequantize_q8_0)
 print(f"{embd.name}: {embd.tensor_type.name}, {rows.shape[1]} bytes per row of {mine.shape[1]} "
       f"weights")
-print("the stub is rejected; by hand == gguf.quants.dequantize == the loaded embedding, bit for "
+print("by hand == gguf.quants.dequantize == the loaded embedding, bit for "
       "bit")
 # Section 7.1's "most of them quantised" and "most other matrices are Q4_1":
 n_all = sum(int(t.n_elements) for t in reader.tensors)
@@ -386,11 +386,11 @@ def check_posterior(fn):
 
 try:
     check_posterior(stub_posterior)
-    raise RuntimeError("the test accepted the stub")
+    print("the stub cell passes the test (filled in?)")
 except AssertionError:
-    pass  # the stub fails the test (it overflows to nan)
+    print("the stub as given fails the test")
 check_posterior(posterior)
-print("the stub is rejected; posterior: closed forms, overflow, empty rows and the real "
+print("posterior: closed forms, overflow, empty rows and the real "
       "model's lse   ok")
 
 # %% [markdown]
@@ -425,13 +425,20 @@ axes[1].set_title("step by step: the token written")
 fig.tight_layout()
 plt.show()
 assert min(peak[k - 1] for k in digits[1:]) > 0.9 and max(peak[k - 1] for k in after) < 0.5
+before = range(1, digits[0])  # the steps before the first digit
+assert sum(peak[k - 1] > 0.75 for k in before) >= 3  # "already high ... before any digit"
+assert np.argmax(peak) + 1 in digits and np.argmax(heads) + 1 in digits  # "peaks at the digits"
+assert max(heads[k - 1] for k in before) < max(heads[k - 1] for k in digits)  # "most heads"
 
 # %% [markdown]
 # *Figure: left, the code's shard's weight $w_i$ for each layer (rows) and query head
 # (columns) at the digit step where most heads attend to it; right, its largest weight over
-# all layers and heads at each step of the answer. Look at the right panel: the weight jumps
-# to nearly 1 while the model copies the digits, and falls once the code is written. Only a
-# handful of heads do the copying (the dark cells on the left); the others spread their mass
+# all layers and heads at each step of the answer. Look at the right panel: the weight is
+# already high before any digit, at several steps of "code for the blue door is:" (the
+# answer repeats the document's sentence "The secret code for the blue door is 7319"), and
+# peaks at the digits, where the most
+# heads put over half their weight on the shard; it falls below one half once the code is
+# written. Only a handful of heads do the copying (the dark cells on the left); the others spread their mass
 # elsewhere, many on the first shard (the start of the prompt) or on the last (the most
 # recent tokens).*
 #
@@ -806,9 +813,11 @@ plt.show()
 # Store `M` random ±1 key→value patterns of dimension `DIM`; query with a stored key whose
 # signs are flipped with probability `FLIP`; read out `softmax(β · X ξ / D)ᵀ Y` and count a
 # query as retrieved when the sign of the readout is exactly its value. The scale $\beta/D$
-# is this course's convention. Ramsauer et al. (2020) write the modern Hopfield update as
-# $\xi^{new} = X^\top \mathrm{softmax}(\beta X \xi)$: keys and values tied ($Y = X$), no
-# division by $D$. The paper (Appendix A) notes the difference:
+# is this course's convention; $X$ is the $M \times D$ matrix of stored keys, one pattern
+# per row, as in notebook 2, §2.4. Ramsauer et al. (2020) store the patterns as columns and
+# write the modern Hopfield update as $\xi^{new} = X\,\mathrm{softmax}(\beta X^\top \xi)$; with
+# rows it reads $\xi^{new} = X^\top \mathrm{softmax}(\beta X \xi)$: keys and values tied
+# ($Y = X$), no division by $D$. The paper (Appendix A) notes the difference:
 #
 # > "the update rule in Ramsauer et al. (2020) requires the tying of certain weights (K and V)
 # > in the attention operation. This restricts the Hopfield derivation to modelling
@@ -896,8 +905,8 @@ plt.show()
 # $D(1-2f)$ on average, which falls from $0.6D$ to $0.4D$, while its overlaps with the other
 # random patterns stay spread about 0 with standard deviation $\sqrt{D}$; the largest of $n$
 # of them is typically about $\sqrt{2 \ln n}\,\sqrt{D}$. The cell prints the three overlaps:
-# the true one drops from above the rivals' typical maximum to below it, and the measured
-# accuracy with it.
+# the true one drops from well above the rivals' typical maximum to about it (just below),
+# and the measured accuracy with it.
 #
 # </details>
 
@@ -910,7 +919,8 @@ own = {f: DIM * (1 - 2 * f) for f in (FLIP, FLIP1)}  # mean overlap with the que
 print(f"own key's overlap: {own[FLIP]:.1f} at {FLIP:.0%} flipped, {own[FLIP1]:.1f} at "
       f"{FLIP1:.0%}; the rivals' typical largest: {rival:.1f}")
 print(f"accuracy at M={M1}, beta={B1:g}: {before:.2f} -> {after:.2f}")
-assert own[FLIP] > rival > own[FLIP1]
+assert own[FLIP] > 1.2 * rival  # "well above"
+assert rival > own[FLIP1] > 0.9 * rival  # "about it (just below)"
 assert before > 0.9  # "almost every noisy query is retrieved" at FLIP
 assert after < before - 0.2  # "lower, and by a lot"
 
