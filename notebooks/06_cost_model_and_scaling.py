@@ -59,6 +59,7 @@ import jax
 
 jax.config.update("jax_platforms", "cpu")  # CPU devices even on a GPU machine (notebook 1)
 import dataclasses
+import itertools
 import json
 import math
 from pathlib import Path
@@ -580,7 +581,7 @@ assert f"worst |error| {worst_err:.0%}" in table  # the sentence below reads the
 within = sum(abs(e) <= BAND for e in errors)
 over = sum(e > 0 for e in errors)
 tree_ms = [x["measured_s"] * 1e3 for x in rows if x["method"] == "tree"]
-monotonic = all(a < b for a, b in zip(tree_ms, tree_ms[1:]))
+monotonic = all(a < b for a, b in itertools.pairwise(tree_ms))
 zero_alpha = [name for name, link in (("ppermute", cal.ppermute), ("psum", cal.psum))
               if round(link.alpha_s * 1e6) == 0]
 text = (f"In this run the predictions miss by {min(errors):+.0%} to {max(errors):+.0%} "
@@ -598,7 +599,7 @@ if zero_alpha:
              f"({cal.overhead_s * 1e6:.0f} µs) that the fit subtracts first, so α is too small "
              f"to measure against that overhead, not zero.")
 tree_pred = [x["predicted_s"] for x in rows if x["method"] == "tree"]
-assert all(a < b for a, b in zip(tree_pred, tree_pred[1:]))  # "the model's grows"
+assert all(a < b for a, b in itertools.pairwise(tree_pred))  # "the model's grows"
 Markdown(text)
 
 # %%
