@@ -64,7 +64,8 @@
 #   record back: it is a record of one session, not a test the notebooks run. Every other
 #   GPU figure in the course is the cost model's, filled with published hardware figures,
 #   quoted from the paper or a datasheet, or a third-party measurement: the NCCL latencies
-#   and bandwidth from NVIDIA/nccl GitHub issues #1259, #1244 and #1455.
+#   from NVIDIA/nccl GitHub issues #1259 and #1244 (#1455's bus bandwidth is cited as a
+#   caveat; link bandwidths come from the DGX H100 user guide).
 #
 # This notebook needs one device; notebooks 4 onward shard over all 8.
 

@@ -540,8 +540,8 @@ assert float(combine_single(a, combine_single(b, c)).out.ravel()[0]) == 0.25
 # Equal logits are the easy case: there the double word is exact. With **unequal** logits the
 # honest claim is float32 precision. The cell runs 200 random trials at each of four logit
 # sizes: six float32 logits, each the base plus a random whole number of float32 spacings
-# spanning at most 4 units (at $10^8$, where the spacing is 8, that rounds down to one
-# spacing: each logit is the base or the base + 8), and random values,
+# spanning at most 4 units, except at $10^8$, where the spacing (8) exceeds 4: there each
+# logit is the base or the base + 8 (one spacing), and random values,
 # reduced as chunks of 2, 1 and 3 keys by a tree, against a float64 softmax of the same
 # float32 inputs. The error is measured relative to the largest value; float32's unit
 # roundoff is $2^{-24}$.

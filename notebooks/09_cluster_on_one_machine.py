@@ -22,9 +22,9 @@
 # reads recorded runs (one cell reruns a small cluster live where root is available).
 #
 # Every notebook so far ran 8 simulated devices in one process, where a collective is a
-# memory copy and the `("node", "gpu")` mesh is only labels. The paper's central claim is
-# about a *slow link*: the topology-aware tree beats the ring because it keeps the slow
-# inter-node link nearly idle. This notebook builds a cluster on one Linux machine, with
+# memory copy and the `("node", "gpu")` mesh is only labels. The paper's topology argument
+# is about a *slow link*: the tree beats the ring because it is "reducing inter-node
+# communication requirements" (the caption of its Figure 2). This notebook builds a cluster on one Linux machine, with
 # real processes, real sockets and a link whose rate we set, and tests that claim.
 #
 # **Where this runs.** The recorded runs come from `tree-attention-edu cluster` on a
@@ -372,9 +372,11 @@ display(Markdown(f"The pass-KV ring is predicted within {ring_err:.0%} in every 
 # of real GPUs with their own cores, α is the network's, and these terms are the
 # microseconds of notebook 6.
 #
-# ## 9.5 The paper's claim: 2-level against flat, on the slow link
+# ## 9.5 The course's test of the topology argument: 2-level against flat, on the slow link
 #
-# The paper: a topology-aware tree reduces inside nodes first, so the slow link carries
+# The paper does not compare a two-level tree with a flat one; its argument is that NCCL's
+# Allreduce (rings inside nodes, trees across, §5.3) suits the cluster. The course tests the
+# idea behind it: a topology-aware tree reduces inside nodes first, so the slow link carries
 # only the already-reduced states. Here *flat* is the same `tree_decode` on a 1-D mesh over
 # all devices (one ring Allreduce over every device), and *2-level* the `("node", "gpu")`
 # mesh (one inside each node, then one across). Both were timed in the same interleaved
@@ -1035,8 +1037,8 @@ else:
 #
 # ## 9.11 Exercises
 #
-# **Exercise 4 (code).** At what link rate would the flat tree's inter-node bytes cost as
-# much as one scheduler slice of 2 ms, for the states of §9.4? How much slower than the
+# **Exercise 4 (code).** At what link rate would the bytes one device sends per call in the
+# flat tree (inside and across nodes) cost as much as one scheduler slice of 2 ms, for the states of §9.4? How much slower than the
 # slowest link here is that? Write `slice_rate(p, n, slice_s)`: the bytes per second at
 # which the bytes the flat ring sends per device and call, for states of `n` bytes over
 # `p` devices (§9.4's closed form), take `slice_s` seconds. The test compares it with the
@@ -1052,13 +1054,13 @@ def slice_rate(p: int, n: float, slice_s: float) -> float:
 stub_slice_rate = slice_rate
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "answer_1", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "slice_rate", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def slice_rate(p: int, n: float, slice_s: float) -> float:  # replaces the stub
     """Bytes per second at which the flat ring's bytes per device and call take slice_s."""
     return 2 * (p - 1) / p * n / slice_s  # a ring sends 2(p-1)/p of the state per device
 
 
-# %% nbgrader={"grade": true, "grade_id": "test_answer_1", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "test_slice_rate", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def check_slice_rate(fn):
     """Raises AssertionError unless fn prices the recorded flat-tree bytes, in both runs."""
     for r in runs.values():
