@@ -662,9 +662,11 @@ print(f"tied keys {min(best, other)} and {max(best, other)}: attention at beta =
 # **Exercise (code).** Before the package's solver, write one by hand for scalar values:
 # `conjugate_1d(z, s, vals)` returns $(F^*(z), \hat\zeta)$ for one query with scores `s` and
 # scalar values `vals`, by Newton's method on $F'(\zeta) = z$ (with $F' = $ the tilted mean
-# and $F'' = $ the tilted variance), and $(+\infty, \text{NaN})$ when $z$ is not strictly
-# inside $(\min v, \max v)$. Cap each Newton step at 1: far from the solution $F''$ can be
-# tiny.
+# and $F'' = $ the tilted variance). Outside $[\min v, \max v]$ return $(+\infty,
+# \text{NaN})$. On the edge, say $z = \max v$, the supremum is finite but not attained: as
+# $\zeta \to \infty$, $\zeta z - F(\zeta) \to -\log \sum_{a:\, v_a = z} e^{s_a}$ (the keys
+# whose value is $z$ keep their weight, the others vanish), so return that and NaN. Cap each
+# Newton step at 1: far from the solution $F''$ can be tiny.
 
 # %%
 def conjugate_1d(z, s, vals):
@@ -679,8 +681,10 @@ stub_conjugate_1d = conjugate_1d
 # %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "conjugate_1d", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def conjugate_1d(z, s, vals):
     """(F*(z), ζ̂) for one query: scores s [n], scalar values vals [n]."""
-    if not vals.min() < z < vals.max():
-        return np.inf, np.nan  # sup = +inf outside the hull; not attained on its edge
+    if not vals.min() <= z <= vals.max():
+        return np.inf, np.nan  # sup = +inf outside the hull
+    if z in (vals.min(), vals.max()):  # on the edge: the limit as zeta -> +-inf, not attained
+        return -logsumexp(s[vals == z]), np.nan
     zeta = 0.0
     for _ in range(200):
         x = s + zeta * vals
@@ -704,6 +708,13 @@ def check_conjugate_1d(fn):
     slope = (fn(z0 + step, s1, vals1)[0] - fn(z0 - step, s1, vals1)[0]) / (2 * step)
     np.testing.assert_allclose(slope, fn(z0, s1, vals1)[1], rtol=1e-6)
     assert fn(vmax + 0.1, s1, vals1)[0] == np.inf  # outside the hull
+    edge, zeta_edge = fn(vmax, s1, vals1)  # on the edge: the limit of zeta z - F(zeta)
+    np.testing.assert_allclose(edge, -logsumexp(s1[vals1 == vmax]), rtol=1e-12)
+    assert np.isnan(zeta_edge)  # not attained
+    # ... approached from below: at zeta = 40 / (the gap to the next value) the other keys'
+    # weights are below e^-40 times theirs.
+    far = 40 / (vmax - vals1[vals1 < vmax].max())
+    assert edge - 1e-6 < far * vmax - logsumexp(s1 + far * vals1) <= edge + 1e-9
 
 
 try:
@@ -713,7 +724,7 @@ except AssertionError:
     print("the stub as given fails the test")
 check_conjugate_1d(conjugate_1d)
 print("conjugate_1d: F*(attention) = -F(0), zeta_hat(tilted mean) = tilt, dF*/dz = zeta_hat, "
-      "+inf outside the hull   ✓")
+      "+inf outside the hull, the finite limit on its edge   ✓")
 
 # %% [markdown]
 # `bayes.conjugate_energy` does the same for any $D_v$, every row at once, by damped Newton

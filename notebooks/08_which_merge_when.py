@@ -1277,7 +1277,7 @@ ring_pred = calibrate.predict("ring", PROB.seq_len, cal.topology, PROB)
 block = costmodel.local_decode_time(1, PROB.seq_len // p, PROB.kv_heads, PROB.head_dim,
                                     PROB.head_dim, PROB.q_heads, cal.topology, 4)
 ring_err = by_name["ring"]["rel_err"]
-within = sum(abs(e) <= 0.35 for e in errors)
+within = sum(abs(e) <= calibrate.BAND for e in errors)
 merge_ms = {n: by_name[n]["median_s"] * 1e3 for n in costmodel.MERGES}
 merge_pred = [by_name[n]["predicted_s"] for n in costmodel.MERGES]
 slow_m, fast_m = max(merge_ms, key=merge_ms.get), min(merge_ms, key=merge_ms.get)
@@ -1286,7 +1286,7 @@ assert max(merge_pred) / min(merge_pred) < 1.1  # "the model gives them nearly t
 zero_alpha = [kind for kind, link in cal.links.items() if round(link.alpha_s * 1e6) == 0]
 display(Markdown(
     f"In this run the predictions miss by {min(errors):+.0%} to {max(errors):+.0%}: "
-    f"{within} of {len(rows)} within ±35%; the model over-predicted {over} and "
+    f"{within} of {len(rows)} within ±{calibrate.BAND:.0%}; the model over-predicted {over} and "
     f"under-predicted {len(rows) - over}"
     + ("; so in this run the model's sum of parts does not describe the measured times. "
        if within < len(rows) / 2 else ". ")
@@ -1298,7 +1298,7 @@ display(Markdown(
     f"is of that size. "
     f"The pass-KV ring's prediction is "
     f"{ring_err:+.0%} off its measurement "
-    f"({'inside' if abs(ring_err) <= 0.35 else 'outside'} the ±35% target). Its "
+    f"({'inside' if abs(ring_err) <= calibrate.BAND else 'outside'} the ±{calibrate.BAND:.0%} target). Its "
     f"{ring_pred.total_s * 1e3:.1f} ms predicted are {p} local kernels over {PROB.seq_len // p:,} "
     f"keys ({p * block * 1e3:.1f} ms, {p * block / ring_pred.total_s:.0%} of the prediction: "
     f"every device folds the whole cache), "
@@ -1340,9 +1340,9 @@ plt.show()
 # above the figure gives the ring against the allreduce merge, predicted and measured.*
 #
 # **The calibration is not a gate.** How far the predictions miss changes from run to run
-# on this machine, in size and in direction, and it can fall outside the ±35% that
+# on this machine, in size and in direction, and it can fall outside the ±30% that
 # notebook 6 aims at: the sentence above the figure gives this run's range of errors, how
-# many fell within ±35%, and whether the model over- or under-predicted. The notebook goes
+# many fell within ±30%, and whether the model over- or under-predicted. The notebook goes
 # on regardless, and that should be said plainly: the model prices each part of a method
 # (the kernel, the ring's block copies, each collective) at rates measured alone, at
 # message sizes and under loads that differ from the method's own, while the 8 simulated

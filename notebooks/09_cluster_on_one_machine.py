@@ -66,6 +66,7 @@ from IPython.display import Markdown, display
 
 from tree_attention_edu import plots
 from tree_attention_edu.cluster import netns, run
+from tree_attention_edu.perf import calibrate
 
 assert jax.device_count() == 8, jax.devices()
 
@@ -346,14 +347,14 @@ def prediction_rows(runs):
 
 
 rows = list(prediction_rows(runs))
-within = [(n_, s, mt) for n_, s, mt, ms, ps in rows if abs(ps / ms - 1) <= 0.35]
+within = [(n_, s, mt) for n_, s, mt, ms, ps in rows if abs(ps / ms - 1) <= calibrate.BAND]
 print(f"{'run':<7}{'set':>7}  {'method':<15}{'measured ms':>12}{'predicted ms':>13}{'error':>8}")
 for name, set_Bps, method, ms, ps in rows:
     print(f"{name:<7}{set_Bps * 8 / 1e9:>5.2g} G  {method:<15}{ms * 1e3:>12.1f}{ps * 1e3:>13.1f}"
           f"{ps / ms - 1:>+8.0%}")
 rings = [(ms, ps) for _, _, mt, ms, ps in rows if mt == "ring"]
-print(f"\nwithin ±35%: {len(within)} of {len(rows)}; the pass-KV ring in every case: "
-      f"{all(abs(ps / ms - 1) <= 0.35 for ms, ps in rings)}")
+print(f"\nwithin ±{calibrate.BAND:.0%}: {len(within)} of {len(rows)}; the pass-KV ring in "
+      f"every case: {all(abs(ps / ms - 1) <= calibrate.BAND for ms, ps in rings)}")
 ring_err = max(abs(ps / ms - 1) for ms, ps in rings)
 others = [ps / ms - 1 for _, _, mt, ms, ps in rows if mt != "ring"]
 display(Markdown(f"The pass-KV ring is predicted within {ring_err:.0%} in every run and at "

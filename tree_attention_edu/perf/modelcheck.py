@@ -40,8 +40,8 @@ AUTO_PROBLEMS: tuple[benchmark.Problem, ...] = (
 )
 """More problems for `auto`'s regret, at the shortest length only: batch and heads that move
 the tree's payload, and with it the winner, against the local work."""
-BAND = 0.30
-"""A cell passes when `|predicted / measured - 1| <= BAND`."""
+BAND = calibrate.BAND
+"""A cell passes when `|predicted / measured - 1| <= BAND` (`calibrate.BAND`, ±30%)."""
 REGRET_BAND = 0.10
 """`auto` passes a cell when its pick is at most this much slower than the best."""
 
