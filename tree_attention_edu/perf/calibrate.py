@@ -286,6 +286,19 @@ def measure_topology(
     )
 
 
+def problem_sizes(problem: benchmark.Problem) -> dict[str, Any]:
+    """A `benchmark.Problem`'s sizes as the cost model's keyword arguments (`batch`,
+    `q_heads`, `kv_heads`, `head_dim`, `itemsize`, `q_len`)."""
+    return dict(
+        batch=problem.batch,
+        q_heads=problem.q_heads,
+        kv_heads=problem.kv_heads,
+        head_dim=problem.head_dim,
+        itemsize=jnp.dtype(problem.dtype).itemsize,
+        q_len=problem.q_len,
+    )
+
+
 def predict(
     method: PredictMethod,
     seq_len: int,
@@ -295,14 +308,7 @@ def predict(
     """The cost model's latency for a `benchmark.Problem` at `seq_len`: `method` is "tree",
     "ring", "ring_pass_q" or a merge pattern (`core.names.MERGE_NAMES`)."""
     validate.check_choice(method, ("tree", *MERGE_NAMES, *RINGS), "method")
-    shape: dict[str, Any] = dict(
-        batch=problem.batch,
-        q_heads=problem.q_heads,
-        kv_heads=problem.kv_heads,
-        head_dim=problem.head_dim,
-        itemsize=jnp.dtype(problem.dtype).itemsize,
-        q_len=problem.q_len,
-    )
+    shape = problem_sizes(problem)
     stat = jnp.dtype(accum_dtype(problem.dtype)).itemsize
     if method == "ring":
         return predict_ring(seq_len, topo, **shape)

@@ -142,12 +142,7 @@ def pick(topology: Topology, problem: benchmark.Problem, seq_len: int) -> MergeN
     return best_merge(
         seq_len,
         topology,
-        batch=problem.batch,
-        q_heads=problem.q_heads,
-        kv_heads=problem.kv_heads,
-        head_dim=problem.head_dim,
-        itemsize=jnp.dtype(problem.dtype).itemsize,
-        q_len=problem.q_len,
+        **calibrate.problem_sizes(problem),
         stat_itemsize=jnp.dtype(accum_dtype(problem.dtype)).itemsize,
         patterns=merges.AUTO_MERGES,
     )
