@@ -1187,10 +1187,13 @@ zeta_edge = np.asarray(zeta_edge).ravel()
 assert np.all(np.diff(rate_edge) > 0) and np.all(rate_edge < predicted)
 assert predicted - rate_edge[-1] < 1e-5
 assert np.all(np.diff(zeta_edge) > 0) and zeta_edge[-1] > 10  # the maximiser runs off
-print(f"-log p(a_max) = {predicted:.6f}")
+# Printed to 4 decimals (a solver's last digits depend on the CPU); the closeness to the
+# limit is the bound asserted above.
+print(f"-log p(a_max) = {predicted:.4f}")
 for i in (0, gaps_edge.size // 2, -1):
-    print(f"  {gaps_edge[i]:.1e} of the hull's width from the edge: I = {rate_edge[i]:.6f}, "
-          f"zeta_hat = {zeta_edge[i]:.2f}")
+    print(f"  {gaps_edge[i]:.1e} of the hull's width from the edge: I = {rate_edge[i]:.4f}, "
+          f"zeta_hat = {zeta_edge[i]:.0f}")
+print("nearest the edge, -log p(a_max) - I < 1e-5 (asserted)")
 
 # %% [markdown]
 # <details><summary>Answer 2</summary>
