@@ -19,7 +19,7 @@
 # **Prerequisites:** notebook 3 (the partial state $(o, \ell)$ and its `combine`), notebook 4
 # (`shard_map`, collectives, `collective_stats`, payload against wire bytes), notebook 5 (the
 # ring) and notebook 6 (the alpha-beta cost model and its calibration). **Time:** about 50
-# minutes to read and do the exercises, a minute or two to run.
+# minutes to read and do the exercises, under a minute to run on an idle 2-core CPU.
 #
 # Tree decoding (paper, Algorithm 3) merges the devices' partial states with a max over
 # devices, then sums. The paper counts *"three Allreduce operations in total"* (the max, the
@@ -1171,7 +1171,7 @@ def pass_q_bytes(tq):
         **ring_model, q_len=tq, q_heads=GQA["q_heads"], stat_itemsize=4))
 
 
-measured_ring = {}
+measured_ring, sent_ring = {}, {}  # payloads, and the bytes each device sends
 for fn, tq, predicted in ((tae.ring_decode, 1, pass_kv_bytes(TK_RING)),
                           (tae.ring_decode_pass_q, 1, pass_q_bytes(1)),
                           (tae.ring_decode_pass_q, 2048, pass_q_bytes(2048))):
@@ -1179,67 +1179,109 @@ for fn, tq, predicted in ((tae.ring_decode, 1, pass_kv_bytes(TK_RING)),
     stats = tae.collective_stats(lambda q, k, v, fn=fn: fn(q, k, v, mesh=mesh), *abstract_gqa)
     assert stats.total_bytes == predicted, (fn.__name__, tq)  # exact
     measured_ring[(fn.__name__, tq)] = stats.total_bytes
-    print(f"Tq = {tq:>5}, Tk = {TK_RING:,}: {fn.__name__:<19} {stats.total_bytes:>13,} B per device")
+    sent_ring[(fn.__name__, tq)] = costmodel.sent_bytes(
+        [(c.kind, c.bytes, c.count) for c in stats.collectives], p)
+    print(f"Tq = {tq:>5}, Tk = {TK_RING:,}: {fn.__name__:<19} payload "
+          f"{stats.total_bytes:>13,} B, sent {sent_ring[(fn.__name__, tq)]:>13,.0f} B per device")
 # The pass-KV ring's K/V blocks, written out: (p-1) steps, K and V blocks of Tk/p keys.
 kv_blocks = (p - 1) * (TK_RING // p) * GQA["kv_heads"] * 2 * GQA["head_dim"] * 4
 assert measured_ring[("ring_decode", 1)] == kv_blocks + GQA["q_heads"] * GQA["head_dim"] * 4
 
 # %% [markdown]
-# Both rings' compiled bytes equal the cost model's formulas. Since the formulas are exact,
-# they can sweep $T_q$ for us: the pass-Q ring's bytes grow linearly in $T_q$, the pass-KV
-# ring's K/V blocks do not depend on it (only its final broadcast of the output does), and
-# the two cross at one chunk length.
+# Both rings' compiled payloads equal the cost model's formulas. To compare the two rings,
+# though, the payloads must be priced as traffic: the pass-Q ring ends with an all-to-all
+# and an all-gather, the pass-KV ring with an all-reduce, and §8.3 showed that payloads of
+# different kinds do not add up. `costmodel.wire_bytes` is Exercise 1's function, in the
+# package, and `costmodel.sent_bytes` sums it over a list of collectives (the cell above
+# printed both counts). Since the formulas are exact, they can sweep $T_q$ for us: the
+# pass-Q ring's bytes sent grow linearly in $T_q$, the pass-KV ring's K/V blocks do not
+# depend on it (only its final broadcast of the output does), and the two cross at one
+# chunk length, which `costmodel.pass_q_crossover` finds.
 
 # %%
+def pass_kv_sent(tk, tq=1):
+    return costmodel.sent_bytes(costmodel.ring_collectives(
+        **ring_model, kv_len=tk, q_len=tq, q_heads=GQA["q_heads"]), p)
+
+
+def pass_q_sent(tq):
+    return costmodel.sent_bytes(costmodel.pass_q_collectives(
+        **ring_model, q_len=tq, q_heads=GQA["q_heads"], stat_itemsize=4), p)
+
+
 tqs = [2**n for n in range(0, 17)]
-per_query = pass_q_bytes(2) - pass_q_bytes(1)  # bytes per query token: linear in Tq
-assert all(pass_q_bytes(tq) == tq * per_query for tq in tqs)
-out_per_query = pass_kv_bytes(TK_RING, 2) - pass_kv_bytes(TK_RING, 1)  # the final broadcast
-fixed = pass_kv_bytes(TK_RING, 1) - out_per_query  # the K/V blocks: independent of Tq
-tq_star = math.ceil(fixed / (per_query - out_per_query))  # first Tq where pass-Q moves more
-assert pass_q_bytes(tq_star - 1) < pass_kv_bytes(TK_RING, tq_star - 1)
-assert pass_q_bytes(tq_star) >= pass_kv_bytes(TK_RING, tq_star)
-rule = (TK_RING * GQA["kv_heads"]) / (tq_star * GQA["q_heads"])  # Tk·Hkv / (Tq·Hq) at the crossover
+assert all(math.isclose(pass_q_sent(tq), tq * pass_q_sent(1)) for tq in tqs)  # linear in Tq
+tq_star = costmodel.pass_q_crossover(TK_RING, **ring_model, q_heads=GQA["q_heads"],
+                                     stat_itemsize=4)  # first Tq where pass-Q sends more
+assert pass_q_sent(tq_star - 1) < pass_kv_sent(TK_RING, tq_star - 1)
+assert pass_q_sent(tq_star) >= pass_kv_sent(TK_RING, tq_star)
+D, Dv, Hq, Hkv = GQA["head_dim"], GQA["head_dim"], GQA["q_heads"], GQA["kv_heads"]
+assert tq_star == math.ceil(TK_RING * Hkv * (D + Dv) / (Hq * (D + 2)))  # the closed form
+rule = (TK_RING * Hkv) / (tq_star * Hq)  # Tk·Hkv / (Tq·Hq) at the crossover
+assert math.isclose(rule, (D + 2) / (D + Dv), rel_tol=1e-3) and 0.45 < rule < 0.55  # about 1/2
+queries_vs_cache = tq_star * Hq * D / (TK_RING * Hkv * (D + Dv))  # Tq·Hq·D against the cache
+assert 0.95 < queries_vs_cache <= 1  # about the cache's size
+# Payloads added as if they were one kind of traffic: the crossover the sum of payloads gives.
+per_q_payload = pass_q_bytes(2) - pass_q_bytes(1)
+out_payload = pass_kv_bytes(TK_RING, 2) - pass_kv_bytes(TK_RING, 1)
+tq_payload = math.ceil((pass_kv_bytes(TK_RING, 1) - out_payload) / (per_q_payload - out_payload))
+assert tq_payload < tq_star / 2  # less than half the length: payloads mislead here
 
 fig, ax = plt.subplots(figsize=(7, 4))
-ax.plot(tqs, [pass_kv_bytes(TK_RING, tq) for tq in tqs], "-", color=plots.color("ring"),
+ax.plot(tqs, [pass_kv_sent(TK_RING, tq) for tq in tqs], "-", color=plots.color("ring"),
         label="pass-KV ring (ring_decode)")
-ax.plot(tqs, [pass_q_bytes(tq) for tq in tqs], "-", color=plots.color("ring_pass_q"),
+ax.plot(tqs, [pass_q_sent(tq) for tq in tqs], "-", color=plots.color("ring_pass_q"),
         label="pass-Q ring (ring_decode_pass_q)")
-for (name, tq), nbytes in measured_ring.items():
+for (name, tq), nbytes in sent_ring.items():
     ax.plot(tq, nbytes, "o", color=plots.color("ring" if name == "ring_decode" else "ring_pass_q"))
 ax.axvline(tq_star, color=plots.BASELINE_COLOR, ls=":", label=f"crossover, Tq = {tq_star:,}")
 plots.pow2_axis(ax, tqs[::2])
 plots.bytes_axis(ax)
 ax.set_xlabel("query tokens $T_q$ per step")
-ax.set_ylabel("bytes per device")
-ax.set_title(f"Ring bytes per device, Tk = {TK_RING:,}, 32 q / 8 kv heads, p = {p}")
+ax.set_ylabel("bytes sent per device")
+ax.set_title(f"Ring bytes sent per device, Tk = {TK_RING:,}, 32 q / 8 kv heads, p = {p}")
 ax.legend(fontsize=9)
 ax.grid(alpha=0.3)
 plt.show()
-assert 0.5 < rule < 2  # the rule of thumb's constant is close to one
-print(f"pass-Q moves fewer bytes than pass-KV for Tq < {tq_star:,} at Tk = {TK_RING:,} "
-      f"(Tq/Tk < {tq_star / TK_RING:.3f}); at the crossover Tk·Hkv / (Tq·Hq) = {rule:.2f}")
+print(f"pass-Q sends fewer bytes than pass-KV for Tq < {tq_star:,} at Tk = {TK_RING:,} "
+      f"(Tq/Tk < {tq_star / TK_RING:.3f}); at the crossover Tk·Hkv / (Tq·Hq) = {rule:.3f}, "
+      f"(D + 2)/(D + Dv) = {(D + 2) / (D + Dv):.3f}; the queries, Tq·Hq·D numbers, are "
+      f"{queries_vs_cache:.1%} of the cache's Tk·Hkv·(D + Dv)")
+print(f"adding payloads instead would put the crossover at Tq = {tq_payload:,}")
 
 # %% [markdown]
-# *Figure: bytes per device for one step of each ring, dots read from the compiled programs,
-# lines from the cost model's formulas. The pass-KV ring (red) sends the whole cache around
-# whatever the number of queries; the pass-Q ring (pink) sends queries out and partial states
-# back, so it is far cheaper for decoding and for short chunks, and loses only when the
-# chunk of queries approaches the cache in size.*
+# *Figure: bytes sent per device (`wire_bytes`) for one step of each ring, dots read from
+# the compiled programs, lines from the cost model's formulas. The pass-KV ring (red) sends
+# the whole cache around whatever the number of queries; the pass-Q ring (pink) sends queries
+# out and partial states back, so it is far cheaper for decoding and for short chunks, and
+# loses only when the chunk of queries approaches the cache in size.*
 #
 # The rule of thumb "pass-Q when $T_q H_q \ll T_k H_{kv}$" has a constant in it, printed
-# above, close to one: per query row and head the pass-Q ring moves about three $D$-sized
-# vectors (the query's $p-1$ hops, its partial state home, its output shared), less the one
-# that the pass-KV ring also moves to broadcast its output; per key and kv head the pass-KV
-# ring moves two, $K$ and $V$, on $p-1$ of $p$ hops. For decoding, though, neither ring is
-# the right tool: the tree merges of §8.2 move one state per row, with no loop of $p-1$
-# sequential transfers.
+# above: about one half, and the closed form the cell asserts says why. With $p$ dividing
+# $H_{kv}$, per query row and head the pass-Q ring sends $\frac{p-1}{p}$ of $D + 2D_v + 2$
+# numbers (the query's hops, its partial state home in the all-to-all, its output shared in
+# the all-gather), and the pass-KV ring's broadcast of its output, a ring all-reduce, sends
+# $2\frac{p-1}{p} D_v$ of them too: the difference is $\frac{p-1}{p}(D + 2)$. Per key and kv
+# head the pass-KV ring sends $\frac{p-1}{p}(D + D_v)$, $K$ and $V$. The two cross where
+# $T_q H_q (D + 2) = T_k H_{kv} (D + D_v)$, a constant of $(D + 2)/(D + D_v)$: about one half
+# for $D = D_v$, because a key carries two vectors and a query one. Put otherwise, pass-Q
+# sends less until its queries ($T_q H_q D$ numbers) are about the size of the cache
+# ($T_k H_{kv}(D + D_v)$).
+#
+# Adding the payloads instead, as if they were one kind of traffic, puts the crossover at
+# less than half that length (the last line printed): it counts the pass-KV ring's
+# all-reduce once, though a ring all-reduce sends its payload nearly twice (a
+# reduce-scatter, then an all-gather), and the pass-Q ring's all-to-all and all-gather in
+# full, though each sends $\frac{p-1}{p}$ of its payload.
+#
+# For decoding, though, neither ring is the right tool: the tree merges of §8.2 move one
+# state per row, with no loop of $p-1$ sequential transfers.
 #
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>Pass-KV moves the cache and repeats the work on every device; pass-Q moves the queries
-# and their partial states, and does each block's work once: it is cheaper until the chunk
-# of queries nears the cache (with the constant computed above).</p></div>
+# and their partial states, and does each block's work once. In bytes sent (each collective
+# priced by its kind), it is cheaper until its queries are about the size of the cache:
+# T<sub>q</sub>H<sub>q</sub>D against T<sub>k</sub>H<sub>kv</sub>(D + D<sub>v</sub>).</p></div>
 #
 # ## 8.6 Predicted against measured, on this machine
 #
@@ -1670,8 +1712,8 @@ print(f"B = {B}, Hq = {Hq} ({B * Tq * Hq} rows) on {p} devices: auto chose {chos
 #   to `allreduce`, bit for bit. It saves one collective latency per merge and pays only if
 #   the fallback is rare.
 # * The pass-Q ring moves queries and partial states instead of the cache, and does each
-#   block's work once: cheaper than pass-KV until the chunk of queries nears the cache in
-#   size.
+#   block's work once: in bytes sent, cheaper than pass-KV until its queries ($T_q H_q D$
+#   numbers) are about the size of the cache ($T_k H_{kv}(D + D_v)$).
 # * On simulated devices the patterns' measured times differ by up to the ratio §8.6
 #   prints, not for network reasons (run-to-run noise on shared cores is of that size), and
 #   how many the calibrated model predicts within its target changes from run to run (§8.6

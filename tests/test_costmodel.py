@@ -389,6 +389,65 @@ def test_pass_q_collectives(hq, hkv, p):
     assert cm.collective_bytes(got) < cm.collective_bytes(ring) / 100
 
 
+def test_wire_bytes_closed_forms():
+    """Each kind's payload priced as the bytes one device sends (ring algorithms, pairwise
+    all-to-all): the paper's eq. 12 for the all-reduce, (p-1)/p of the payload once for the
+    all-gather, reduce-scatter and all-to-all, the whole payload for a permute."""
+    n, p = sympy.symbols("n p", positive=True, integer=True)
+    assert sympy.simplify(cm.wire_bytes("all-reduce", n, p) - 2 * (p - 1) / p * n) == 0
+    for kind in ("all-gather", "reduce-scatter", "all-to-all"):
+        assert sympy.simplify(cm.wire_bytes(kind, n, p) - (p - 1) / p * n) == 0
+    assert cm.wire_bytes("collective-permute", n, p) == n
+    got = cm.sent_bytes([("all-reduce", 64, 2), ("all-gather", 128, 1), ("all-to-all", 16, 1)], 8)
+    assert got == 2 * 2 * 7 * 64 / 8 + 7 * 128 / 8 + 7 * 16 / 8
+    assert cm.sent_bytes([], 8) == 0
+    with pytest.raises(ValueError, match="kind"):
+        cm.wire_bytes("broadcast", 64, 8)
+    with pytest.raises(ValueError, match="nbytes"):
+        cm.wire_bytes("all-reduce", -1, 8)
+
+
+@pytest.mark.parametrize(
+    ("tk", "hq", "hkv", "p", "d", "dv", "item", "s"),
+    [
+        (65536, 32, 8, 8, 128, 128, 4, 4),  # notebook 8's shape
+        (4096, 16, 16, 8, 64, 64, 2, 2),
+        (4100, 12, 4, 8, 32, 16, 2, 4),  # p divides neither Tk nor Hkv
+        (1000, 6, 3, 4, 16, 16, 4, 4),
+    ],
+)
+def test_pass_q_crossover_closed_form(tk, hq, hkv, p, d, dv, item, s):
+    """The first Tq where the pass-Q ring sends at least the pass-KV ring's bytes: the closed
+    form, and the brute-force comparison of `sent_bytes` on either side of it."""
+    b = 2
+    shape = dict(batch=b, kv_heads=hkv, head_dim=d, v_dim=dv, p=p, itemsize=item)
+    got = cm.pass_q_crossover(tk, q_heads=hq, stat_itemsize=s, **shape)
+    t, gs = -(-tk // p), -(-hkv // p) * (hq // hkv)
+    fixed = (p - 1) * t * hkv * (d + dv) * item  # the K/V blocks, per batch row
+    per_q = (p - 1) * gs * (d * item + (2 * dv + 2) * s) - 2 * (p - 1) * hq * dv * item / p
+    assert got == math.ceil(fixed / per_q)
+    if tk % p == 0 and hkv % p == 0 and item == s:  # the docstring's form
+        assert got == math.ceil(tk * hkv * (d + dv) / (hq * (d + 2)))
+
+    def kv(tq):
+        return cm.sent_bytes(cm.ring_collectives(**shape, kv_len=tk, q_len=tq, q_heads=hq), p)
+
+    def q(tq):
+        return cm.sent_bytes(
+            cm.pass_q_collectives(**shape, q_len=tq, q_heads=hq, stat_itemsize=s), p
+        )
+
+    assert q(got - 1) < kv(got - 1) and q(got) >= kv(got)
+
+
+def test_pass_q_crossover_without_a_crossing():
+    """One device sends nothing in either ring: no crossover."""
+    shape = dict(batch=1, q_heads=8, kv_heads=8, head_dim=16, v_dim=16)
+    assert cm.pass_q_crossover(1024, p=1, **shape) is None
+    with pytest.raises(TypeError, match="kv_len"):
+        cm.pass_q_crossover(sympy.Symbol("N"), p=8, **shape)
+
+
 def test_collective_times_one_level():
     link = cm.Link(alpha_s=10e-6, beta_Bps=10e9)
     a, beta = link.alpha_s, link.beta_Bps

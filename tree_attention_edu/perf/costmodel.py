@@ -10,7 +10,7 @@ Its parts live in their own modules, in the order they build on each other:
   collective over it (`allreduce_time`, ..., `collective_time`);
 * `patterns`: the collectives each merge pattern and ring runs (`merge_collectives`,
   `ring_collectives`, `pass_q_collectives`), bytes as `introspect.collective_stats` counts
-  them;
+  them, and what each device sends (`wire_bytes`, `sent_bytes`, `pass_q_crossover`);
 * `predict`: the predicted latency of each pattern and ring (`Prediction`, `predict_tree`,
   `predict_ring`, `predict_merge`, `predict_pass_q_ring`, `predict_all`);
 * `paper`: the paper's cluster (`DGX_H100`, published figures with their `sources`), its
@@ -92,8 +92,11 @@ from .patterns import (
     merge_read_bytes,
     padded_heads,
     pass_q_collectives,
+    pass_q_crossover,
     pass_q_heads,
     ring_collectives,
+    sent_bytes,
+    wire_bytes,
 )
 from .predict import (
     Prediction,
@@ -154,6 +157,7 @@ __all__ = [
     "paper_volume_ring",
     "paper_volume_tree",
     "pass_q_collectives",
+    "pass_q_crossover",
     "pass_q_heads",
     "peak_memory_ring",
     "peak_memory_tree",
@@ -167,7 +171,9 @@ __all__ = [
     "ring_allreduce_time",
     "ring_collectives",
     "ring_payload_bytes",
+    "sent_bytes",
     "tree_allreduce_time",
     "tree_depth",
     "tree_payload_bytes",
+    "wire_bytes",
 ]

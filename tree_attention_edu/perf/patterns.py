@@ -20,6 +20,9 @@ The two rings (`RINGS`) move the cache (pass-KV) or the queries (pass-Q) instead
 Bytes are counted the way `introspect.collective_stats` counts them: for all-reduce,
 reduce-scatter, all-to-all and collective-permute the buffer one device contributes, for
 all-gather the buffer it receives (p times its contribution). Sizes may be sympy symbols.
+Payloads of different kinds do not add up to traffic: `wire_bytes` prices each kind's payload
+as the bytes one device sends (`sent_bytes` for a list), and `pass_q_crossover` compares the
+two rings in those bytes.
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ from typing import Literal, get_args
 
 from ..core import inputs, validate
 from ..core.names import MergeName
-from .checks import check_collectives, check_pattern, check_sizes
+from .checks import (
+    check_collectives,
+    check_concrete_sizes,
+    check_nbytes,
+    check_pattern,
+    check_sizes,
+)
 from .formulas import butterfly_rounds
 from .links import COLLECTIVE_KINDS, Collective
 
@@ -251,3 +260,102 @@ def collective_bytes(collectives: Sequence[Collective]) -> int:
     `total_bytes` counts them."""
     collectives = check_collectives(collectives, COLLECTIVE_KINDS)
     return sum(nbytes * count for _, nbytes, count in collectives)
+
+
+def _sent_times_p(kind: str, nbytes: int, p: int) -> int:
+    """`p` times the bytes `wire_bytes` gives: an integer for integer sizes."""
+    if kind == "all-reduce":
+        return 2 * (p - 1) * nbytes
+    if kind == "collective-permute":
+        return p * nbytes
+    return (p - 1) * nbytes  # all-gather, reduce-scatter, all-to-all
+
+
+def wire_bytes(kind: str, nbytes: float, p: int) -> float:
+    """Bytes one device sends in one collective of `kind` whose payload is `nbytes` (as
+    `collective_stats` counts it: received for "all-gather", contributed otherwise), on `p`
+    devices, with the ring algorithms (pairwise for the all-to-all):
+
+    ======================  =====================================================
+    "all-reduce"            2(p−1)/p · n (a reduce-scatter, then an all-gather;
+                            the paper's eq. 12)
+    "all-gather"            (p−1)/p · n (every block but the device's own, once)
+    "reduce-scatter"        (p−1)/p · n
+    "all-to-all"            (p−1)/p · n (n/p to each of the p−1 others)
+    "collective-permute"    n
+    ======================  =====================================================
+
+    Sizes may be sympy symbols. Notebook 8's Exercise 1 derives it, and checks it against the
+    ring algorithms run on numbers."""
+    validate.check_str_choice(kind, COLLECTIVE_KINDS, "kind")
+    check_nbytes(nbytes)
+    check_sizes(p=p)
+    return _sent_times_p(kind, nbytes, p) / p
+
+
+def sent_bytes(collectives: Sequence[Collective], p: int) -> float:
+    """Bytes one device sends in a list of `(kind, nbytes, count)` on `p` devices: the sum of
+    `count · wire_bytes(kind, nbytes, p)`. Unlike `collective_bytes` (payloads, which mix
+    what a device receives with what it contributes), this adds like with like."""
+    collectives = check_collectives(collectives, COLLECTIVE_KINDS)
+    check_sizes(p=p)
+    return sum(count * _sent_times_p(kind, nbytes, p) for kind, nbytes, count in collectives) / p
+
+
+def pass_q_crossover(
+    kv_len: int,
+    *,
+    batch: int,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    v_dim: int,
+    p: int,
+    itemsize: int = 4,
+    stat_itemsize: int = 4,
+) -> int | None:
+    """The smallest number of query tokens `Tq` at which the pass-Q ring
+    (`pass_q_collectives`) sends at least as many bytes per device (`sent_bytes`) as the
+    pass-KV ring (`ring_collectives`) over `kv_len` keys; None if it never does (one device,
+    or a head shape where the pass-Q ring's bytes per query grow no faster).
+
+    Both are linear in `Tq`: the pass-KV ring sends `F + b·Tq` (its K/V blocks, then the
+    broadcast of its output), the pass-Q ring `a·Tq`, so `Tq* = ceil(F / (a − b))`. When p
+    divides `kv_len` and `kv_heads` and both itemsizes are equal, that is
+    `ceil(Tk·Hkv·(D + Dv) / (Hq·(D + 2)))`: per query row and head, the pass-Q ring's
+    query, partial state and output (D + 2·Dv + 2 numbers) less the pass-KV ring's output
+    broadcast (2·Dv), against D + Dv numbers per key and kv head."""
+    check_concrete_sizes(
+        "the crossover compares two byte counts",
+        kv_len=kv_len,
+        batch=batch,
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        v_dim=v_dim,
+        p=p,
+        itemsize=itemsize,
+        stat_itemsize=stat_itemsize,
+    )
+    shape = dict(batch=batch, kv_heads=kv_heads, head_dim=head_dim, v_dim=v_dim, p=p)
+
+    def sent_p(collectives: list[Collective]) -> int:  # p times the bytes sent: exact
+        return sum(count * _sent_times_p(kind, nbytes, p) for kind, nbytes, count in collectives)
+
+    def kv(tq: int) -> int:
+        return sent_p(
+            ring_collectives(**shape, kv_len=kv_len, q_len=tq, q_heads=q_heads, itemsize=itemsize)
+        )
+
+    def q(tq: int) -> int:
+        return sent_p(
+            pass_q_collectives(
+                **shape, q_len=tq, q_heads=q_heads, itemsize=itemsize, stat_itemsize=stat_itemsize
+            )
+        )
+
+    per_q, per_kv = q(2) - q(1), kv(2) - kv(1)  # per query token
+    fixed = kv(1) - per_kv  # the K/V blocks
+    if per_q <= per_kv:
+        return None
+    return max(1, -(-fixed // (per_q - per_kv)))
