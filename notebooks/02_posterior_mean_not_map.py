@@ -38,7 +38,7 @@
 # in the optional part.
 #
 # **Time.** About 30 minutes for sections 2.1 to 2.4; the optional deep dive (2.5 and 2.6)
-# takes another 40.
+# takes another 40. It runs in under a minute on an idle 2-core CPU.
 #
 # **Learning objectives.** After this notebook you can
 #
@@ -54,6 +54,13 @@
 # * (optional) compute Cramér's rate function $I(z)$, write it as a minimum KL divergence, and
 #   measure by Monte Carlo both what is exact (the mean of the sample mean, the exponent
 #   $e^{-nI}$) and what is only asymptotic (the peak of its distribution).
+#
+# **Notation: two βs.** Here, and in notebook 7's optional section on associative memory,
+# $\beta$ is an **inverse temperature**: the scores are scaled by $\beta/D$, as in Ramsauer et
+# al.'s Hopfield update and in the package's `theory.hopfield`, whose functions take it as
+# `beta`. From notebook 4 on, the cost model's $\beta$ (`beta_Bps`) is a link's
+# **bandwidth** in bytes per second, the $\beta$ of Hockney's $\alpha$–$\beta$ model. The two
+# are unrelated; each keeps the name its literature and the package give it.
 #
 # **Where it runs:** 8 simulated CPU devices in one process; notebook 1, "Where it runs",
 # says what that means. All the maths here runs on one device, in float64.
@@ -602,8 +609,8 @@ print(f"tied keys {min(best, other)} and {max(best, other)}: attention at beta =
 # $\xi^{\text{new}} = X^\top\operatorname{softmax}(\beta X\xi)$: one attention step whose
 # keys *and* values are the stored patterns, with scale $\beta$. (Ramsauer et al. store the
 # patterns as columns, $D \times M$, and write $X\operatorname{softmax}(\beta X^\top\xi)$: the
-# same update.) Here $\beta$ is an inverse temperature; from notebook 4 on, $\beta$ is also a
-# link's bandwidth.
+# same update.) Here $\beta$ is the inverse temperature, not the bandwidth $\beta$ of
+# notebooks 4 to 9 (the notation note at the top).
 # The paper's appendix A points out the restriction:
 #
 # > the update rule in Ramsauer et al. (2020) requires the tying of certain weights (K and V)

@@ -18,7 +18,8 @@
 #
 # **Prerequisites:** notebook 1 (attention as the gradient of an energy) and notebook 3 (the
 # partial state $(o, \ell)$ and its `combine`); what a JAX array and `jax.jit` are.
-# **Time:** about 45 minutes to read, run and do the exercises.
+# **Time:** about 50 minutes to read, run and do the exercises; it runs in under a minute on
+# an idle 2-core CPU.
 #
 # The chunks of notebook 3 now live on different devices. The KV cache of a long sequence
 # is split along the sequence axis over $p$ devices. Each device reduces its shard to a
@@ -27,6 +28,24 @@
 # them: the max of the devices' lse, then the sums of the rescaled numerators and
 # denominators. We write it by hand next to the paper's text, then read what the compiler
 # makes of it.
+#
+# <div class="admonition note"><p class="admonition-title">What the course calls "the tree"</p>
+# <p><b>The tree is the merge of the per-device states.</b> Device $i$ holds a state
+# $s_i = (o_i, \ell_i)$ for its shard; the empty state $(0, -\infty)$ is the identity, and
+# notebook 3's <code>combine</code> is associative and commutative. Tree decoding merges the
+# states into $s_1 \oplus s_2 \oplus \cdots \oplus s_p$ ($\oplus$ the combine), whose output is
+# exact attention over all keys: the same state in any order and grouping (in floating
+# point, up to rounding: notebook 3, §3.4). Algorithm 3 computes it with Allreduces (a max, then sums, §4.3);
+# notebook 8 moves the same states with other collectives. So the tree is the same
+# whatever Allreduce algorithm runs underneath: a ring, recursive doubling, NCCL's tree or
+# NVLS.</p>
+# <p><b>The latency advantage is the collective's algorithm's.</b> Associativity allows a
+# tree-shaped schedule of depth $\lceil\log_2 p\rceil$ (notebook 3, §3.6), but the
+# "$\log p$ steps" come only where the collective runs one: recursive doubling, NCCL's
+# tree across nodes (NVLS reduces inside the NVLink switches). A ring Allreduce takes
+# $2(p-1)$ steps, and nothing in the program says which runs. Notebook 8, §8.7 ("The tree
+# belongs to the algorithm, not to the word") teaches this; §4.8 below and notebook 5, §5.7
+# count the steps.</p></div>
 #
 # **Where it runs:** 8 simulated CPU devices in one process (notebook 1, "Where it runs",
 # says what that means). The same programs across real processes, over an emulated network:
@@ -750,7 +769,8 @@ print(f"on the wire, ring Allreduce, 2(p-1)/p x payload with p = {p}: {wire:>8,.
 #
 # Each link has a latency α (`alpha_s`, seconds per message) and a bandwidth β (`beta_Bps`,
 # bytes per second), the α and β of notebooks 4–9's cost model. This β is a link bandwidth,
-# not notebook 2's inverse temperature.
+# not the inverse temperature β of notebook 2 and of notebook 7's associative memory
+# (notebook 2's notation note).
 
 # %%
 dgx = costmodel.DGX_H100

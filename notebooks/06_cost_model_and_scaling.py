@@ -36,7 +36,8 @@
 # Attention: its redundant compute and its bytes on the wire). The roofline model helps, as
 # in "How to Scale Your Model", part 1; this notebook introduces what it needs.
 #
-# **Time.** About 50 minutes to read and work the exercises; a minute or so to run.
+# **Time.** About 50 minutes to read and work the exercises; under a minute to run on an
+# idle 2-core CPU.
 #
 # **Learning objectives.** After this notebook you can
 #
@@ -85,7 +86,7 @@ GREY, LIGHT = plots.NEUTRAL_COLOR, plots.color("baseline")
 STYLES = ("o-", "s--", "^-.", "d:")
 
 # %% [markdown]
-# **Settings.** The defaults keep this notebook to about a minute on a 2-core laptop.
+# **Settings.** The defaults keep this notebook under a minute on an idle 2-core CPU.
 # `LARGE = True` runs the paper's head shape and longer sequences (several minutes).
 
 # %%

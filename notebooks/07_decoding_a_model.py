@@ -32,7 +32,8 @@
 # mesh), notebook 5 (Ring Attention). A transformer decoder with a KV cache (e.g. the
 # Annotated Transformer) helps.
 #
-# **Time.** About 45 minutes to read and work the exercises; about three minutes to run.
+# **Time.** About 50 minutes to read and work the exercises; about a minute to run on an
+# idle 2-core CPU.
 #
 # **Learning objectives.** After this notebook you can
 #
@@ -812,8 +813,10 @@ plt.show()
 #
 # Store `M` random ±1 key→value patterns of dimension `DIM`; query with a stored key whose
 # signs are flipped with probability `FLIP`; read out `softmax(β · X ξ / D)ᵀ Y` and count a
-# query as retrieved when the sign of the readout is exactly its value. The scale $\beta/D$
-# is this course's convention; $X$ is the $M \times D$ matrix of stored keys, one pattern
+# query as retrieved when the sign of the readout is exactly its value. Here $\beta$ (`beta`
+# in `theory.hopfield`) is notebook 2's **inverse temperature**, not the link bandwidth
+# $\beta$ of the cost model (notebooks 4, 6 and 9). The scale $\beta/D$ is this course's
+# convention; $X$ is the $M \times D$ matrix of stored keys, one pattern
 # per row, as in notebook 2, §2.4. Ramsauer et al. (2020) store the patterns as columns and
 # write the modern Hopfield update as $\xi^{new} = X\,\mathrm{softmax}(\beta X^\top \xi)$; with
 # rows it reads $\xi^{new} = X^\top \mathrm{softmax}(\beta X \xi)$: keys and values tied

@@ -18,8 +18,9 @@
 #
 # **Prerequisites:** notebook 4 (meshes, collectives, the 2-level `("node", "gpu")` mesh),
 # notebook 5 (ring against tree), notebook 6 (the alpha-beta cost model) and notebook 8 (the
-# merge patterns). **Time:** about half an hour to read; it runs in seconds, because it
-# reads recorded runs (one cell reruns a small cluster live where root is available).
+# merge patterns). **Time:** about 40 minutes to read and do Exercises 1 to 3 (Exercise 4 is
+# homework); it runs in seconds, because it reads recorded runs (one cell reruns a small
+# cluster live where root is available).
 #
 # Every notebook so far ran 8 simulated devices in one process, where a collective is a
 # memory copy and the `("node", "gpu")` mesh is only labels. The paper's topology argument

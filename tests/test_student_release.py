@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -289,3 +290,59 @@ def test_the_answer_check_can_fail(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(f"# A page\n\nIn short:\n{ANSWERS.read_text().split('**Answer.**')[5]}")
     assert shown([page], answers) == [("page.md", answers[4])]
+
+
+# --- time estimates: one figure per notebook, the same everywhere ---------------------------
+
+
+def session_minutes(guide: str) -> dict[str, tuple[int, int | None]]:
+    """{"01": (minutes, minutes with the optional part or None), ...} from each notebook's
+    "**Session (about N minutes[, M with ...])**" in the lecturer's guide."""
+    found = {}
+    for number, body in re.findall(r"^## (\d)\. [^\n]*\n(.*?)(?=^## |\Z)", guide, re.M | re.S):
+        m = re.search(r"\*\*Session \(about (\d+) minutes(?:, (\d+) with [^)]*)?\)", body)
+        assert m, f"section {number} of the guide gives no session length"
+        found[number.zfill(2)] = (int(m[1]), int(m[2]) if m[2] else None)
+    return found
+
+
+def stated_minutes(first_cell: str) -> tuple[int, int | None]:
+    """(minutes, minutes with the optional part or None) from a notebook's "**Time.** About N
+    minutes ...; ... takes another M"."""
+    m = re.search(r"\*\*Time[.:]\*\*\s+[Aa]bout (\d+)\s+minutes", first_cell)
+    assert m, first_cell[:200]
+    extra = re.search(r"takes another (\d+)", first_cell)
+    return int(m[1]), int(m[1]) + int(extra[1]) if extra else None
+
+
+RUN_PHRASES = {  # what a notebook's first cell says of its run time: the README's seconds
+    "runs in seconds": (0, 20),
+    "under a minute": (0, 60),
+    "about a minute": (40, 90),
+}
+
+
+@NO_SITE
+def test_the_guide_and_the_notebooks_give_the_same_session_lengths():
+    guide = session_minutes(GUIDE.read_text())
+    stated = {name[:2]: stated_minutes(nb.cells[0].source) for name, nb in LECTURER.items()}
+    assert len(guide) == 9 and guide == stated
+
+
+def test_the_notebooks_run_times_agree_with_the_readme():
+    """The README's table (measured by scripts/notebook_costs.py) is the one source of the run
+    times; each notebook's first cell says the same in words."""
+    readme = ROOT / "README.md"
+    if not readme.exists():
+        pytest.skip("no README")
+    seconds = {
+        n.zfill(2): int(s)
+        for n, s in re.findall(r"^\| (\d)\. [^|]*\| about (\d+) s \|", readme.read_text(), re.M)
+    }
+    assert len(seconds) == 9, seconds
+    for name, nb in LECTURER.items():
+        text = " ".join(nb.cells[0].source.split())
+        said = [phrase for phrase in RUN_PHRASES if phrase in text]
+        assert len(said) == 1, (name, said)
+        low, high = RUN_PHRASES[said[0]]
+        assert low <= seconds[name[:2]] < high, (name, said[0], seconds[name[:2]])
