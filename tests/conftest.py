@@ -68,12 +68,15 @@ def tol(dtype) -> dict:
 
 
 def rand_qkv(seed, B=2, Tq=3, Hq=4, Hkv=2, D=8, Dv=6, Tk=17, dtype=jax.numpy.float64):
-    """Explicit-key random inputs."""
-    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-    q = jax.random.normal(kq, (B, Tq, Hq, D), jax.numpy.float64).astype(dtype)
-    k = jax.random.normal(kk, (B, Tk, Hkv, D), jax.numpy.float64).astype(dtype)
-    v = jax.random.normal(kv, (B, Tk, Hkv, Dv), jax.numpy.float64).astype(dtype)
-    return q, k, v
+    """Unit-normal q `[B, Tq, Hq, D]`, k `[B, Tk, Hkv, D]`, v `[B, Tk, Hkv, Dv]` from an
+    explicit seed, drawn in float64 and rounded once to `dtype`.
+
+    Drawn by NumPy, not `jax.random`: each new shape would compile `jax.random.normal` anew
+    (about 2 s of XLA:CPU time in float64), two thirds of `tests/test_kernels.py`'s compile
+    time before this changed."""
+    rng = np.random.default_rng(seed)
+    shapes = ((B, Tq, Hq, D), (B, Tk, Hkv, D), (B, Tk, Hkv, Dv))
+    return tuple(jax.numpy.asarray(rng.standard_normal(s)).astype(dtype) for s in shapes)
 
 
 @pytest.fixture(scope="session")

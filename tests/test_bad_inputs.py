@@ -1500,6 +1500,20 @@ COST_CALLS = (
             stat_itemsize=4,
         ),
     ),
+    (
+        costmodel.pass_q_crossover,
+        dict(
+            kv_len=1024,
+            batch=1,
+            q_heads=4,
+            kv_heads=2,
+            head_dim=8,
+            v_dim=8,
+            p=4,
+            itemsize=2,
+            stat_itemsize=4,
+        ),
+    ),
     (costmodel.allgather_time, dict(nbytes=1e3, p=4, link=LINK)),
     (costmodel.reduce_scatter_time, dict(nbytes=1e3, p=4, link=LINK)),
     (costmodel.all_to_all_time, dict(nbytes=1e3, p=4, link=LINK)),
@@ -1586,6 +1600,24 @@ def costmodel_family() -> list[Case]:
                 cases.append(
                     case(fn, kind, f"{name}={shown}", lambda fn=fn, kw=kw: fn(**kw), exc, name)
                 )
+    wb, sb = costmodel.wire_bytes, costmodel.sent_bytes
+    cases += [
+        case(wb, "range", "kind", lambda: wb("nvlink", 1e3, 4), ValueError, "kind"),
+        case(wb, "type", "kind", lambda: wb(3, 1e3, 4), TypeError, "kind"),
+        case(wb, "range", "nbytes", lambda: wb("all-reduce", -1.0, 4), ValueError, "nbytes"),
+        case(wb, "range", "p", lambda: wb("all-reduce", 1e3, 0), ValueError, "p"),
+        case(sb, "type", "collectives", lambda: sb("x", 4), TypeError, "collectives"),
+        case(
+            sb,
+            "shape",
+            "collectives-4",
+            lambda: sb([("all-reduce", 10, 1, 3)], 4),
+            TypeError,
+            "collectives[0]",
+        ),
+        case(sb, "range", "kind", lambda: sb([("nv", 10, 1)], 4), ValueError, "collectives[0][0]"),
+        case(sb, "range", "p", lambda: sb([("all-reduce", 10, 1)], 0), ValueError, "p"),
+    ]
     for fn, good in COST_CALLS:
         if {"q_heads", "kv_heads"} <= set(good):
             kw = good | dict(q_heads=4, kv_heads=3)
