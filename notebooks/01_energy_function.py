@@ -413,7 +413,8 @@ print(np.round(np.stack(columns, 1), 5))
 # %%
 def covariance_by_hvp(f, zeta, dv):
     """∇²f(ζ) [dv, dv] from dv Hessian-vector products of the scalar function f."""
-    # TODO: for each unit vector e_j, jax.jvp(jax.grad(f), (zeta,), (e_j,)) gives column j.
+    # TODO: a Hessian-vector product is a forward derivative of the gradient (jax.jvp of
+    # jax.grad(f)); which dv vectors give the Hessian's columns?
     return jnp.zeros((dv, dv))  # placeholder: runs, and the test below rejects it
 
 

@@ -30,7 +30,7 @@
 #   attention is the exact expected value for every $n$ and the unique zero of Cramér's rate
 #   function $I$: the probability that the mean lands in a set away from attention falls like
 #   $e^{-n \inf I}$. Attention is the most probable value of that mean only as
-#   $n\to\infty$; at finite $n$ the peak sits about $-k_3/(2k_2 n)$ away.
+#   $n\to\infty$; at finite $n$ the peak sits about $-\kappa_3/(2\kappa_2 n)$ away.
 #
 # **Prerequisites.** Notebook 1: the energy $F(\zeta)$, $\nabla F(0)$ = attention and
 # $\nabla^2 F(0)$ = value covariance. Basic probability: Bayes' rule, expectations, the KL
@@ -56,10 +56,11 @@
 #   $e^{-nI}$) and what is only asymptotic (the peak of its distribution).
 #
 # **Notation: two βs.** Here, and in notebook 7's optional section on associative memory,
-# $\beta$ is an **inverse temperature**: the scores are scaled by $\beta/D$, as in Ramsauer et
-# al.'s Hopfield update and in the package's `theory.hopfield`, whose functions take it as
-# `beta`. From notebook 4 on, the cost model's $\beta$ (`beta_Bps`) is a link's
-# **bandwidth** in bytes per second, the $\beta$ of Hockney's $\alpha$–$\beta$ model. The two
+# $\beta$ is an **inverse temperature**: the scores are scaled by $\beta/D$. That is this
+# course's convention, and that of the package's `theory.hopfield`, whose functions take it
+# as `beta`; Ramsauer et al.'s Hopfield update scales by $\beta$ itself (§2.4). From
+# notebook 4 on, the cost model's $\beta$ (`beta_Bps`) is a link's **bandwidth** in bytes
+# per second, the $\beta$ of Hockney's $\alpha$–$\beta$ model. The two
 # are unrelated; each keeps the name its literature and the package give it.
 #
 # **Where it runs:** 8 simulated CPU devices in one process; notebook 1, "Where it runs",
@@ -96,7 +97,7 @@ REFERENCE, BASELINE = plots.color("reference"), plots.color("baseline")  # black
 # ## 2.1 The posterior over memories
 #
 # Treat the keys $k_a$ as memories and the query as evidence about which one is meant. Take a
-# uniform prior $1/n$ over the $n$ visible memories and an **unnormalised likelihood**
+# uniform prior $1/T_k$ over the $T_k$ visible memories and an **unnormalised likelihood**
 # $L(q \mid a) \propto e^{s_a}$, where $s_a = \text{scale}\; q\cdot k_a$ is the score. Bayes'
 # rule only needs the likelihood up to a factor that does not depend on $a$, and gives
 #
@@ -116,8 +117,8 @@ REFERENCE, BASELINE = plots.color("reference"), plots.color("baseline")  # black
 # both halves of that sentence.
 #
 # The normaliser of the posterior is the evidence: with the likelihood's constant factor $c$,
-# $p(q) = \frac{1}{n}\sum_b e^{s_b}/c$, so $\log p(q) = F(0) - \log n - \log c$. The
-# log-partition $F(0)$ of notebook 1 is the log evidence only up to $-\log n$ (and $c$).
+# $p(q) = \frac{1}{T_k}\sum_b e^{s_b}/c$, so $\log p(q) = F(0) - \log T_k - \log c$. The
+# log-partition $F(0)$ of notebook 1 is the log evidence only up to $-\log T_k$ (and $c$).
 #
 # The cell computes the posterior from scratch, a numpy softmax of the raw scores, and
 # compares the package's `posterior`, `attention` and `energy` with it.
@@ -140,7 +141,7 @@ att = tae.attention(q, k, v)  # [B, Tq, Hq, Dv]
 np.testing.assert_allclose(post, post_np, rtol=1e-13)
 np.testing.assert_allclose(att, att_np, rtol=0, atol=1e-14)
 
-# The evidence with a uniform prior: log (1/n) Σ_a e^{s_a}, per row, from the raw scores.
+# The evidence with a uniform prior: log (1/Tk) Σ_a e^{s_a}, per row, from the raw scores.
 log_evidence = np.log(np.mean(np.exp(s), axis=-1))  # [B, Hq, Tq]
 F0 = float(tae.energy(q, k, v, jnp.zeros_like(att)))  # Σ over rows of F(0)
 np.testing.assert_allclose(log_evidence.sum(), F0 - rows * np.log(Tk), rtol=1e-13)
@@ -224,7 +225,7 @@ plt.show()
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>The attention weights are a posterior over memories under an unnormalised likelihood
 # $e^{s_a}$ (or a normalised one with keys of equal norm); attention is its mean, the
-# estimate with the smallest expected squared error. The log evidence is $F(0) - \log n$
+# estimate with the smallest expected squared error. The log evidence is $F(0) - \log T_k$
 # (plus a constant), not $F(0)$.</p></div>
 #
 # ## 2.2 The paper's claim: Γ and its stationary point
@@ -271,9 +272,9 @@ print(f"F once: z* = attention;  F counted N·d = {nd} times (eq. 30 as printed)
       f"z* = {nd} x attention   ✓")
 
 # %% [markdown]
-# sympy solves the two conditions in turn. It does so on an instance ($n = 3$ keys, $d = 2$),
-# so this cell is a check, not a proof; the proof for any $n$ and $d$ is the two bullet
-# points above plus notebook 1's $\nabla F(0) = $ attention.
+# sympy solves the two conditions in turn. It does so on an instance ($T_k = 3$ keys,
+# $d = 2$), so this cell is a check, not a proof; the proof for any $T_k$ and $d$ is the two
+# bullet points above plus notebook 1's $\nabla F(0) = $ attention.
 
 # %%
 for ident in symbolic.stationary_point(3, 2):
@@ -395,10 +396,11 @@ print("their product (the determinant):", block.det())
 
 # %%
 # The example, and 63 random inputs from nearly uniform to nearly one-hot posteriors, in one
-# batch (the β factor multiplies the queries: scale·q·k = (β/D) q·k with the default scale).
+# batch. The queries carry the factor β/√D: with the default scale 1/√D the scores are then
+# (β/D) q·k, the convention of §2.4, for β from 0.1 to 1000.
 kr = jax.random.split(jax.random.key(13), 3)
 many = 64
-beta_r = jnp.geomspace(0.01, 100, many - 1)[:, None, None, None] * np.sqrt(D)
+beta_r = jnp.geomspace(0.1, 1000, many - 1)[:, None, None, None] / np.sqrt(D)
 q_all = jnp.concatenate([q, jax.random.normal(kr[0], (many - 1, Tq, Hq, D)) * beta_r])
 k_all = jnp.concatenate([k, jax.random.normal(kr[1], (many - 1, Tk, Hkv, D))])
 v_all = jnp.concatenate([v, jax.random.normal(kr[2], (many - 1, Tk, Hkv, Dv))])
@@ -508,9 +510,9 @@ plt.show()
 # attention, with a bound. Let $\Delta$ be the gap between the two largest $q\cdot k_a$.
 # Every other weight is $p_a = e^{s_a}/\sum_b e^{s_b} \le e^{s_a - s_{a^*}} \le
 # e^{-\beta\Delta/D}$, and attention $- v_{a^*} = \sum_{a\ne a^*} p_a (v_a - v_{a^*})$ has
-# $n - 1$ terms, so
+# $T_k - 1$ terms, so
 #
-# $$\lVert \text{attention} - v_{a^*}\rVert_\infty \le (n-1)\, e^{-\beta\Delta/D}
+# $$\lVert \text{attention} - v_{a^*}\rVert_\infty \le (T_k-1)\, e^{-\beta\Delta/D}
 #   \max_a \lVert v_a - v_{a^*}\rVert_\infty .$$
 
 # %%
@@ -648,7 +650,7 @@ print(f"tied keys {min(best, other)} and {max(best, other)}: attention at beta =
 # * $z$ **outside** the hull: $F^* = +\infty$. A direction $u$ with $u\cdot z > \max_a
 #   u\cdot v_a$ exists, and $\Gamma(tu, z)$ grows linearly in $t$.
 # * $z$ **on the boundary**: $F^*$ is finite, but no $\zeta$ attains it (the maximiser runs
-#   off to infinity: exercise 1).
+#   off to infinity: the edge case of the exercise below, and §2.8's first exercise).
 # * $z$ in the **relative interior**: the maximum is attained at $\hat\zeta(z)$, the solution
 #   of $\nabla F(\hat\zeta) = z$. If moreover the covariance $\Sigma(\hat\zeta)$ is invertible,
 #   $\hat\zeta$ is unique and $\nabla F^*(z) = \hat\zeta(z)$.
@@ -677,7 +679,7 @@ print(f"tied keys {min(best, other)} and {max(best, other)}: attention at beta =
 
 # %%
 def conjugate_1d(z, s, vals):
-    """(F*(z), ζ̂) for one query: scores s [n], scalar values vals [n]."""
+    """(F*(z), ζ̂) for one query: scores s [Tk], scalar values vals [Tk]."""
     # TODO: Newton on ζ until |z − E_ζ[v]| < 1e-13; F*(z) = z ζ̂ − F(ζ̂).
     return 0.0, 0.0  # placeholder: runs, and the test below rejects it
 
@@ -687,7 +689,7 @@ stub_conjugate_1d = conjugate_1d
 
 # %% tags=["solution"] jupyter={"source_hidden": true} nbgrader={"grade": false, "grade_id": "conjugate_1d", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def conjugate_1d(z, s, vals):
-    """(F*(z), ζ̂) for one query: scores s [n], scalar values vals [n]."""
+    """(F*(z), ζ̂) for one query: scores s [Tk], scalar values vals [Tk]."""
     if not vals.min() <= z <= vals.max():
         return np.inf, np.nan  # sup = +inf outside the hull
     if z in (vals.min(), vals.max()):  # on the edge: the limit as zeta -> +-inf, not attained
@@ -863,9 +865,10 @@ plt.show()
 #   gives it: $f_n(z) \approx \sqrt{n/(2\pi\sigma_{\hat\zeta}^2)}\;e^{-nI(z)}$
 #   (`bayes.saddlepoint_density`; $\sigma_{\hat\zeta}^2$ is the variance under the tilted
 #   posterior). Its relative error is of order $1/n$.
-# * **The peak of that density is not attention** at finite $n$. With $k_2$ and $k_3$ the
-#   second and third cumulants of $v$ under $p$, the peak sits at about
-#   $\mu - k_3/(2 k_2 n)$: attention is the most probable value of $\bar v_n$ only as
+# * **The peak of that density is not attention** at finite $n$. With $\kappa_2$ and
+#   $\kappa_3$ the second and third cumulants of $v$ under $p$ (no relation to §2.1's
+#   concentrations $\kappa_a$), the peak sits at about
+#   $\mu - \kappa_3/(2 \kappa_2 n)$: attention is the most probable value of $\bar v_n$ only as
 #   $n\to\infty$.
 # * Near attention, $I(z) \approx \tfrac12 (z - \mu)^\top \Sigma^{-1} (z - \mu)$: the Gaussian
 #   of the central limit theorem. Far from it, $I$ is not quadratic.
@@ -986,17 +989,17 @@ Markdown(f"Mean of the {num:,} sample means: ${means.mean():.5f}$, attention ${m
 
 # %% [markdown]
 # **Predict, then run.** Here $n = 16$, and the values under the posterior are skewed to the
-# right ($k_3 > 0$). Is the most frequent sample mean left or right of attention, and by
+# right ($\kappa_3 > 0$). Is the most frequent sample mean left or right of attention, and by
 # about how much?
 #
 # <details><summary>Answer</summary>
 #
-# Left, by about $k_3/(2 k_2 n)$. The Edgeworth correction to the Gaussian adds a cubic term
+# Left, by about $\kappa_3/(2 \kappa_2 n)$. The Edgeworth correction to the Gaussian adds a cubic term
 # to the log density; setting its derivative to zero moves the peak from $\mu$ to
-# $\mu - k_3/(2 k_2 n)$ (to first order in $1/n$). The same follows from Daniels' density:
-# its log-derivative is $-n\hat\zeta(z)$ minus a prefactor term $k_3/(2k_2^2)$ to leading
-# order, which vanishes where $\hat\zeta \approx -k_3/(2k_2^2 n)$, i.e. at
-# $z - \mu \approx k_2\hat\zeta$. The cell computes $k_2$, $k_3$ in numpy, the peak of
+# $\mu - \kappa_3/(2 \kappa_2 n)$ (to first order in $1/n$). The same follows from Daniels' density:
+# its log-derivative is $-n\hat\zeta(z)$ minus a prefactor term $\kappa_3/(2\kappa_2^2)$ to leading
+# order, which vanishes where $\hat\zeta \approx -\kappa_3/(2\kappa_2^2 n)$, i.e. at
+# $z - \mu \approx \kappa_2\hat\zeta$. The cell computes $\kappa_2$, $\kappa_3$ in numpy, the peak of
 # Daniels' density (by a scalar maximisation), and the peak of the Monte Carlo histogram (by
 # a cubic fit of the log counts within two standard deviations of attention, which averages
 # the counting noise of 200 bins), and compares all three with the formula.
@@ -1004,8 +1007,8 @@ Markdown(f"Mean of the {num:,} sample means: ${means.mean():.5f}$, attention ${m
 # </details>
 
 # %%
-k2 = float(p1 @ (vals1 - mu1) ** 2)  # cumulants of v under the posterior, in numpy
-k3 = float(p1 @ (vals1 - mu1) ** 3)
+kappa2 = float(p1 @ (vals1 - mu1) ** 2)  # cumulants of v under the posterior, in numpy
+kappa3 = float(p1 @ (vals1 - mu1) ** 3)
 
 
 def daniels_peak(n_draws):
@@ -1014,31 +1017,31 @@ def daniels_peak(n_draws):
                                     bracket=(mu1 - 0.02, mu1), tol=1e-12).x
 
 
-formula = mu1 - k3 / (2 * k2 * n)
+formula = mu1 - kappa3 / (2 * kappa2 * n)
 peak_daniels = daniels_peak(n)
-sd = np.sqrt(k2 / n)
+sd = np.sqrt(kappa2 / n)
 hist, e2 = np.histogram(means, bins=200, range=(mu1 - 2 * sd, mu1 + 2 * sd))
 cubic = np.polyfit((e2[1:] + e2[:-1]) / 2 - mu1, np.log(hist), 3, w=np.sqrt(hist))
 roots = np.roots(np.polyder(cubic))
 peak_mc = mu1 + roots[np.isreal(roots)].real[np.argmin(np.abs(roots[np.isreal(roots)]))]
 # The Monte Carlo peak scatters by about 3e-4 between seeds (measured over 8 seeds), the
 # approximations differ at order 1/n²: both far below the offset itself.
-assert k3 > 0 and abs(mu1 - formula) > 5e-3
+assert kappa3 > 0 and abs(mu1 - formula) > 5e-3
 np.testing.assert_allclose([peak_daniels, peak_mc], formula, rtol=0, atol=1.5e-3)
 assert abs(peak_mc - mu1) > 4e-3 and abs(peak_daniels - mu1) > 4e-3  # the peak is not μ
-# The offset shrinks like 1/n: n·(peak − μ) tends to −k3/(2 k2).
+# The offset shrinks like 1/n: n·(peak − μ) tends to −kappa3/(2 kappa2).
 scaled = {m: m * (daniels_peak(m) - mu1) for m in (16, 64, 256)}
-np.testing.assert_allclose(scaled[256], -k3 / (2 * k2), rtol=0.01)
-assert abs(scaled[16] + k3 / (2 * k2)) > abs(scaled[64] + k3 / (2 * k2)) > abs(
-    scaled[256] + k3 / (2 * k2))
-print(f"k2 = {k2:.5f}, k3 = {k3:.5f}, n = {n}")
+np.testing.assert_allclose(scaled[256], -kappa3 / (2 * kappa2), rtol=0.01)
+limit = -kappa3 / (2 * kappa2)
+assert abs(scaled[16] - limit) > abs(scaled[64] - limit) > abs(scaled[256] - limit)
+print(f"kappa2 = {kappa2:.5f}, kappa3 = {kappa3:.5f}, n = {n}")
 print(f"attention (the exact mean)        {mu1:.4f}")
-print(f"formula mu - k3/(2 k2 n)          {formula:.4f}")
+print(f"formula mu - kappa3/(2 kappa2 n)  {formula:.4f}")
 print(f"peak of Daniels' density          {peak_daniels:.4f}")
 print(f"peak of the Monte Carlo histogram {peak_mc:.4f}")
 print("n * (Daniels' peak - mu):", ", ".join(f"{val:.4f} at n = {m}" for m, val in
                                              scaled.items()),
-      f"-> -k3/(2 k2) = {-k3 / (2 * k2):.4f}")
+      f"-> -kappa3/(2 kappa2) = {-kappa3 / (2 * kappa2):.4f}")
 
 # %%
 rate_curve = np.asarray(bayes.rate_function(z_curve_j, q_curve, kk1, v1)).ravel()
@@ -1091,7 +1094,7 @@ plt.show()
 # %%
 def sample_means_np(p, vals, n, num, rng):
     """num means of n values drawn i.i.d. from vals with probabilities p: [num]."""
-    # TODO: draw indices with rng.choice(len(vals), size=(num, n), p=p), average the values.
+    # TODO: rng.choice draws indices with given probabilities; each mean averages n values.
     return np.full(num, vals.mean())  # placeholder: runs, and the test below rejects it
 
 
@@ -1133,7 +1136,7 @@ print(f"sample_means_np: mean = attention, variance = sigma^2/n, chi^2 per bin a
 # KL divergence whose unique zero is attention. For the mean of $n$ draws from the attention
 # weights, attention is the exact expected value for every $n$; sets away from it have
 # probabilities $\approx e^{-n\inf I}$ (Cramér). Its histogram follows Daniels' density, which
-# peaks about $k_3/(2k_2n)$ from attention: "most probable" holds only as
+# peaks about $\kappa_3/(2\kappa_2 n)$ from attention: "most probable" holds only as
 # $n\to\infty$.</p></div>
 #
 # ## 2.7 Summary
@@ -1141,7 +1144,7 @@ print(f"sample_means_np: mean = attention, variance = sigma^2/n, chi^2 per bin a
 # * The attention weights are a posterior over memories under an unnormalised likelihood
 #   $e^{s_a}$ (normalised on the sphere only for keys of equal norm); attention is the
 #   posterior mean, the Bayes estimate under squared loss. The log evidence is
-#   $F(0) - \log n$ plus a constant.
+#   $F(0) - \log T_k$ plus a constant.
 # * The paper's $\Gamma(\zeta, z) = \sum z\cdot\zeta - F(\zeta)$ (with $F$ counted once; eq. 30
 #   as printed counts it $N d$ times) is stationary exactly at $\zeta^* = 0$,
 #   $z^* = \nabla F(0)$ = attention. But $\Gamma$ is linear in $z$, so it is unbounded in both

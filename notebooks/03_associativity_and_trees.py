@@ -146,9 +146,9 @@ print(f"overlapping chunks (key m twice): at n = 3, m = 1, s = (0, 1, -1/2) the 
 #
 # **Exercise (code).** Write `combine_np(a, b)` for states `(o, lse)` (`o` a numpy vector,
 # `lse` a float): shifted, with the empty state as an exact identity, and no NaN for two
-# empty states. The test checks the identity bit for bit, two empty states, a random
-# chunking of 12 keys against the state of all 12, and logits near 1000, where an unshifted
-# formula overflows.
+# empty states. The test checks the identity bit for bit, two empty states, 12 random keys
+# cut at fixed places (chunks of 2, 1, 4 and 5 keys) against the state of all 12, and
+# logits near 1000, where an unshifted formula overflows.
 
 # %%
 def state_np(s, v):
@@ -424,7 +424,8 @@ display(Markdown(
 # %%
 def two_sum(a, b):
     """(hi, lo) with hi = fl(a + b) and a + b = hi + lo exactly, for float32 a, b."""
-    # TODO: hi = a + b; bb = hi - a; lo = (a - (hi - bb)) + (b - bb).
+    # TODO: Knuth's TwoSum: from hi, recover the part of b that made it into hi, then what
+    # a and b each lost; lo is their sum. No comparison of |a| and |b|.
     hi = a + b
     return hi, np.float32(0)  # placeholder: drops the rounding error
 
@@ -661,7 +662,8 @@ print("example chunking:", sizes)
 #
 # **Exercise (code).** Write `tree_reduce_np(xs, op)`: combine neighbours in pairs, level by
 # level; an odd element out at the end of a level moves up unchanged. The test runs it with
-# `combine_np` on random chunk states against `state_np` of all keys, and measures its
+# `combine_np` on the states of §3.2's 12 keys, cut into $p$ chunks of nearly equal size
+# (some empty once $p$ exceeds 12), against `state_np` of all keys, and measures its
 # **depth** with a counting operation, `count(x, y) = max(x, y) + 1` on leaves that start at
 # 0: a combine finishes one step after the later of its two inputs, so the count at the root
 # is the number of sequential steps. A left-to-right `functools.reduce` gives the right

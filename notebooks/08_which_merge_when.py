@@ -33,18 +33,22 @@
 #   heads and merges them locally;
 # * **FlashDecoding++** replaces the max by a *unified max* fixed in advance, with a
 #   fallback when the guess is wrong; applied to the merge across devices, one
-#   Allreduce(sum) suffices;
-# * Meta's **context-parallel inference** has a ring that passes the queries instead of the
-#   K/V blocks (pass-Q).
+#   Allreduce(sum) suffices.
 #
-# A sixth merge is no serving system's but the textbook's: the **butterfly** (recursive
-# doubling) writes the tree into the program as $\log_2 p$ point-to-point exchanges, so that
-# its latency does not depend on how a library runs an Allreduce.
+# Two more complete the six merges of this notebook. The plainest, `allgather`, gathers
+# every device's whole state $(o_i, \ell_i)$ onto every device in one collective and merges
+# them there. The last is no serving system's but the textbook's: the **butterfly**
+# (recursive doubling) writes the tree into the program as $\log_2 p$ point-to-point
+# exchanges, so that its latency does not depend on how a library runs an Allreduce.
 #
-# They all compute the same exact attention from the same algebra. They differ in which
-# collectives carry which part of the merge, and so in bytes and in latency terms. This
-# notebook derives each one, writes it by hand, checks it against the package, reads what
-# its compiled program sends, and asks the cost model which one wins where.
+# Meta's **context-parallel inference** also has a ring that passes the queries instead of
+# the K/V blocks (pass-Q). That is not a merge of the devices' states but a ring that moves
+# other inputs; §8.5 sets it against the pass-KV ring of notebook 5.
+#
+# The six merges all compute the same exact attention from the same algebra. They differ in
+# which collectives carry which part of the merge, and so in bytes and in latency terms.
+# This notebook derives each one, writes it by hand, checks it against the package, reads
+# what its compiled program sends, and asks the cost model which one wins where.
 #
 # Everything runs on the course's 8 simulated CPU devices ([notebook 1](01_energy_function.ipynb)
 # says what that means); bytes are read from XLA:CPU's compiled programs, and the few
@@ -1215,11 +1219,14 @@ tq_star = costmodel.pass_q_crossover(TK_RING, **ring_model, q_heads=GQA["q_heads
                                      stat_itemsize=4)  # first Tq where pass-Q sends more
 assert pass_q_sent(tq_star - 1) < pass_kv_sent(TK_RING, tq_star - 1)
 assert pass_q_sent(tq_star) >= pass_kv_sent(TK_RING, tq_star)
-D, Dv, Hq, Hkv = GQA["head_dim"], GQA["head_dim"], GQA["q_heads"], GQA["kv_heads"]
-assert tq_star == math.ceil(TK_RING * Hkv * (D + Dv) / (Hq * (D + 2)))  # the closed form
-rule = (TK_RING * Hkv) / (tq_star * Hq)  # Tk·Hkv / (Tq·Hq) at the crossover
-assert math.isclose(rule, (D + 2) / (D + Dv), rel_tol=1e-3) and 0.45 < rule < 0.55  # about 1/2
-queries_vs_cache = tq_star * Hq * D / (TK_RING * Hkv * (D + Dv))  # Tq·Hq·D against the cache
+# The GQA shape under names of their own: §8.1's B, Hq, Hkv, D stay those of q, k, v.
+D_g, Dv_g, Hq_g, Hkv_g = GQA["head_dim"], GQA["head_dim"], GQA["q_heads"], GQA["kv_heads"]
+assert tq_star == math.ceil(TK_RING * Hkv_g * (D_g + Dv_g) / (Hq_g * (D_g + 2)))  # closed form
+rule = (TK_RING * Hkv_g) / (tq_star * Hq_g)  # Tk·Hkv / (Tq·Hq) at the crossover
+assert math.isclose(rule, (D_g + 2) / (D_g + Dv_g), rel_tol=1e-3)
+assert 0.45 < rule < 0.55  # about 1/2
+# Tq·Hq·D against the cache
+queries_vs_cache = tq_star * Hq_g * D_g / (TK_RING * Hkv_g * (D_g + Dv_g))
 assert 0.95 < queries_vs_cache <= 1  # about the cache's size
 # Payloads added as if they were one kind of traffic: the crossover the sum of payloads gives.
 per_q_payload = pass_q_bytes(2) - pass_q_bytes(1)
@@ -1245,7 +1252,7 @@ ax.grid(alpha=0.3)
 plt.show()
 print(f"pass-Q sends fewer bytes than pass-KV for Tq < {tq_star:,} at Tk = {TK_RING:,} "
       f"(Tq/Tk < {tq_star / TK_RING:.3f}); at the crossover Tk·Hkv / (Tq·Hq) = {rule:.3f}, "
-      f"(D + 2)/(D + Dv) = {(D + 2) / (D + Dv):.3f}; the queries, Tq·Hq·D numbers, are "
+      f"(D + 2)/(D + Dv) = {(D_g + 2) / (D_g + Dv_g):.3f}; the queries, Tq·Hq·D numbers, are "
       f"{queries_vs_cache:.1%} of the cache's Tk·Hkv·(D + Dv)")
 print(f"adding payloads instead would put the crossover at Tq = {tq_payload:,}")
 
@@ -1669,9 +1676,12 @@ print(f"allgather wins up to batch {last} (batch x heads = {16 * last:,}); there
 # its answer is attention.
 
 # %%
+B_a, Tq_a, Hq_a, D_a = q.shape  # §8.1's problem, read from the arrays themselves
+_, Tk_a, Hkv_a, Dv_a = v.shape
 chosen = costmodel.best_merge(
-    Tk, costmodel.DGX_H100.with_devices(p), batch=B, q_heads=Hq, kv_heads=Hkv, head_dim=D,
-    v_dim=D, itemsize=8, q_len=Tq, stat_itemsize=8, patterns=merges.AUTO_MERGES)
+    Tk_a, costmodel.DGX_H100.with_devices(p), batch=B_a, q_heads=Hq_a, kv_heads=Hkv_a,
+    head_dim=D_a, v_dim=Dv_a, itemsize=q.dtype.itemsize, q_len=Tq_a,
+    stat_itemsize=q.dtype.itemsize, patterns=merges.AUTO_MERGES)
 auto_stats = tae.collective_stats(
     lambda q, k, v: tae.tree_decode(q, k, v, mesh=mesh, merge="auto"), q, k, v)
 chosen_stats = tae.collective_stats(
@@ -1679,7 +1689,8 @@ chosen_stats = tae.collective_stats(
 assert auto_stats == chosen_stats
 np.testing.assert_allclose(tae.tree_decode(q, k, v, mesh=mesh, merge="auto"), want,
                            rtol=1e-12, atol=1e-13)
-print(f"B = {B}, Hq = {Hq} ({B * Tq * Hq} rows) on {p} devices: auto chose {chosen!r}\n{auto_stats}")
+print(f"B = {B_a}, Tq = {Tq_a}, Hq = {Hq_a}, Hkv = {Hkv_a}, D = {D_a} ({B_a * Tq_a * Hq_a} rows) "
+      f"on {p} devices, Tk = {Tk_a:,}: auto chose {chosen!r}\n{auto_stats}")
 
 # %% [markdown]
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
