@@ -75,7 +75,12 @@ nbval: $(STAMP)
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict
 
-test: lint unit nbval docs
+# Lint first (seconds; it fails fast). Then the unit tests, the notebooks and the site at
+# once: alone, the unit tests' two workers leave part of the two cores idle (waiting on
+# subprocesses and the cluster's namespaces, one worker on its last file), which the
+# notebooks' kernels fill. Each part's output is printed whole when it ends.
+test: lint
+	@$(MAKE) --no-print-directory -j3 --output-sync=target unit nbval docs
 
 browser-check: docs
 	$(PY) docs/check_site.py

@@ -15,7 +15,7 @@ import sys
 
 from ..cluster import delay
 from ..cluster import processes as ps
-from .plumbing import TRACEBACK_ENV
+from .plumbing import report_worker_failure
 
 USAGE = "usage: python -m tree_attention_edu.cli.forwarder SPEC_JSON (started by a launcher)"
 
@@ -31,11 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return delay.forwarder_main(json.loads(argv[0]))
     except Exception as e:
-        line = next((s for s in str(e).splitlines() if s.strip()), "")
-        print(f"{ps.WORKER_ERROR} {type(e).__name__}: {line}", file=sys.stderr, flush=True)
-        if os.environ.get(TRACEBACK_ENV):
-            raise
-        return 1
+        return report_worker_failure(e, ps.WORKER_ERROR)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,20 @@ def one_line(e: BaseException) -> str:
     )
 
 
+def report_worker_failure(e: BaseException, prefix: str) -> int:
+    """A worker process's failure: one line `prefix Type: first line` on stderr, which the
+    launcher reads back (`cluster.processes.worker_summary`); the traceback too when
+    `TRACEBACK_ENV` is set. Returns the exit status, 1."""
+    import os
+    import sys
+
+    line = next((s for s in str(e).splitlines() if s.strip()), "")
+    print(f"{prefix} {type(e).__name__}: {line}", file=sys.stderr, flush=True)
+    if os.environ.get(TRACEBACK_ENV):
+        raise e
+    return 1
+
+
 # ---------------------------------------------------------------------------------------
 # The parser
 

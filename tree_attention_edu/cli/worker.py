@@ -15,7 +15,7 @@ import sys
 
 from ..cluster import launch
 from ..cluster import processes as ps
-from .plumbing import TRACEBACK_ENV
+from .plumbing import report_worker_failure
 
 USAGE = "usage: python -m tree_attention_edu.cli.worker SPEC.json (started by a launcher)"
 
@@ -51,11 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{ps.WORKER_ERROR} {e}", file=sys.stderr, flush=True)
         return launch.EX_PORT
     except Exception as e:
-        line = next((s for s in str(e).splitlines() if s.strip()), "")
-        print(f"{ps.WORKER_ERROR} {type(e).__name__}: {line}", file=sys.stderr, flush=True)
-        if os.environ.get(TRACEBACK_ENV):
-            raise
-        return 1
+        return report_worker_failure(e, ps.WORKER_ERROR)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ two rings in those bytes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 
 from ..core import inputs, validate
 from ..core.names import MergeName
@@ -40,7 +40,7 @@ from .checks import (
     check_sizes,
 )
 from .formulas import butterfly_rounds
-from .links import COLLECTIVE_KINDS, Collective
+from .links import COLLECTIVE_KINDS, Collective, CollectiveKind
 
 RingName = Literal["ring", "ring_pass_q"]
 """A ring: pass-KV (`decode.ring_decode`) or pass-Q (`decode.ring_decode_pass_q`)."""
@@ -262,7 +262,10 @@ def collective_bytes(collectives: Sequence[Collective]) -> int:
     return sum(nbytes * count for _, nbytes, count in collectives)
 
 
-def _sent_times_p(kind: str, nbytes: int, p: int) -> int:
+_Bytes = TypeVar("_Bytes", int, float)
+
+
+def _sent_times_p(kind: str, nbytes: _Bytes, p: int) -> _Bytes:
     """`p` times the bytes `wire_bytes` gives: an integer for integer sizes."""
     if kind == "all-reduce":
         return 2 * (p - 1) * nbytes
@@ -271,7 +274,7 @@ def _sent_times_p(kind: str, nbytes: int, p: int) -> int:
     return (p - 1) * nbytes  # all-gather, reduce-scatter, all-to-all
 
 
-def wire_bytes(kind: str, nbytes: float, p: int) -> float:
+def wire_bytes(kind: CollectiveKind, nbytes: float, p: int) -> float:
     """Bytes one device sends in one collective of `kind` whose payload is `nbytes` (as
     `collective_stats` counts it: received for "all-gather", contributed otherwise), on `p`
     devices, with the ring algorithms (pairwise for the all-to-all):
