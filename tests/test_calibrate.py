@@ -220,3 +220,23 @@ def test_mesh_names_are_checked(bad):
 
     with pytest.raises(ValueError, match="`mesh` must be"):
         modelcheck.parse_mesh(bad)
+
+
+def test_a_time_within_the_overhead_gives_no_absurd_rate():
+    """A copy timed no slower than a bare call (a notebook 9 run printed 4,194,304 GB/s from
+    a 1 ns floor): its rate is over the whole time, a lower bound, and flagged unresolved."""
+    from tree_attention_edu.perf import microbench
+
+    prob = benchmark.Problem(seq_len=4096, q_heads=8, kv_heads=8, head_dim=64)
+    shard = prob.kv_bytes / 4
+    overhead = 1e-3
+    for copy_s in (overhead, 0.99 * overhead, 1.05 * overhead):  # at, below, within noise
+        assert microbench.work_time(copy_s, overhead) == (copy_s, False)
+        mem, copy = calibrate.local_rates(prob, 4, 5e-3, copy_s, overhead)
+        assert copy == pytest.approx(shard / copy_s) and copy < 1e11  # not PB/s
+        assert mem == pytest.approx(shard / 4e-3)  # the kernel's time is resolved
+    assert microbench.work_time(3e-3, overhead) == (pytest.approx(2e-3), True)
+    assert microbench.work_time(1e-6) == (1e-6, True)  # no overhead: the time itself
+    # fit_local's fallback (no slope) uses the same rule.
+    mem, fixed = microbench.fit_local((2**20, 2**24), (2e-3, 1.9e-3), 1.9e-3)
+    assert fixed == 0.0 and mem == pytest.approx(2**24 / 1.9e-3)

@@ -192,6 +192,23 @@ def test_crossover_interpolates_and_says_none():
     assert crossover(lens, [5.0, 5.0, 5.0], [2.0, 3.0, 4.0]) is None  # ring always faster
 
 
+def test_crossover_words_name_no_crossover_where_the_sign_changes_twice():
+    """Notebook 9's 2x1x2 sweep: ring faster only at the second length, tree on either side,
+    locates no crossover; no sign change reads as one side faster at every length."""
+    from tree_attention_edu.cluster.methods import crossover_words
+
+    lens = [16, 64, 256, 1024]
+    tree = [12.0, 8.7, 4.4, 16.0]
+    assert crossover_words(lens, tree, [20.0, 2.4, 8.5, 37.3]) == (
+        "no single crossover: ring faster only at Tk = 64"
+    )
+    assert crossover_words(lens[1:], tree[1:], [2.4, 8.5, 37.3]).startswith(
+        "tree overtakes ring at Tk ~ "
+    )
+    assert crossover_words(lens, tree, [20.0, 9.0, 8.5, 37.3]) == "tree faster at every length"
+    assert crossover_words(lens, tree, [1.0, 1.0, 1.0, 1.0]) == "ring faster at every length"
+
+
 def test_bad_settings_exit_2_with_one_line():
     for args, words in (
         (["--nodes", "1"], "nodes"),

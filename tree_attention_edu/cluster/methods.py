@@ -2,12 +2,14 @@
 on each level read from the compiled program, its answer checked against a float64 numpy
 reference, and its latency predicted by the cost model from what `levels` measured.
 
-The plain helpers (`reference_attention`, `level_bytes`, `crossover`) use no JAX.
+The plain helpers (`reference_attention`, `level_bytes`, `crossover`, `crossover_words`) use
+no JAX.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import statistics
 from collections.abc import Callable, Iterable
@@ -137,6 +139,25 @@ def crossover(seq_lens: list[int], tree_s: list[float], ring_s: list[float]) -> 
             w = f0 / (f0 - f1) if f0 != f1 else 0.0
             return float(math.exp(math.log(x0) + w * (math.log(x1) - math.log(x0))))
     return None
+
+
+def crossover_words(seq_lens: list[int], tree_s: list[float], ring_s: list[float]) -> str:
+    """What a tree-against-ring series shows, in words: "tree overtakes ring at Tk ~ L"
+    where ring is faster up to one point and tree from the next on (`crossover`), "tree
+    faster at every length" or "ring faster at every length" where there is no sign change,
+    and otherwise the lengths where ring was faster ("no single crossover"): a series that
+    changes sign more than once locates no crossover."""
+    ring_wins = [r <= t for t, r in zip(tree_s, ring_s, strict=True)]
+    if not any(ring_wins):
+        return "tree faster at every length"
+    if all(ring_wins):
+        return "ring faster at every length"
+    changes = sum(a != b for a, b in itertools.pairwise(ring_wins))
+    x = crossover(seq_lens, tree_s, ring_s)
+    if changes == 1 and x is not None:
+        return f"tree overtakes ring at Tk ~ {x:,.0f}"
+    at = ", ".join(f"{n:,}" for n, w in zip(seq_lens, ring_wins, strict=True) if w)
+    return f"no single crossover: ring faster only at Tk = {at}"
 
 
 def count_kinds(collectives: Iterable[Collective]) -> dict[str, int]:

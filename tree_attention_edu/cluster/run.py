@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from . import netns
+from . import methods, netns
 from . import processes as ps
 from .context import Settings
 from .delay import MAX_DELAY_MS, TUN_MTU
@@ -486,11 +486,13 @@ def summary(rep: dict) -> str:
     if "crossover" in rep:
         x = rep["crossover"]
         for key in ("tree_2level_vs_ring", "tree_vs_ring"):
-            if key in x:
-                m, p = x[key]["measured"], x[key]["predicted"]
-                rows.append(
-                    f"{key}: tree overtakes ring at Tk ~ "
-                    f"{'none in range' if m is None else f'{m:.0f}'} measured, "
-                    f"{'none' if p is None else f'{p:.0f}'} predicted"
+            tree = key.removesuffix("_vs_ring")
+            if key in x and "model_s" in x:
+                m = methods.crossover_words(
+                    x["seq_lens"], x["measured_s"][tree], x["measured_s"]["ring"]
                 )
+                p = methods.crossover_words(
+                    x["model_grid"], x["model_s"][tree], x["model_s"]["ring"]
+                )
+                rows.append(f"{key}: measured {m}; model {p}")
     return "\n".join(rows)

@@ -55,9 +55,10 @@ from .microbench import (
     message_sizes,
     ring_pass_times,
 )
-from .microbench import SMALL_MESSAGE as SMALL_MESSAGE  # re-exported, with the two below
+from .microbench import SMALL_MESSAGE as SMALL_MESSAGE  # re-exported, with the three below
 from .microbench import local_calls as local_calls
 from .microbench import local_rates as local_rates
+from .microbench import work_time as work_time
 from .patterns import RINGS, RingName, merge_collectives, pass_q_collectives, ring_collectives
 from .predict import Prediction, predict_merge, predict_pass_q_ring, predict_ring
 

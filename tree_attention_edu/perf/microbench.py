@@ -18,6 +18,7 @@ Each time is a median of timed calls after a warm-up (`benchmark.median_time`).
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -230,6 +231,26 @@ def local_calls(
     return {"kernel": (local, args), "copy": (copy, args[1:2])}
 
 
+RESOLVED_SHARE = 0.1
+"""A time less the per-call overhead counts as the program's work only where it exceeds
+this share of the overhead (`work_time`): medians of a few calls on a shared machine vary
+between runs by more than that, so a smaller difference is noise, not work."""
+
+
+def work_time(time_s: float, overhead_s: float = 0.0) -> tuple[float, bool]:
+    """`(seconds, resolved)`: the program's work in a measured `time_s`, `time_s − overhead_s`,
+    and whether that difference is resolved, at least `RESOLVED_SHARE` of the overhead and
+    the clock's resolution. Where it is not (the program took no longer than a bare call,
+    within noise), the whole `time_s` is returned with `resolved=False`: an upper bound on
+    the work, so a rate from it is a lower bound, never a near-zero time's absurd rate."""
+    validate.check_real(time_s, "time_s", low=0.0, low_open=True, hint="a measured time")
+    validate.check_real(overhead_s, "overhead_s", low=0.0, hint="seconds per call")
+    floor = max(RESOLVED_SHARE * overhead_s, time.get_clock_info("perf_counter").resolution)
+    if time_s - overhead_s >= floor:
+        return time_s - overhead_s, True
+    return time_s, False
+
+
 def local_rates(
     problem: benchmark.Problem,
     devices: int,
@@ -239,8 +260,9 @@ def local_rates(
 ) -> tuple[float, float]:
     """`(mem_Bps, copy_Bps)` per device from the times of `local_calls`' two programs: a
     shard's K and V bytes over the kernel's time, a K shard's bytes over the copy's (read and
-    written once), each less the per-call `overhead_s`. The times are positive seconds,
-    `overhead_s >= 0`; a time not above the overhead is taken as 1 ns."""
+    written once), each less the per-call `overhead_s` (`work_time`). The times are positive
+    seconds, `overhead_s >= 0`; where a time is not resolved above the overhead, the rate is
+    over the whole time, a lower bound (`work_time(copy_s, overhead_s)[1]` says which)."""
     validate.check_instance(
         problem, benchmark.Problem, "problem", "e.g. benchmark.Problem(seq_len=4096)"
     )
@@ -249,7 +271,7 @@ def local_rates(
         validate.check_real(value, name, low=0.0, low_open=True, hint="a measured time")
     validate.check_real(overhead_s, "overhead_s", low=0.0, hint="seconds per call")
     shard = problem.kv_bytes / devices
-    return (shard / max(kernel_s - overhead_s, 1e-9), shard / max(copy_s - overhead_s, 1e-9))
+    return (shard / work_time(kernel_s, overhead_s)[0], shard / work_time(copy_s, overhead_s)[0])
 
 
 def measure_local(
@@ -289,7 +311,7 @@ def fit_local(
         raise ValueError(f"`shard_bytes` must increase, e.g. {eg}, got {shard_bytes}.")
     slope = (t1 - t0) / (b1 - b0)
     if slope <= 0:
-        return b1 / max(t1 - overhead_s, 1e-9), 0.0
+        return b1 / work_time(t1, overhead_s)[0], 0.0
     return 1 / slope, max(t0 - overhead_s - b0 * slope, 0.0)
 
 
