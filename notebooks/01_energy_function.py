@@ -52,9 +52,10 @@
 #   8 devices are there.
 # * **Simulated devices** are 8 XLA:CPU devices in one process, sharing this machine's cores
 #   and memory. A collective between them (`psum`, `ppermute`) is a memory copy inside the
-#   process. So the programs, the collectives the compiler emits and the bytes they move are
-#   the real ones, while times show compute and copies, not a network. Where a figure is
-#   XLA:CPU's own (a memory peak, a timing), the notebook says so.
+#   process. So the collectives the compiler emits and the bytes they move are the real
+#   ones, the same on any backend, while times show compute and copies, not a network, and
+#   memory figures (temporary buffers, peaks) are XLA:CPU's: a GPU compiler places buffers
+#   differently. Where a figure is XLA:CPU's own, the notebook says so.
 # * **On a GPU runtime** the notebooks still run on the 8 CPU devices: the pin keeps every
 #   figure reproducible on any machine, and a GPU, if present, is not used.
 # * **Real processes:** notebook 9 (*A cluster on one machine*) runs the same programs as
@@ -387,22 +388,25 @@ print(f"full Hessian: {full.size} entries, {np.count_nonzero(full)} non-zero "
 # So the package never builds the full matrix. It uses **Hessian-vector products**: for a
 # function $f$, `jax.jvp(jax.grad(f), (ζ,), (e,))` differentiates the gradient along the
 # direction $e$ (forward mode over reverse mode) and returns $\nabla^2 f(\zeta)\, e$ without
-# forming $\nabla^2 f$. With $e = e_j$, the $j$-th unit vector, that is column $j$ of the
-# Hessian. By hand, for one row with $D_v = 2$:
+# forming $\nabla^2 f$. By hand, for one row with $D_v = 2$, one product along a direction
+# $u$, checked against the numpy Hessian times $u$:
 
 # %%
 s2, v2 = s_row[:5], v_row[:5, :2]  # one row, five keys, two value dimensions
 grad2 = jax.grad(lambda z: energy_jnp(s2, v2, z))
 z2 = jnp.zeros(2)
-columns = [jax.jvp(grad2, (z2,), (e,))[1] for e in jnp.eye(2)]  # H e_0, H e_1
-np.testing.assert_allclose(np.stack(columns, 1), hessian_np(s2, v2, np.zeros(2)), atol=1e-15)
-print("two Hessian-vector products, H e_0 and H e_1, side by side:")
-print(np.round(np.stack(columns, 1), 5))
+u = jnp.array([0.6, -0.8])  # any direction
+hvp = jax.jvp(grad2, (z2,), (u,))[1]  # H u, without forming H
+h_u = hessian_np(s2, v2, np.zeros(2)) @ np.asarray(u, np.float64)
+np.testing.assert_allclose(hvp, h_u, atol=1e-15)
+print(f"one Hessian-vector product H u: {np.round(np.asarray(hvp), 5)}; numpy's H @ u: "
+      f"{np.round(h_u, 5)}")
 
 # %% [markdown]
-# `value_covariance` does the same with one twist: the unit vector $e_j$ is placed in *every*
+# The whole Hessian is $D_v$ such products along well-chosen directions (the exercise below
+# asks which). `value_covariance` adds one twist: each direction is placed in *every*
 # $(b, i, h)$ row of $\zeta$ at once. Since the Hessian is block diagonal, one product then
-# returns column $j$ of every block, and $D_v$ products give all of them.
+# serves every block, and $D_v$ products give all of them.
 #
 # **Exercise (code).** Write `covariance_by_hvp(f, zeta, dv)`: the $d_v \times d_v$ Hessian of
 # a scalar function `f` of a vector $\zeta$ at `zeta`, from $d_v$ Hessian-vector products.
@@ -587,7 +591,8 @@ print(f"logits from {s_off.min():.1f} to {s_off.max():.1f}, largest weight {p_to
 # %%
 def energy_stable(s, v, zeta):
     """F(ζ) = log Σ_a exp(s_a + ζ·v_a) for one query, finite for any finite logits."""
-    # TODO: shift by the row maximum m of s + v @ zeta; add m back outside the log.
+    # TODO: exp overflows long before the log of the sum would. Hint: the safe softmax
+    # above; which shift keeps every exponent at most 0, and what must be added back?
     return energy_np(s, v, zeta)  # placeholder: overflows at large logits
 
 

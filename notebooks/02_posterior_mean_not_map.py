@@ -52,8 +52,9 @@
 # * (optional) compute the convex conjugate $F^*(z) = \sup_\zeta \Gamma(\zeta, z)$, say where
 #   it is finite and where the supremum is attained, and show that attention minimises it;
 # * (optional) compute Cramér's rate function $I(z)$, write it as a minimum KL divergence, and
-#   measure by Monte Carlo both what is exact (the mean of the sample mean, the exponent
-#   $e^{-nI}$) and what is only asymptotic (the peak of its distribution).
+#   measure by Monte Carlo both what is exact (the mean and variance of the sample mean)
+#   and what is only asymptotic (the exponent $e^{-nI}$ of its tails, a limit as $n$ grows,
+#   and the peak of its distribution).
 #
 # **Notation: two βs.** Here, and in notebook 7's optional section on associative memory,
 # $\beta$ is an **inverse temperature**: the scores are scaled by $\beta/D$. That is this

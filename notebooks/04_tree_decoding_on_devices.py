@@ -925,7 +925,8 @@ print(s2)
 # %%
 def two_level_psum(x):
     """Inside shard_map on mesh2: the sum of x over all 8 devices, inside nodes first."""
-    # TODO: two psums, one per mesh axis, the inner ("gpu") one first.
+    # TODO: lax.psum sums over the axes it is named; how do you make the order of the
+    # levels show in the compiled program?
     return lax.psum(x, ("node", "gpu"))
 
 

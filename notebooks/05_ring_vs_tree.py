@@ -736,15 +736,23 @@ ax.legend(fontsize=9, loc="upper left")
 ax.grid(alpha=0.3, axis="y")
 plt.show()
 at = TK_TIMED[-1]
+
+
+def span(values, fmt):
+    """'a to b' over the values, or one value where both ends print the same."""
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
 display(Markdown(
     f"*Figure: median decode latency, measured when this notebook ran. Ring (red) took "
-    f"{min(speedup.values()):.1f}× to {max(speedup.values()):.1f}× tree's time (blue). The "
+    f"{span(speedup.values(), '.1f')}× tree's time (blue). The "
     f"ring's compute alone (hatched red: the tree's program, each device folding all $T_k$ "
-    f"keys) took {min(compute_share.values()):.0%} to {max(compute_share.values()):.0%} of "
+    f"keys) took {span(compute_share.values(), '.0%')} of "
     f"the ring's time: at $T_k$ = {at:,}, {timed[at]['compute'] * 1e3:.1f} ms of the ring's "
     f"{timed[at]['ring'] * 1e3:.1f} ms, {timed[at]['compute'] / timed[at]['tree']:.1f}× "
-    f"the tree{' (a share above 100%: the stand-in took longer than the ring, and the difference is no transfer cost)' if max(compute_share.values()) > 1 else ''}. Pass-Q (pink) took {min(pass_q_ratio.values()):.1f}× to "
-    f"{max(pass_q_ratio.values()):.1f}× the tree's time over the lengths measured ($T_k$ = "
+    f"the tree{' (a share above 100%: the stand-in took longer than the ring, and the difference is no transfer cost)' if max(compute_share.values()) > 1 else ''}. Pass-Q (pink) took "
+    f"{span(pass_q_ratio.values(), '.1f')}× the tree's time over the lengths measured ($T_k$ = "
     f"{', '.join(f'{tk:,}' for tk in TK_TIMED)}).*"))
 
 # %% [markdown]
@@ -772,9 +780,11 @@ print(f"flops per device at Tk = {tk_c:,}: ring {f_ring:,.0f}, the tree over p c
 # %% [markdown]
 # The rest of the ring's time is the transfers (memory copies between the simulated
 # devices) and the copies the compiled loop makes. Pass-Q, which does the tree's work and
-# moves only queries, avoids the redundant compute (the caption gives its time against the
-# tree's). On a cluster the transfers would cost more (a link is slower than a memory
-# copy); the compute would cost what it costs on one GPU reading the whole cache.
+# moves queries, partial states and outputs, never the cache (a ring of query blocks, then
+# an all-to-all of partial states and an all-gather of outputs: §5.7.1 describes it), avoids
+# the redundant compute (the caption gives its time against the tree's). On a cluster the
+# transfers would cost more (a link is slower than a memory copy); the compute would cost
+# what it costs on one GPU reading the whole cache.
 #
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>Ring decoding is redundant compute plus traffic: each device folds all Tk keys, p times
@@ -997,7 +1007,9 @@ assert pf["tree"][0] < pf["ring"][0] and pf["tree"][-1] > pf["ring"][-1]
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>On a cluster ring decoding pays a whole-cache computation per device and (p−1)/p of the
 # cache over its slowest link per token; tree decoding pays its Tk/p share and a few
-# kilobytes. Tree wins on compute and bytes, not on the number of latency terms. Pass-Q
+# kilobytes. Tree wins on compute and bytes; on the number of latency terms it depends on
+# the Allreduce algorithm: with ring Allreduces the tree pays more (28 against 21 at p = 8),
+# with recursive doubling fewer (6 against 10). Pass-Q
 # removes the ring's redundancy, and with many queries per device (prefill, training) the
 # ring's redundancy and traffic disappear or hide.</p></div>
 #

@@ -140,8 +140,8 @@ assert sum(x.size for x in jax.tree.leaves(params)) == info.num_params
 # %%
 def dequantize_q8_0(raw: np.ndarray) -> np.ndarray:
     """Q8_0 rows `[rows, 34·blocks]` (uint8) -> float32 weights `[rows, 32·blocks]`."""
-    # TODO: view each block's first 2 bytes as float16 (the scale d), its next 32 as int8
-    # (q), and return d * q, block after block.
+    # TODO: the block layout is described above ("How a Q8_0 tensor is stored"). Hint:
+    # NumPy can reinterpret bytes as another dtype without copying them.
     rows, nbytes = raw.shape
     return np.zeros((rows, nbytes // 34 * 32), np.float32)  # wrong on purpose: replace it
 
@@ -462,10 +462,13 @@ assert max(heads[k - 1] for k in before) < max(heads[k - 1] for k in digits)  # 
 #
 # The one-pass merge (FlashDecoding++'s "unified max") weighs each device's
 # state by $e^{\ell_i - c}$ with one fixed shift $c$ for the whole model, and sums numerators
-# and denominators in a single Allreduce. That is exact while every term is at least
-# $\mathrm{tiny}/\varepsilon$ ($\mathrm{tiny}$ the smallest normal float, $\varepsilon$ the
-# machine epsilon), so that no partial sum that cancels is flushed to zero, and no sum
-# overflows; `merges.one_pass_window` gives the range of $\ell_i - c$ for outputs
+# and denominators in a single Allreduce. That is exact to the dtype's rounding while every
+# term is at least $\mathrm{tiny}/\varepsilon$ ($\mathrm{tiny}$ the smallest normal float,
+# $\varepsilon$ the machine epsilon): a partial sum that cancels below tiny may still be
+# flushed to zero, but it is then below $\varepsilon$ times each of its terms, so the flush
+# errs by less than $\varepsilon \sum |\text{terms}|$, the rounding every merge's sum
+# already has (notebook 8, §8.4, condition 1); and while no sum overflows.
+# `merges.one_pass_window` gives the range of $\ell_i - c$ for outputs
 # of size one, and a row outside it (after adding $\ln|o_i|$) makes every device fall back to
 # the exact two-collective merge. FlashDecoding++ fixes $c$ per model from a profile of its
 # logits: this is that profile, for SmolLM2.

@@ -527,17 +527,20 @@ assert compiled["all_to_all"].total_bytes == stat  # contributed: its own state,
 #
 # Payloads of different kinds do not compare: an all-gather's counts what a device
 # *receives*, the others' what it *contributes*. What a device **sends** depends on the
-# algorithm. With the ring algorithms, for a payload of $n$ bytes on $p$ devices:
+# algorithm. The ring algorithms, for a payload of $n$ bytes on $p$ devices, cut it into
+# $p$ blocks of $\frac{n}{p}$:
 #
-# * all-reduce: a reduce-scatter then an all-gather, each sending $\frac{p-1}{p} n$: in all
-#   $2\frac{p-1}{p} n$, the paper's eq. 12, *"$V_{\text{Allreduce}} = 2 \times \frac{p-1}{p}
-#   \times \text{numel}$"*;
-# * all-gather ($n$ received): every block but its own passes through a device once,
-#   $\frac{p-1}{p} n$;
-# * reduce-scatter ($n$ contributed): $\frac{p-1}{p} n$;
-# * all-to-all ($n$ contributed): each of the $p-1$ other devices gets its $\frac{n}{p}$,
-#   $\frac{p-1}{p} n$;
-# * collective-permute: the whole $n$, once.
+# * all-reduce: a reduce-scatter then an all-gather, $p-1$ ring steps each, every step
+#   sending one block: in all $2(p-1)\frac{n}{p} = 2\frac{p-1}{p} n$, the paper's eq. 12,
+#   *"$V_{\text{Allreduce}} = 2 \times \frac{p-1}{p} \times \text{numel}$"* (the worked
+#   example);
+# * all-gather ($n$ received): $p-1$ ring steps; in each, a device forwards one block it has
+#   not yet sent;
+# * reduce-scatter ($n$ contributed): $p-1$ ring steps; in each, a device sends one
+#   partially reduced block;
+# * all-to-all ($n$ contributed, pairwise): $p-1$ rounds; in each, a device sends the block
+#   meant for one other device, and keeps its own;
+# * collective-permute: one send of the whole payload.
 #
 # **Quiz (predict, then run).** On 8 devices, how many times the bytes that `allreduce`
 # sends does `allgather` send? And `all_to_all`? (The payload table below says 8× and 1×.)
@@ -554,8 +557,9 @@ assert compiled["all_to_all"].total_bytes == stat  # contributed: its own state,
 # </details>
 #
 # **Exercise 1 (code).** Write `wire_bytes(kind, nbytes, p)`: the bytes one device sends in
-# a collective of `kind` (`collective_stats`'s names) whose payload is `nbytes`, with the
-# ring algorithms above (pairwise for the all-to-all). The test after the solution runs the
+# a collective of `kind` (`collective_stats`'s names) whose payload is `nbytes`, counted
+# from the steps of the algorithms above as the all-reduce's is (pairwise for the
+# all-to-all). The test after the solution runs the
 # ring algorithms themselves on numbers, checks that they compute what they should, and
 # counts what each device sends.
 
@@ -1107,14 +1111,13 @@ for _ in range(5):
     sec = {m: benchmark.median_time(f, q32, k32, v32, repeats=11) for m, f in timed.items()}
     ratios.append(sec["one_pass"] / sec["allreduce"])
 lo, hi, mid = min(ratios), max(ratios), float(np.median(ratios))
-verdict = ("one_pass was faster in every round: here the saved collective paid for the flag "
-           "and the branch" if hi < 1 else
-           "one_pass was slower in every round: here the branch cost more than the saved "
-           "collective" if lo > 1 else
-           "neither was faster in every round: on this machine the saved collective is "
-           "smaller than the noise")
+verdict = ("one_pass was faster in every round of this run" if hi < 1 else
+           "one_pass was slower in every round of this run" if lo > 1 else
+           "neither was faster in every round of this run")
 display(Markdown(f"one_pass / allreduce time over 5 rounds: median {mid:.2f}, range "
-                 f"{lo:.2f} to {hi:.2f}. So {verdict}."))
+                 f"{lo:.2f} to {hi:.2f}: {verdict}. One run says no more than that: run-to-run "
+                 f"noise on these shared cores is as large as such differences (§8.6), so "
+                 f"this clock cannot rank the two merges."))
 
 # %% [markdown]
 # On simulated devices a collective is a copy between buffers in one process, and each call
