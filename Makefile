@@ -76,7 +76,7 @@ docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict
 
 # In sequence. Run at once (make -j3 --output-sync unit nbval docs, fresh clone of b62ca2a)
-# they took 1,438 s, against 1,500 s in sequence at 23f5e8c: the two cores are already
+# they took 1,438 s, against 1,468 s in sequence at b001d51: the two cores are already
 # busy, so the gain is small, and each part's output would show only when it ends.
 test: lint unit nbval docs
 
