@@ -302,7 +302,12 @@ def sent_bytes(collectives: Sequence[Collective], p: int) -> float:
     what a device receives with what it contributes), this adds like with like."""
     collectives = check_collectives(collectives, COLLECTIVE_KINDS)
     check_sizes(p=p)
-    return sum(count * _sent_times_p(kind, nbytes, p) for kind, nbytes, count in collectives) / p
+    return _sent_all_times_p(collectives, p) / p
+
+
+def _sent_all_times_p(collectives: Sequence[Collective], p: int) -> int:
+    """`p` times `sent_bytes`, unchecked: an integer for integer sizes."""
+    return sum(count * _sent_times_p(kind, nbytes, p) for kind, nbytes, count in collectives)
 
 
 def pass_q_crossover(
@@ -342,19 +347,18 @@ def pass_q_crossover(
     )
     shape = dict(batch=batch, kv_heads=kv_heads, head_dim=head_dim, v_dim=v_dim, p=p)
 
-    def sent_p(collectives: list[Collective]) -> int:  # p times the bytes sent: exact
-        return sum(count * _sent_times_p(kind, nbytes, p) for kind, nbytes, count in collectives)
-
     def kv(tq: int) -> int:
-        return sent_p(
-            ring_collectives(**shape, kv_len=kv_len, q_len=tq, q_heads=q_heads, itemsize=itemsize)
+        return _sent_all_times_p(
+            ring_collectives(**shape, kv_len=kv_len, q_len=tq, q_heads=q_heads, itemsize=itemsize),
+            p,
         )
 
     def q(tq: int) -> int:
-        return sent_p(
+        return _sent_all_times_p(
             pass_q_collectives(
                 **shape, q_len=tq, q_heads=q_heads, itemsize=itemsize, stat_itemsize=stat_itemsize
-            )
+            ),
+            p,
         )
 
     per_q, per_kv = q(2) - q(1), kv(2) - kv(1)  # per query token
