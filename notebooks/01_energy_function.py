@@ -52,10 +52,12 @@
 #   8 devices are there.
 # * **Simulated devices** are 8 XLA:CPU devices in one process, sharing this machine's cores
 #   and memory. A collective between them (`psum`, `ppermute`) is a memory copy inside the
-#   process. So the collectives the compiler emits and the bytes they move are the real
-#   ones, the same on any backend, while times show compute and copies, not a network, and
-#   memory figures (temporary buffers, peaks) are XLA:CPU's: a GPU compiler places buffers
-#   differently. Where a figure is XLA:CPU's own, the notebook says so.
+#   process. So the bytes an algorithm must move between devices are the real ones, the
+#   same on any backend; which collectives carry them is XLA:CPU's choice (notebook 4, §4.3,
+#   shows it merging two sums into one all-reduce; another backend may split or merge them
+#   differently). Times show compute and copies, not a network, and memory figures
+#   (temporary buffers, peaks) are XLA:CPU's: a GPU compiler places buffers differently.
+#   Where a figure is XLA:CPU's own, the notebook says so.
 # * **On a GPU runtime** the notebooks still run on the 8 CPU devices: the pin keeps every
 #   figure reproducible on any machine, and a GPU, if present, is not used.
 # * **Real processes:** notebook 9 (*A cluster on one machine*) runs the same programs as
@@ -80,6 +82,8 @@ import jax
 
 # The course runs on 8 simulated CPU devices, also on a machine with a GPU.
 jax.config.update("jax_platforms", "cpu")
+from unittest import mock
+
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import mpmath
@@ -88,6 +92,7 @@ import sympy as sp
 from IPython.display import Markdown
 
 from tree_attention_edu import plots
+from tree_attention_edu.theory import energy as energy_module
 from tree_attention_edu.theory import symbolic
 
 jax.config.update("jax_enable_x64", True)  # identities are checked in float64
@@ -97,7 +102,7 @@ print(jax.device_count(), "devices,", jax.default_backend())
 # %% [markdown]
 # ## 1.1 The energy and its gradient
 #
-# The paper (section 4) states:
+# The paper states (paper §4):
 #
 # > **Observation 1.** Attention can be expressed at the gradient of an scalar energy function
 # > $F(\zeta)$ with respect to the source $\zeta$, such that:
@@ -436,7 +441,11 @@ def covariance_by_hvp(f, zeta, dv):
 def check_covariance_by_hvp(fn):
     """Raises AssertionError unless fn gives the tilted covariance of section 1.3."""
     zeta_t = jnp.asarray(zeta_row)  # not 0: a solution that evaluates at 0 fails
-    got = fn(lambda z: energy_jnp(s_row, v_row, z), zeta_t, dv)
+    own = AssertionError("write it from Hessian-vector products, not the package's or jax's")
+    with mock.patch.object(tae, "value_covariance", side_effect=own), \
+            mock.patch.object(energy_module, "value_covariance", side_effect=own), \
+            mock.patch.object(jax, "hessian", side_effect=own):
+        got = fn(lambda z: energy_jnp(s_row, v_row, z), zeta_t, dv)
     np.testing.assert_allclose(got, hessian_np(s_row, v_row, zeta_row), rtol=0, atol=1e-13)
 
 
@@ -553,11 +562,18 @@ np.testing.assert_array_equal(g_huge, one_hot)  # exactly the one-hot limit
 np.testing.assert_allclose(f_huge, scores.max(-1).sum(), rtol=1e-15)  # F = Σ row maxima
 with np.errstate(over="ignore", divide="ignore"):
     assert np.isinf(energy_np(scores[0, 0, 0], np.asarray(v[0, :, 0]), np.zeros(Dv)))
+# exp(-x) rounds to 0 in float64 beyond x = -log(half the smallest subnormal): there every
+# weight but the largest is exactly 0, whatever the values. (The limit can be reached
+# sooner: once 1 + e^(-gap) rounds to 1, depending on the values.)
+underflow_gap = -float(np.log(np.finfo(np.float64).smallest_subnormal)) + float(np.log(2))
+assert np.exp(-underflow_gap * (1 + 1e-12)) == 0 and np.exp(-underflow_gap + 1) > 0
+assert gap > underflow_gap  # every other weight of every row is exactly 0
 display(Markdown(
     f"The largest logit is ${np.abs(scores).max():.3g}$, while float64's `exp` overflows "
     f"above ${exp_limit:.2f}$, and the smallest gap between a row's two largest logits is "
-    f"${gap:,.0f}$. The unshifted `energy_np` returns inf; the package's $F$ equals the sum "
-    f"of the row maxima and its gradient is exactly $v_{{\\arg\\max}}$ in every row."))
+    f"${gap:,.0f}$, past the ${underflow_gap:.2f}$ beyond which $e^{{-\\text{{gap}}}}$ "
+    f"underflows to 0. The unshifted `energy_np` returns inf; the package's $F$ equals the "
+    f"sum of the row maxima and its gradient is exactly $v_{{\\arg\\max}}$ in every row."))
 
 # %% [markdown]
 # The one-hot case exercises only the maximum. A case where the shift matters and every
@@ -637,7 +653,8 @@ print("energy_stable == energy_np on small logits, == mpmath at logits 1e6   ✓
 # <p>Computing $F$ as $m + \log\sum_a e^{s_a + \zeta\cdot v_a - m}$, with $m$ the row max,
 # gives the same value and gradient, and every exponent is at most 0: nothing overflows.
 # As logits grow, attention tends to the value of the largest logit's key, and reaches it
-# exactly once the gap exceeds float64's range.</p></div>
+# exactly, at the latest, once $e^{-\text{gap}}$ underflows to 0 (the cell above prints
+# where).</p></div>
 #
 # ## 1.7 The energy landscape
 #
@@ -792,14 +809,14 @@ print("two keys: one non-zero eigenvalue p(1-p)|v1 - v2|^2; one key: covariance 
 # Shyam et al., *Tree Attention: Topology-aware Decoding for Long-Context Attention on GPU
 # clusters*, [arXiv 2408.04093](https://arxiv.org/abs/2408.04093):
 #
-# * section 4, Observation 1, eqs. (5)–(6): attention as the gradient of the energy $F(\zeta)$
+# * paper §4, Observation 1, eqs. (5)–(6): attention as the gradient of the energy $F(\zeta)$
 #   (quoted in section 1.1; eq. 6's "moment generating function" is corrected by C.1);
 # * Appendix C.1, eqs. (15)–(24): the proof, with $F$ as the cumulant-generating function
 #   ("free energy") and the moments as derivatives of the partition function (eq. 20);
 # * Appendix C.1, eq. (25): $F_{\text{tot}}$ with a causal mask, and eqs. (27)–(28): many heads;
 # * Appendix F, eqs. (35)–(38): the max shift ("safe softmax") leaves the gradient unchanged
 #   (quoted in section 1.6, with eq. 35's typo);
-# * section 5: why the energy's log-sum-exp can be reduced in parallel (notebook 3).
+# * paper §5: why the energy's log-sum-exp can be reduced in parallel (notebook 3).
 #
 # Tools: sympy's `Sum` and `IndexedBase` for the proofs with a symbolic number of keys;
 # `mpmath` (installed with sympy) for the 50-digit reference. This notebook quotes no
