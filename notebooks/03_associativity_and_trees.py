@@ -18,7 +18,7 @@
 #
 # Attention over a long sequence is a reduction over keys. If the reduction's operation is
 # associative, the keys can be split into chunks, each chunk reduced on its own, and the
-# partial results combined in **any tree shape**. The paper (section 5.1) turns this into a
+# partial results combined in **any tree shape**. Paper §5.1 turns this into a
 # complexity claim:
 #
 # > **Theorem 1.** The time complexity of a reduction operation involving an associative
@@ -26,7 +26,7 @@
 # > using $p$ parallel processors is $O\left(\frac{N}{p} + \log p\right)$. When the number of
 # > processors $p$ is equal to $N$, the time complexity is reduced to $O(\log N)$.
 #
-# and, two pages later (section 5.3), qualifies it:
+# and, two pages later (paper §5.3), qualifies it:
 #
 # > our argument for the time complexity of our proposed Tree Decoding algorithm assumes that
 # > communication of partial results is instantaneous, which in practice is never the case.
@@ -662,12 +662,13 @@ print("example chunking:", sizes)
 #
 # **Exercise (code).** Write `tree_reduce_np(xs, op)`: combine neighbours in pairs, level by
 # level; an odd element out at the end of a level moves up unchanged. The test runs it with
-# `combine_np` on the states of §3.2's 12 keys, cut into $p$ chunks of nearly equal size
-# (some empty once $p$ exceeds 12), against `state_np` of all keys, and measures its
-# **depth** with a counting operation, `count(x, y) = max(x, y) + 1` on leaves that start at
-# 0: a combine finishes one step after the later of its two inputs, so the count at the root
-# is the number of sequential steps. A left-to-right `functools.reduce` gives the right
-# answer but depth $p - 1$, and fails the test.
+# the package's `tae.combine` (not your `combine_np`, so that this test does not depend on
+# §3.2's) on the states of §3.2's 12 keys, cut into $p$ chunks of nearly equal size (some
+# empty once $p$ exceeds 12), against `state_np` of all keys, and measures its **depth**
+# with a counting operation, `count(x, y) = max(x, y) + 1` on leaves that start at 0: a
+# combine finishes one step after the later of its two inputs, so the count at the root is
+# the number of sequential steps. A left-to-right `functools.reduce` gives the right answer
+# but depth $p - 1$, and fails the test.
 
 # %%
 def count(x, y):
@@ -695,15 +696,26 @@ def tree_reduce_np(xs, op):
 
 
 # %% nbgrader={"grade": true, "grade_id": "test_tree_reduce_np", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+combine_pkg = jax.jit(tae.combine)  # the package's combine: the test needs no combine_np
+
+
+def package_state(o, lse):
+    """A numpy (o, lse) pair as an AttentionState of one row: [1, 1, 1, Dv]."""
+    return tae.AttentionState.from_lse(jnp.asarray(o).reshape(1, 1, 1, -1),
+                                       jnp.full((1, 1, 1), lse))
+
+
 def check_tree_reduce_np(fn):
     """Raises AssertionError unless fn reduces correctly in ceil(log2 p) levels."""
+    o_all, lse_all = state_np(s12, v12)
     for p in range(1, 41):
         assert fn([0] * p, count) == int(np.ceil(np.log2(p))), p  # depth
         cuts = np.linspace(0, 12, p + 1).astype(int)  # p chunks of the 12 keys, some empty
-        states = [state_np(s12[i:j], v12[i:j]) for i, j in itertools.pairwise(cuts)]
-        o, lse = fn(states, combine_np)
-        np.testing.assert_allclose(o, state_np(s12, v12)[0], rtol=0, atol=1e-14)
-        np.testing.assert_allclose(lse, state_np(s12, v12)[1], rtol=1e-15)
+        states = [package_state(*state_np(s12[i:j], v12[i:j]))
+                  for i, j in itertools.pairwise(cuts)]
+        got = fn(states, combine_pkg)
+        np.testing.assert_allclose(np.asarray(got.out).ravel(), o_all, rtol=0, atol=1e-14)
+        np.testing.assert_allclose(float(got.lse.ravel()[0]), lse_all, rtol=1e-15)
 
 
 try:
@@ -720,15 +732,24 @@ print("tree_reduce_np: all keys' state for p = 1..40 chunks, depth ceil(log2 p) 
 # the same result for every tree; `count` gives each tree's own depth. The package's
 # `tae.tree_reduce(xs, branching, op)` pairs neighbours the same way (and takes a `branching`
 # $b$: groups of $b$ per level, $\lceil\log_b p\rceil$ levels); the cell checks that it builds
-# the same tree as `tree_reduce_np`.
+# the same tree as `tree_reduce_np`, bracket for bracket: with an operation that writes the
+# bracketing out, `bracket(x, y) = "(x y)"`, both must return the same string.
 
 # %% nbgrader={"grade": true, "grade_id": "test_tree_reduce_np_2", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+def bracket(x, y):
+    """One combine, written out: the result spells the tree."""
+    return f"({x} {y})"
+
+
 assert count(count(0, 0), 5) == 6 and count(0, count(0, 5)) == 7  # not associative
 for p_ in range(1, 130):
+    leaves = [str(i) for i in range(p_)]
+    assert tae.tree_reduce(leaves, 2, op=bracket) == tree_reduce_np(leaves, bracket), p_
     assert tae.tree_reduce([0] * p_, 2, op=count) == tree_reduce_np([0] * p_, count)
     assert costmodel.tree_depth(p_, 2) == int(np.ceil(np.log2(p_)))
-print("tae.tree_reduce and tree_reduce_np: the same depth for p = 1..129; "
-      f"p = 8: {tae.tree_reduce([0] * 8, 2, op=count)} levels, p = 128: "
+print(f"tae.tree_reduce and tree_reduce_np: the same tree for p = 1..129; p = 5: "
+      f"{tree_reduce_np([str(i) for i in range(5)], bracket)}; depth at p = 8: "
+      f"{tae.tree_reduce([0] * 8, 2, op=count)} levels, p = 128: "
       f"{tae.tree_reduce([0] * 128, 2, op=count)}")
 
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), gridspec_kw=dict(width_ratios=[8, 9]))
@@ -809,7 +830,7 @@ ax.grid(alpha=0.3);
 # latency. And at the paper's own scale the count barely separates a tree from a sequence.
 #
 # **Predict, then run.** The paper's largest run: $N = 5.12\text{M}$ keys on $p = 128$ GPUs
-# (section 6.1, "close ×8 speedups"). How many sequential steps does the tree schedule take?
+# (paper §6.1, "close ×8 speedups"). How many sequential steps does the tree schedule take?
 # How many if the 128 partial states were merged one after another instead (a ring order)?
 # How much of a ×8 can the difference explain?
 #
@@ -829,7 +850,7 @@ ax.grid(alpha=0.3);
 # </details>
 
 # %%
-n_paper, p_paper = 5_120_000, 128  # paper, section 6.1: 5.12M tokens on 128 GPUs
+n_paper, p_paper = 5_120_000, 128  # paper §6.1: 5.12M tokens on 128 GPUs
 tree_paper = steps_run(n_paper, p_paper)
 ring_paper = steps_run(n_paper, p_paper, merge=lambda xs, op: tae.sequential_reduce(xs, op=op))
 assert (tree_paper, ring_paper) == (40_006, 40_126)
@@ -938,13 +959,13 @@ print("shifted combine (combine_np and tae.combine): 3.0 in both bracketings   �
 # Shyam et al., *Tree Attention: Topology-aware Decoding for Long-Context Attention on GPU
 # clusters*, [arXiv 2408.04093](https://arxiv.org/abs/2408.04093):
 #
-# * section 5.1, eq. (7): the decoding energy $F_{\text{dec}}$ as a log-sum-exp, and the
+# * paper §5.1, eq. (7): the decoding energy $F_{\text{dec}}$ as a log-sum-exp, and the
 #   associativity of logsumexp and max stated just after it;
-# * section 5.1, Theorem 1 (quoted at the top), proved in Appendix E (quoted in section 3.6):
+# * paper §5.1, Theorem 1 (quoted at the top), proved in Appendix E (quoted in section 3.6):
 #   a reduction with an associative operation over $N$ elements on $p$ processors takes
 #   $O(N/p + \log p)$ time;
-# * section 5.3: the caveat that this assumes instantaneous communication (quoted at the top);
-# * section 6.1: "close ×8 speedups when we use 128 GPUs on a sequence length of 5.12M"
+# * paper §5.3: the caveat that this assumes instantaneous communication (quoted at the top);
+# * paper §6.1: "close ×8 speedups when we use 128 GPUs on a sequence length of 5.12M"
 #   (the quiz of section 3.7);
 # * Appendix B: background on tree reductions ($k$-ary trees);
 # * Algorithm 3: the merge of (out, lse) states with Allreduce(max) and Allreduce(sum), which
