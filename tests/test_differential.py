@@ -359,6 +359,7 @@ def _stack_rows(lse, lo, out, batch):
     )
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 @pytest.mark.parametrize("p", [2, 8])
 def test_one_pass_on_the_window_grid(dtype, p):
@@ -382,6 +383,7 @@ def test_one_pass_on_the_window_grid(dtype, p):
         assert np.all(err <= bound[rs]), (rs, worst, err[worst], bound[rs][worst])
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize("name", list(merges.MERGES))
 def test_merges_ignore_every_field_of_an_empty_state(name):
     """Empty rows as another kernel may hand them over, `(NaN, -inf, NaN)` or with `lse_lo`
@@ -410,6 +412,7 @@ def test_merges_ignore_every_field_of_an_empty_state(name):
     assert np.all(got.lse_lo[none] == 0) and np.all(np.isfinite(got.lse[~none]))
 
 
+@pytest.mark.codegen
 def test_combine_of_empty_states_is_canonical_whatever_they_hold():
     """`combine(empty, empty)` is `(0, -inf, 0)` even when both hold NaN in `out` and
     `lse_lo` (it returned `lse_lo = NaN`); `combine(empty, s)` is `s` bit for bit."""
@@ -426,6 +429,7 @@ def test_combine_of_empty_states_is_canonical_whatever_they_hold():
             np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize(
     ("dtype", "score"), [(jnp.float32, -86.0), (jnp.float32, -87.0), (jnp.float64, -707.0)]
 )
@@ -461,6 +465,7 @@ def _one_pass_grads(dtype, level, p=8):
     return (np.asarray(jax.grad(loss)(q, m), np.float64) for m in ("one_pass", "allreduce"))
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize(
     ("dtype", "level"),
     [
@@ -484,6 +489,7 @@ def test_one_pass_gradients_at_any_level(dtype, level):
     np.testing.assert_allclose(one, two, rtol=rtol, atol=rtol * np.abs(two).max())
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize("name", list(merges.MERGES))
 def test_merge_gradients_ignore_empty_states(name):
     """The gradient of every merge in each device's lse and out, with empty rows that hold
@@ -507,6 +513,7 @@ def test_merge_gradients_ignore_empty_states(name):
     assert np.asarray(d_lse)[0, 0, 0, 0] == 0 and np.all(np.asarray(d_out)[0, 0, 0, 0] == 0)
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_one_pass_at_the_top_of_its_window(dtype):
     """Every device's lse exactly at the window's top, and a hair past it with a low word

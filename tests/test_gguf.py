@@ -49,7 +49,12 @@ TYPES = {
 }
 PROMPTS = [[1, 5, 9, 3, 7, 20, 33, 40, 2, 11, 60, 17], [4, 8, 15]]
 NEW = 6
-REL_TOL = 3e-6  # of the largest |logit|: float32 compute against the float64 reference
+# Of the largest |logit|: float32 compute against the float64 reference. Rounding only, and
+# how much depends on the code LLVM emits (measured for the untied model's second prompt:
+# 2.0e-6 at XLA's default level here, 2.4e-6 held to SSE4.2, 3.8e-6 at LLVM -O0, which
+# forms no FMA): 1e-5, 84 float32 units, bounds every codegen with room. A plausible bug (a
+# quant block's scale, a RoPE position, a q/k row permutation) moves the logits by >1e-3.
+REL_TOL = 1e-5
 
 
 def _write(path, tied, seed=0, **kw):
@@ -95,6 +100,7 @@ def _hf_to_params(held: dict, cfg: model.Config) -> dict:
     return out
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize("name", ["untied", "tied"])
 def test_every_weight_is_what_the_file_holds(name, files):
     """Each param equals the file's dequantised values, in the model's layout: Q8_0, Q4_0 and
@@ -124,6 +130,7 @@ def test_every_weight_is_what_the_file_holds(name, files):
         )
 
 
+@pytest.mark.codegen
 def test_bfloat16_loading_rounds_once(files):
     path, _, held = files["untied"]
     params, cfg = gc.load_gguf(path, dtype=jnp.bfloat16)

@@ -8,6 +8,7 @@ import pytest
 from tree_attention_edu.theory import hopfield as hf
 
 
+@pytest.mark.codegen
 def test_sharded_retrieval_is_identical(mesh8):
     sizes, betas = (13, 200), (2.0, 32.0)  # 13 patterns: not divisible by 8 devices
     one = hf.accuracy_grid(jax.random.key(0), sizes, betas, queries=16)
@@ -95,6 +96,7 @@ def _patterns(seed, m, d):
     return x
 
 
+@pytest.mark.codegen
 def test_beta_up_to_the_float32_maximum_retrieves_exactly(mesh8):
     """Scores of ±1 patterns are at most beta: at float32's largest beta the readout of a
     clean key is exactly its value (one-hot softmax), on one device and sharded; above it

@@ -35,6 +35,7 @@ def inputs(tk=24, dtype=jnp.float32, seed=0):
     return q, k, v
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize("name", list(DECODERS))
 def test_eager_equals_jit_bit_for_bit(name, mesh2x4):
     """Concrete or traced lengths, eagerly or inside the caller's `jit`: one program, the
@@ -53,6 +54,7 @@ def test_eager_equals_jit_bit_for_bit(name, mesh2x4):
     np.testing.assert_allclose(full, np_attention(q, k, v), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.codegen
 def test_lengths_are_clamped_not_checked(mesh8):
     """A length outside [0, Tk] is a value, never inspected: clamped on every path, the
     same eagerly and under `jit`, as `attention` reads it."""
@@ -133,6 +135,7 @@ def test_explicit_mesh_and_set_mesh():
         tae.tree_decode(q, k, v)
 
 
+@pytest.mark.codegen
 def test_ring_output_is_replicated_bit_for_bit(mesh2x4):
     """Every copy of a replicated output is the same bits (the ring's devices fold their
     blocks in different orders; shard 0's result is broadcast)."""
@@ -164,6 +167,7 @@ def test_states_vmap_and_scan():
     assert isinstance(tae.AttentionState.from_lse(chunks[0].out, chunks[0].lse).lse_lo, jax.Array)
 
 
+@pytest.mark.codegen
 def test_empty_plus_empty_is_the_canonical_empty_state():
     """FlashInfer's merge_state (since PR #4401): two empty states merge to (0, -inf), whatever
     their `out` held."""

@@ -276,6 +276,7 @@ def test_cudnn_state_matches_reference(layout, causal):
     _assert_state(got, np.asarray(ref.out), np.asarray(ref.lse), **tol(jnp.float32))
 
 
+@pytest.mark.codegen
 def test_cudnn_state_without_lengths():
     """No `kv_lengths`: every key holds data, and the chunk ends the sequence (the causal
     queries are its last Tq positions), as for `xla_state`; the offset moves nothing."""

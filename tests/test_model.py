@@ -326,6 +326,7 @@ def test_sampling_is_softmax_at_temperature_and_greedy_as_it_vanishes():
         assert (drawn == 1).all(), tiny
 
 
+@pytest.mark.codegen
 def test_generator_on_an_explicit_mesh_matches_an_auto_one(mesh8):
     """`jax.make_mesh` gives Explicit axes, which refuse the model's sharding constraints;
     the Generator runs on the same devices with Auto axes, and gives the same tokens."""
@@ -363,6 +364,7 @@ def test_temperatures_share_one_compiled_step(mesh8):
     assert gen.traces == 1
 
 
+@pytest.mark.codegen
 def test_generator_under_an_explicit_context_mesh(mesh8):
     """A caller's `jax.set_mesh(Explicit mesh)` does not leak into the Generator's programs."""
     params = model.init_params(CFG, jax.random.key(0))

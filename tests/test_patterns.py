@@ -84,6 +84,7 @@ def test_head_scattered_output_stays_on_its_devices(name, mesh8):
     np.testing.assert_allclose(out, np_attention(q, k, v), **tol(jnp.float64))
 
 
+@pytest.mark.codegen
 def test_one_pass_falls_back_exactly_past_its_window(mesh8):
     """Logits near 1e4 put every lse outside float32's window around the shared shift: the
     flag is raised and the exact two-collective merge runs, bit for bit."""
@@ -98,6 +99,7 @@ def test_one_pass_falls_back_exactly_past_its_window(mesh8):
     np.testing.assert_allclose(inside, np_attention(q, k, v), **tol(jnp.float32))
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize(("value", "shift"), [(1e5, 77.0), (1e-6, -79.0), (1.0, 85.9)])
 def test_one_pass_window_counts_the_outputs(value, shift, mesh8):
     """Weights that are normal numbers are not enough: `e^x · out` must be too, and so must
@@ -311,6 +313,7 @@ def test_butterfly_is_a_tree_of_permutes(shape, names):
     assert stats.total_bytes == sum(b * n for _, b, n in model)
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize("p", [8, 6, 5])
 def test_butterfly_leaves_every_device_the_same_bits(p):
     """Every device ends with the same state, bit for bit (it is declared replicated with
@@ -351,6 +354,7 @@ def test_butterfly_leaves_every_device_the_same_bits(p):
     )
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize(
     ("shape", "seq_axes"),
     [((2, 3), ("gpu", "node")), ((3, 2), ("gpu", "node")), ((2, 4), ("gpu", "node"))],

@@ -80,6 +80,7 @@ GARBAGE = st.sampled_from([np.nan, np.inf, -np.inf, 1e300, -1e300, 3e38])
 # ------------------------------------------------------------------ 1. masked data
 
 
+@pytest.mark.codegen
 @settings(max_examples=6)
 @given(lengths=st.tuples(st.integers(0, TK - 1), st.integers(0, TK)), k_bad=GARBAGE, v_bad=GARBAGE)
 def test_garbage_beyond_lengths_never_reaches_the_output(paths, problem, lengths, k_bad, v_bad):
@@ -95,6 +96,7 @@ def test_garbage_beyond_lengths_never_reaches_the_output(paths, problem, lengths
         np.testing.assert_allclose(clean, want, rtol=1e-12, atol=1e-12, err_msg=name)
 
 
+@pytest.mark.codegen
 def test_garbage_beyond_lengths_keeps_the_energy_and_its_gradients_finite(problem):
     q, k, v = problem
     n = jnp.array([4, 9])
@@ -116,6 +118,7 @@ def test_garbage_beyond_lengths_keeps_the_energy_and_its_gradients_finite(proble
         np.testing.assert_array_equal(g, g0, err_msg=name)
 
 
+@pytest.mark.codegen
 def test_garbage_in_the_models_cache_is_never_read(mesh8):
     """Slots past each sequence's length (prefill padding, an earlier sequence) may hold NaN.
 
@@ -175,6 +178,7 @@ def test_garbage_in_the_models_cache_is_never_read(mesh8):
 # ------------------------------------------------------------------ 2. the range of lengths
 
 
+@pytest.mark.codegen
 def test_lengths_outside_the_cache_are_clamped_the_same_way_on_every_path(paths, problem):
     """Lengths are values, never inspected (a check would raise eagerly and be skipped under
     `jit`): below 0 acts as 0, above the cache as the cache's length, on every path, and the
@@ -333,6 +337,7 @@ def test_tree_decode_is_differentiable_like_attention(mesh_name, layout, request
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-13, err_msg=name)
 
 
+@pytest.mark.codegen
 def test_flashinfer_4450_two_keys_at_a_huge_negative_score(mesh8):
     """FlashInfer #4450's case: two valid keys, both scoring -46,341 and holding the same
     value, and 7 of 8 shards empty. Every weight is 1/2, so the output must be that value

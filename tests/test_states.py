@@ -6,6 +6,7 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from conftest import rand_qkv, tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -57,6 +58,7 @@ def test_combine_associative(s):
 COMBINE_JIT = jax.jit(tae.combine)
 
 
+@pytest.mark.codegen
 @given(states(n=2))
 def test_combine_commutative_exactly(s):
     """Bit for bit, eagerly and under `jit` (where XLA may fuse a product and a sum into an
@@ -68,6 +70,7 @@ def test_combine_commutative_exactly(s):
         np.testing.assert_array_equal(left.lse, right.lse)
 
 
+@pytest.mark.codegen
 @given(states(n=1))
 def test_identity_is_exact_and_never_nan(s):
     (a,) = s
