@@ -200,7 +200,7 @@ except ValueError as err:
 #
 # ## 4.3 Algorithm 3 by hand
 #
-# The paper's tree decoding, as printed (§5.2):
+# Tree decoding as the paper gives it (paper §5.2):
 #
 # > **Algorithm 3** Tree Decoding (using Flash Attention 2 on each device)
 # >
@@ -218,8 +218,8 @@ except ValueError as err:
 # >
 # > This algorithm requires three Allreduce operations in total, ...
 #
-# (The stored text of the paper lost the minus signs of line 4 and prints $d_a$ for $d_g$ in
-# line 6; both are restored here.)
+# (Some text extractions of the paper print line 4 without its minus signs, "exp(lse m)",
+# and $d_a$ for $d_g$ in line 6; the lines above give both as the algorithm needs them.)
 # The code follows the lines one by one. It differs from the paper in one place: the
 # scores are scaled by $1/\sqrt{D}$, the package's default, where the paper writes no scale.
 # Line 2 is the local kernel; here it is three lines of `jnp`, with the max shift a flash
@@ -383,7 +383,8 @@ print("plain average: wrong; no shift: NaN at large logits; global max shift: ex
 #
 # The paper reaches the same algorithm from the energy of notebook 1,
 # $F(\zeta) = \sum_{\text{rows}} \log\sum_a \exp(s_a + \zeta\cdot v_a)$, whose gradient at
-# $\zeta = 0$ is attention (minus signs restored, as above):
+# $\zeta = 0$ is attention (with the minus signs that some text extractions drop, as
+# above):
 #
 # > **Algorithm 1** Single Query Energy Forward (calculating logsumexp)
 # > ...
@@ -662,7 +663,7 @@ print(f"Tk = {k_odd.shape[1]} padded to {k_pad.shape[1]}, sequence 1 ({lengths[1
 # their kind, the device groups that talk, and each collective's **payload**, the bytes each
 # device contributes. Its arguments can be abstract (`jax.ShapeDtypeStruct`s with
 # shardings), so nothing is allocated: `introspect.structs` builds them. We use the paper's
-# microbenchmark shape, one query and 16 heads of 128, in the paper's dtype (§5.3: "All
+# microbenchmark shape, one query and 16 heads of 128, in the paper's dtype (paper §5.3: "All
 # computations are performed in BF16.").
 #
 # First, once, the lines of the compiled program that `collective_stats` reads: every
@@ -732,7 +733,7 @@ print(f"payload {s1.total_bytes:,} B")
 # the collective library's choice (NCCL picks ring or tree algorithms by message size and
 # topology; paper §5.3). The bandwidth-optimal **ring Allreduce** is a reduce-scatter and an
 # all-gather, each of $p-1$ steps that send $1/p$ of the payload, so each device sends
-# $2\frac{p-1}{p}$ times the payload. The paper (§6.3) writes it as
+# $2\frac{p-1}{p}$ times the payload. Paper §6.3 writes it as
 #
 # > $V_{\text{Allreduce}} = 2 \times \frac{p-1}{p} \times \text{numel}.$ (12)
 # > ...
@@ -883,7 +884,7 @@ assert abs(stage_out - a_out) < 0.01 * a_out  # one step: the measured 46 us, by
 
 # %% [markdown]
 # Whether a flat Allreduce is topology-aware is up to the collective library, not the
-# program. The paper relies on NCCL for it (§5.3):
+# program. The paper relies on NCCL for it (paper §5.3):
 #
 # > In DGX clusters, for collective operations within a node, ring reduce is performed
 # > whereas a tree reduction is performed across nodes. We see that therefore using
