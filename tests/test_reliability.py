@@ -80,7 +80,6 @@ GARBAGE = st.sampled_from([np.nan, np.inf, -np.inf, 1e300, -1e300, 3e38])
 # ------------------------------------------------------------------ 1. masked data
 
 
-@pytest.mark.codegen
 @settings(max_examples=6)
 @given(lengths=st.tuples(st.integers(0, TK - 1), st.integers(0, TK)), k_bad=GARBAGE, v_bad=GARBAGE)
 def test_garbage_beyond_lengths_never_reaches_the_output(paths, problem, lengths, k_bad, v_bad):
@@ -96,7 +95,6 @@ def test_garbage_beyond_lengths_never_reaches_the_output(paths, problem, lengths
         np.testing.assert_allclose(clean, want, rtol=1e-12, atol=1e-12, err_msg=name)
 
 
-@pytest.mark.codegen
 def test_garbage_beyond_lengths_keeps_the_energy_and_its_gradients_finite(problem):
     q, k, v = problem
     n = jnp.array([4, 9])
@@ -118,7 +116,6 @@ def test_garbage_beyond_lengths_keeps_the_energy_and_its_gradients_finite(proble
         np.testing.assert_array_equal(g, g0, err_msg=name)
 
 
-@pytest.mark.codegen
 def test_garbage_in_the_models_cache_is_never_read(mesh8):
     """Slots past each sequence's length (prefill padding, an earlier sequence) may hold NaN.
 

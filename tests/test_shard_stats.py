@@ -123,7 +123,6 @@ def test_shard_weights_are_a_stable_posterior():
     )
 
 
-@pytest.mark.codegen
 def test_lse_profile_is_the_same_on_eight_devices_and_on_one(mesh8):
     """The full lse merged from 8 shards equals the lse one device computes over the whole
     cache; on one device every shard's lse is the full lse."""
