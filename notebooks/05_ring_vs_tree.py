@@ -125,8 +125,9 @@ assert all(seen[i, s] == (i - s) % p for i in range(p) for s in range(p))
 
 # %% [markdown]
 # After $p-1$ steps each device has held every block exactly once, arriving in the order
-# $i, i-1, \dots$. Each step moves one whole block per device. (The ring the paper measured
-# permutes once more, at every one of its $p$ steps, which brings each block home: §5.4.)
+# $i, i-1, \dots$. Each step moves one whole block per device. (The ring that the paper's
+# footnote 2 links permutes once more, at every one of its $p$ steps, which brings each block
+# home: §5.4.)
 #
 # ### 5.1.2 The online-softmax fold
 #
@@ -418,19 +419,21 @@ for name in ("ring", "tree"):
     np.testing.assert_allclose(factor, 7 / 6, rtol=1e-12)
 
 # %% [markdown]
-# The paper counts the ring's volume in elements (§6.3):
+# The paper counts the ring's volume in elements (paper §6.3):
 #
 # > For Ring Attention's P2P communication strategy, the total volume of data being
 # > communicated between devices (in units of number of tensor elements) per iteration
 # > scales with p and is given by: $V_{ring} = 2btd \times p$ (10)
 #
 # with $t = N/p$ keys per device and $d = n_h d_h$: $p$ transfers of a K and a V block. This
-# package's ring makes $p - 1$; the ring the paper measured makes $p$. Its footnote 2 points
-# to it: "A JAX-based Ring Attention implementation that uses Flash Attention 2 can be found
-# here: https://github.com/nshepperd/flash_attn_jax", whose `ring_attention.py` runs a
-# `lax.scan` of `axis_size` steps, each of which permutes `k` and `v`. The last permute
-# carries no information (it returns every block home), but it is sent, and eq. 10 counts
-# it: eq. 10 is exact for the baseline the paper timed.
+# package's ring makes $p - 1$. Of the ring it timed, the paper says "We compare Tree
+# Attention to our own Ring Attention execution times in Fig. 3" (paper §6.1), and its
+# footnote 2 links one: "A JAX-based Ring Attention implementation that uses Flash Attention
+# 2 can be found here: https://github.com/nshepperd/flash_attn_jax". That repository's
+# `ring_attention.py` runs a `lax.scan` of `axis_size` steps, each of which permutes `k` and
+# `v`: the ring footnote 2 links permutes $p$ times. The last permute carries no information
+# (it returns every block home), but it is sent, and eq. 10 counts it: if the paper's ring is
+# that code, eq. 10 counts it exactly.
 
 # %%
 b_, t_, d_ = 1, tks[-1] // p, H * HEAD_DIM
@@ -443,12 +446,12 @@ assert eq10 == ours * p / (p - 1)
 # %% [markdown]
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>Counted the same way, ring sends (p−1)/p of the whole K/V cache per device and per step
-# (the paper's baseline: all of it, p permutes), plus a small broadcast; tree sends
+# (the ring footnote 2 links: all of it, p permutes), plus a small broadcast; tree sends
 # 2(p−1)/p of one output row per head, whatever the sequence length.</p></div>
 #
 # ## 5.5 Memory
 #
-# The paper counts peak memory per device in elements (§6.2, eqs. 8–9), with $t = N/p$ and
+# The paper counts peak memory per device in elements (paper §6.2, eqs. 8–9), with $t = N/p$ and
 # $d = n_h d_h$:
 #
 # > Each device will then hold a tuple $(\mathbf{q}, \mathbf{k}_{\hat a}, \mathbf{v}_{\hat a})$
@@ -504,7 +507,7 @@ plt.show()
 # *Figure: look at the gap between each coloured line and its grey formula. Both methods
 # grow linearly in $T_k$. Tree's total (blue) closes in on eq. 9 (dotted) as the shard
 # grows: its local kernel streams the shard block by block without copying it (notebook 6).
-# Ring's total (red) runs parallel to eq. 8 (dashed) and above it, by a constant factor.*
+# Ring's total (red) runs above eq. 8 (dashed); the ratios follow.*
 #
 # The ratios, in K/V shards (one device's K and V, $2btd$ elements):
 
@@ -575,24 +578,27 @@ assert len(carry_copies) == 2 and len(in_flight) == 2
 # 3. **The block in flight**: the `ppermute`'s receive buffer, filled while the block in use
 #    is computed on.
 #
-# Eq. 8 counts the first and the third: the own block and the one arriving. The second is
-# this package's **double buffer**, which exists so that the next block can travel while the
-# current one is folded. The paper argues that decoding cannot profit from that overlap
-# (§6.3):
+# Eq. 8 counts two of them: the own block (item 1) and the one arriving (item 3). The
+# **extra shard** is item 2, the carry copy. It has one cause: the step may not overwrite the
+# cache, so XLA copies the own shard into the loop's carry instead of rotating blocks through
+# the cache's buffer. And with $p-1$ permutes the step could not be allowed to: every device
+# would end holding someone else's block.
+#
+# Is the extra shard required? No. The ring footnote 2 links permutes $p$ times, so after
+# the last step every block is **back home**. A ring that does the same, and is *given* the
+# cache (`donate_argnums`: the step may reuse the cache's buffers, as long as the cache is
+# there again when it returns), can rotate blocks through the cache's buffer and one receive
+# buffer: two shards, eq. 8. The exercise builds it.
+#
+# The package's ring also sends each block on *before* folding it, so that the transfer can
+# overlap the fold (§5.1). The exercise's ring folds first and then sends: the paper argues
+# that decoding cannot profit from that overlap anyway (paper §6.3):
 #
 # > Note however that Ring Attention when performed in the training setting with many
 # > queries overlaps communication and computation so as to hide its communication costs.
 # > However, overlapping communication and computation in the decoding case is infeasible
 # > because of how fast the attention computation on a single GPU is relative to how long it
 # > takes to communicate the chunk of keys and values between two devices.
-#
-# Is the third shard required? No. It comes from two choices: $p-1$ permutes, which leave
-# every device holding someone else's block at the end, and a cache the step may not
-# overwrite. The paper's baseline permutes $p$ times, so after the last step every block is
-# **back home**. A ring that does the same, and is *given* the cache (`donate_argnums`: the
-# step may reuse the cache's buffers, as long as the cache is there again when it returns),
-# can ping-pong between the cache's buffer and one receive buffer: two shards, eq. 8. The
-# exercise builds it.
 #
 # **Exercise 1 (code).** Write `ring_home(q, k, v)`: a `lax.scan` of $p$ steps that folds the
 # block it holds into an `AttentionState` (`kernels.xla_state`, the package's streaming
@@ -666,8 +672,9 @@ print(f"ring_home at Tk = {tk_home:,}, cache donated: {held:.3f} K/V "
 # %% [markdown]
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>Eq. 8 counts a ring's own K/V block and the one arriving: two shards. This package's ring
-# holds a third, a double buffer for an overlap that decoding cannot use; a ring that
-# permutes p times and is given the cache needs only eq. 8's two.</p></div>
+# holds a third, a copy of its own shard in the loop's carry, because the step may not
+# overwrite the cache; a ring that permutes p times and is given the cache rotates the
+# blocks through the cache's buffer and needs only eq. 8's two.</p></div>
 #
 # ## 5.6 Latency on simulated devices: where ring's time goes
 #
@@ -801,13 +808,13 @@ print(f"flops per device at Tk = {tk_c:,}: ring {f_ring:,.0f}, the tree over p c
 #   every device, as on a single GPU (§5.2): adding devices does not make a ring decode step
 #   any faster at computing.
 # * **Bytes.** Ring moves $(p-1)\,t\,H(D+D_v)$ elements per device per step ($p$ of them in
-#   the paper's baseline), in $p-1$ sequential transfers over the slowest link of the ring:
+#   the ring footnote 2 links), in $p-1$ sequential transfers over the slowest link of the ring:
 #   Ring Attention is not topology-aware (paper §5.3). Tree sends $O(B\,T_q\,H\,D_v)$
 #   numbers, independent of $T_k$.
 # * **Latency terms.** One α is the latency of one *step* (one exchange between partners),
 #   whatever the algorithm; how many steps an Allreduce takes is the algorithm's: $2(p-1)$
 #   for a ring, $\lceil\log_2 p\rceil$ for recursive doubling. The paper says NCCL runs a
-#   *ring* inside a node (§5.3: "for collective operations within a node, ring reduce is
+#   *ring* inside a node (paper §5.3: "for collective operations within a node, ring reduce is
 #   performed whereas a tree reduction is performed across nodes"). The course's cost model
 #   prices the cheaper of the two per message, which for a few kilobytes is recursive
 #   doubling; its DGX α were measured as 2-rank Allreduces, one step of it
@@ -874,11 +881,14 @@ assert permuted == (p - 1) * 1 * 1 * (H // p) * HEAD_DIM * 4  # p - 1 query bloc
 # heads, $p$ dividing $H$: blocks of $h_s = H/p$ heads. Device $i$ starts with block $i$; at
 # step $s$ it holds block $j = (i - s) \bmod p$ and computes that block's state over its own
 # shard (the same heads of K and V: `lax.dynamic_slice_in_dim`), then passes the query block
-# on. Stack the $p$ partial states by block, `lax.all_to_all` them so that device $j$
-# receives every device's partial of block $j$, merge them, and share the result with
-# `lax.all_gather(..., to="invarying")`. Use `local_state` from the cell below (notebook 4's
-# line 2). The test checks the answer against numpy, counts the flops (within 5% of the
-# tree's) and the bytes of the query blocks the permutes carry.
+# on, after every step but the last: $p-1$ `ppermute`s. Write the $p$ steps as a Python
+# `for` loop, unrolled, not a `lax.scan`: `cost_analysis` counts a loop's body once (§5.2),
+# so a scan's flops would read as one step's. Stack the $p$ partial states by block,
+# `lax.all_to_all` them so that device $j$ receives every device's partial of block $j$,
+# merge them, and share the result with `lax.all_gather(..., to="invarying")`. Use
+# `local_state` from the cell below (notebook 4's line 2). The test checks the answer
+# against numpy, counts the flops (within 5% of the tree's) and the bytes of the query
+# blocks the permutes carry ($p-1$ blocks).
 
 # %%
 def local_state(q, k, v):
@@ -890,8 +900,9 @@ def local_state(q, k, v):
 
 def pass_q_by_hand(q, k, v):
     """Inside shard_map: q replicated [B, Tq, H, D], k and v this device's shard. Attention."""
-    # TODO: p steps of (state of the query block held over this shard, then ppermute the
-    # block), an all_to_all of the stacked states, a merge, an all_gather.
+    # TODO: a Python loop of p steps (the state of the query block held over this shard;
+    # then, but for the last step, ppermute the block on), an all_to_all of the stacked
+    # states, a merge, an all_gather.
     return jnp.zeros(q.shape[:3] + v.shape[-1:], q.dtype)
 
 
@@ -941,8 +952,10 @@ def check_pass_q(fn):
                                atol=1e-14)
     ratio = flops(passq_hand, *args) / flops(tree_by_hand, *args)
     permute_bytes = tae.collective_stats(passq_hand, *args).by_kind()["collective-permute"]
-    assert abs(ratio - 1) < 0.05
-    assert permute_bytes == (p - 1) * (H // p) * HEAD_DIM * 4
+    assert abs(ratio - 1) < 0.05, (
+        f"{ratio:.3f}x the tree's flops: cost_analysis counts a loop's body once, unroll it")
+    want_bytes = (p - 1) * (H // p) * HEAD_DIM * 4  # p - 1 query blocks, float32
+    assert permute_bytes == want_bytes, f"permutes carry {permute_bytes:,} B, not {want_bytes:,}"
     return ratio, permute_bytes
 
 
@@ -967,7 +980,7 @@ print(f"pass-Q by hand == numpy; flops per device {ratio:.3f}x the "
 #   ($N \cdot N/p$).
 # * **Transfers hide.** Per ring step a device computes $\propto t_q\,t\,d$ and receives
 #   $\propto t\,d$: the compute per byte received grows with $t_q$, so with many queries the
-#   next block arrives while the current one is folded (the paper's §6.3, quoted above: in
+#   next block arrives while the current one is folded (paper §6.3, quoted above: in
 #   training Ring Attention "overlaps communication and computation so as to hide its
 #   communication costs").
 #
@@ -1021,7 +1034,8 @@ assert pf["tree"][0] < pf["ring"][0] and pf["tree"][-1] > pf["ring"][-1]
 #   times the tree's flops per device. What share of the ring's time that redundant compute
 #   takes is the machine's: the caption of §5.6 gives this run's.
 # * Counted like with like (wire bytes per device), ring sends $(p-1)/p$ of the K/V cache per
-#   decode step (the paper's eq. 10 counts $p$ steps, as its baseline permutes $p$ times),
+#   decode step (the paper's eq. 10 counts $p$ steps, as the ring its footnote 2 links
+#   permutes $p$ times: if the paper timed that ring, eq. 10 counts it exactly),
 #   plus a small broadcast; tree sends $2\frac{p-1}{p}B\,T_q\,H_q(D_v+2)$ numbers, whatever
 #   the sequence length. Measured bytes equal the formulas exactly.
 # * Memory and the measured ratios, computed from the compiled programs above:
