@@ -326,14 +326,20 @@ print("question:", repr(LONG["text"][-60:]))
 
 # %%
 last, cache = gen.prefill([ids], capacity)
-tokens, lse_steps = [int(np.argmax(last[0]))], []
+tokens, lse_steps, step_logits = [int(np.argmax(last[0]))], [], [np.asarray(last[0])]
 for _ in range(NEW_TOKENS - 1):
     logits, cache, stats = gen.teacher_force(cache, np.array([[tokens[-1]]]))
     lse_steps.append(np.asarray(stats.lse[:, :, 0, 0]))  # [layers, shards, heads]
     tokens.append(int(np.argmax(logits[0, -1])))
+    step_logits.append(np.asarray(logits[0, -1]))
 answer = tok.decode(tokens)
 print("answer:", repr(answer))
 assert tokens == LONG["tokens"]  # transformers' greedy tokens
+ours = np.take_along_axis(np.stack(step_logits), np.array(LONG["top_ids"]), 1)
+long_err = np.abs(ours - np.array(LONG["top_logits"])).max()
+assert long_err < LOGIT_TOL
+print(f"tokens == transformers' greedy tokens; logits within {LOGIT_TOL:g} of its top-5 at "
+      f"each of the {NEW_TOKENS} steps")
 assert "7319" in answer
 
 # %% [markdown]
