@@ -95,27 +95,30 @@ def mesh2x4():
 
 # `make unit` compiles most tests with LLVM at -O0 (`--xla_backend_optimization_level=0`):
 # XLA's HLO passes, fusion included, are the same at every level, so the programs compute
-# the same thing (tests/test_architecture.py compiles one both ways and compares the
+# the same thing (tests/test_codegen_marks.py compiles one both ways and compares the
 # optimised HLO), in about 30% less time. What LLVM's optimiser decides, FMA contraction
 # above all, changes the last bits: tests marked `codegen` compare bits across programs or
 # hold a bound of a few roundings, and run at the default level, as users compile.
 LOW_OPT = re.compile(r"--xla_backend_optimization_level=0\b")
 
 
-@pytest.hookimpl(trylast=True)  # after -m has deselected
 def pytest_collection_modifyitems(config, items):
     if ON_ACCELERATOR:
         for item in items:
             if item.get_closest_marker("cpu_only"):
                 item.add_marker(pytest.mark.skip(reason=NEEDS_DEVICES))
-    if LOW_OPT.search(os.environ.get("XLA_FLAGS", "")):
-        codegen = [item.nodeid for item in items if item.get_closest_marker("codegen")]
-        if codegen:
-            raise pytest.UsageError(
-                f"{len(codegen)} tests marked `codegen` (e.g. {codegen[0]}) must run at XLA's "
-                "default optimisation level: deselect them with -m 'not codegen' under "
-                "--xla_backend_optimization_level=0, or drop the flag (`make unit` does both)"
-            )
+
+
+def pytest_runtest_setup(item):
+    """A `codegen` test selected under -O0 fails at once, naming the fix (per test: a
+    collection error in an xdist worker would crash the run without its message)."""
+    if item.get_closest_marker("codegen") and LOW_OPT.search(os.environ.get("XLA_FLAGS", "")):
+        pytest.fail(
+            "marked `codegen`: must run at XLA's default optimisation level; deselect it "
+            "with -m 'not codegen' under --xla_backend_optimization_level=0, or drop the "
+            "flag (`make unit` does both)",
+            pytrace=False,
+        )
 
 
 # The package's two messages for "JAX sees fewer devices than asked for" (make_mesh,

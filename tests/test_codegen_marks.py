@@ -19,7 +19,10 @@ import pytest
 import tree_attention_edu as tae
 
 TESTS = Path(__file__).resolve().parent
-BITS = re.compile(r"assert_array_equal|array_equal\(|\.view\(np\.u?int|bit for bit|same bits")
+BITS = re.compile(
+    r"assert_array_equal|array_equal\(|assert_equal\(|\.view\(np\.u?int|bit for bit|same bits"
+    r"|float\([^\n]*\)\s*==\s*float\(|rtol=2\*\*-"
+)
 
 # Tests that compare arrays exactly, but whose bits no choice of LLVM's can change: integers,
 # tokens, masks, selected or moved values, numpy on both sides, or one program on two inputs.
@@ -36,6 +39,8 @@ EXACT_WITHOUT_ROUNDING = {
     "test_gguf.py::test_unpermute_recovers_the_hugging_face_rows": "a permutation, in numpy",
     "test_kernels.py::test_xla_state_matches_reference": "the mask of empty rows",
     "test_kernels.py::test_finite_padding_matches_the_reference": "the mask of empty rows",
+    # Tokens of different methods: their logits round differently at every level; what is
+    # compared is an argmax, far from a tie, not bits.
     "test_model.py::test_identical_tokens_across_methods": "tokens",
     "test_model.py::test_generators_of_one_model_share_their_programs": "tokens",
     "test_model.py::test_sampling_is_reproducible": "tokens",
@@ -93,19 +98,22 @@ def test_the_mark_rule_can_fail():
     source = (
         "def test_a(x):\n    np.testing.assert_array_equal(f(x), g(x))\n\n"
         "@pytest.mark.codegen\ndef test_b(x):\n    assert (x.view(np.uint32) == 1).all()\n\n"
-        "def test_c(x):\n    np.testing.assert_allclose(f(x), g(x))\n"
+        "def test_c(x):\n    np.testing.assert_allclose(f(x), g(x))\n\n"
+        "def test_d(x):\n    assert float(f(x)) == float(g(x))\n"
     )
-    assert unmarked_bit_comparisons("t.py", source) == ["t.py::test_a"]
+    assert unmarked_bit_comparisons("t.py", source) == ["t.py::test_a", "t.py::test_d"]
 
 
 def test_codegen_tests_refuse_to_run_at_low_optimisation(monkeypatch):
-    """Selected under -O0, a `codegen` test stops the run, naming the fix."""
-    marked = SimpleNamespace(nodeid="t.py::test_b", get_closest_marker=lambda m: m == "codegen")
+    """Selected under -O0, a `codegen` test fails, naming the fix; others run."""
+    marked = SimpleNamespace(get_closest_marker=lambda m: m == "codegen")
+    plain = SimpleNamespace(get_closest_marker=lambda m: False)
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
-    with pytest.raises(pytest.UsageError, match="-m 'not codegen'"):
-        conftest.pytest_collection_modifyitems(None, [marked])
+    with pytest.raises(pytest.fail.Exception, match="-m 'not codegen'"):
+        conftest.pytest_runtest_setup(marked)
+    conftest.pytest_runtest_setup(plain)
     monkeypatch.setenv("XLA_FLAGS", "")
-    conftest.pytest_collection_modifyitems(None, [marked])
+    conftest.pytest_runtest_setup(marked)
 
 
 @pytest.mark.codegen

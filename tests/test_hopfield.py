@@ -109,6 +109,7 @@ def test_beta_up_to_the_float32_maximum_retrieves_exactly(mesh8):
         hf.retrieve(mem.keys, mem, 1e39)
 
 
+@pytest.mark.codegen
 def test_energy_is_the_same_eagerly_and_under_jit_with_a_static_beta():
     """beta is concrete in both (a traced one is refused), and the values agree with a
     float64 numpy reference of -(1/s) log Σ exp(s x·ξ) + ½ ξ·ξ, s = beta / D."""

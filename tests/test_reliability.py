@@ -221,6 +221,7 @@ def test_nan_in_visible_inputs_gives_nan_on_every_path(paths, problem):
 # ------------------------------------------------------------------ 4. huge logits
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize("logit", [1e6, 1e7, 1e8])
 def test_nine_equal_huge_logits_on_eight_devices_are_exact(mesh8, logit):
     """All weights equal 1/9, so the answer is the mean of 0..8, 4.0. The state once stored
@@ -243,6 +244,7 @@ def test_nine_equal_huge_logits_on_eight_devices_are_exact(mesh8, logit):
         )
 
 
+@pytest.mark.codegen
 def test_merging_huge_lse_states_keeps_the_low_order_part():
     """Two float32 chunk states at lse ~ 1e8: without `lse_lo` the chunk of 2 keys and the
     chunk of 1 key would weigh the same."""
