@@ -73,6 +73,7 @@ jax.config.update("jax_platforms", "cpu")
 import functools
 import itertools
 from fractions import Fraction
+from unittest import mock
 
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -83,6 +84,8 @@ from hypothesis import strategies as st
 from IPython.display import Markdown
 
 from tree_attention_edu import plots
+from tree_attention_edu.core import numerics
+from tree_attention_edu.core import states as core_states
 from tree_attention_edu.perf import costmodel
 from tree_attention_edu.theory import symbolic
 
@@ -137,7 +140,8 @@ print(f"overlapping chunks (key m twice): at n = 3, m = 1, s = (0, 1, -1/2) the 
 # $$\ell = \log(e^{\ell_a} + e^{\ell_b}), \qquad o = \frac{e^{\ell_a} o_a + e^{\ell_b} o_b}{e^{\ell_a} + e^{\ell_b}}.$$
 #
 # In floating point, compute it with the shift $m = \max(\ell_a, \ell_b)$, so that
-# $e^{\ell_a - m}, e^{\ell_b - m} \le 1$. The empty chunk, $(o, \ell) = (0, -\infty)$, is the
+# $e^{\ell_a - m}, e^{\ell_b - m} \le 1$ (from here on $m$ is this shift, not §3.1's chunk
+# boundary). The empty chunk, $(o, \ell) = (0, -\infty)$, is the
 # identity: $e^{-\infty} = 0$ drops it from both sums. But combining two empty states with the
 # shift computes $(-\infty) - (-\infty)$ = NaN, so an empty side must be handled first: return
 # the other side as it is.
@@ -448,12 +452,15 @@ def check_two_sum(fn):
     r = np.random.default_rng(3)
     big = (r.normal(size=200) * 10.0 ** r.integers(-3, 9, 200)).astype(np.float32)
     small = (r.normal(size=200) * 10.0 ** r.integers(-8, 2, 200)).astype(np.float32)
-    for x, y in zip(big, small, strict=True):
-        for a, b in ((x, y), (y, x)):  # both orders
-            hi, lo = fn(a, b)
-            assert hi.dtype == lo.dtype == np.float32 and hi == np.float32(a + b)
-            assert Fraction(float(a)) + Fraction(float(b)) == Fraction(float(hi)) + Fraction(
-                float(lo)), (a, b)
+    own = AssertionError("write it yourself: the package's numerics.two_sum is the answer")
+    with mock.patch.object(numerics, "two_sum", side_effect=own), \
+            mock.patch.object(core_states, "two_sum", side_effect=own):
+        for x, y in zip(big, small, strict=True):
+            for a, b in ((x, y), (y, x)):  # both orders
+                hi, lo = fn(a, b)
+                assert hi.dtype == lo.dtype == np.float32 and hi == np.float32(a + b)
+                assert Fraction(float(a)) + Fraction(float(b)) == Fraction(
+                    float(hi)) + Fraction(float(lo)), (a, b)
 
 
 try:
@@ -540,11 +547,12 @@ assert float(combine_single(a, combine_single(b, c)).out.ravel()[0]) == 0.25
 # %% [markdown]
 # Equal logits are the easy case: there the double word is exact. With **unequal** logits the
 # honest claim is float32 precision. The cell runs 200 random trials at each of four logit
-# sizes: six float32 logits, each the base plus a random whole number of float32 spacings
-# spanning at most 4 units, except at $10^8$, where the spacing (8) exceeds 4: there each
-# logit is the base or the base + 8 (one spacing), and random values,
-# reduced as chunks of 2, 1 and 3 keys by a tree, against a float64 softmax of the same
-# float32 inputs. The error is measured relative to the largest value; float32's unit
+# sizes (bases $10^2$ to $10^8$). A trial has six keys with random normal values. Each
+# logit is the base plus a random whole number of float32 spacings, at most 4 units above
+# the base; at $10^8$ the spacing is 8, more than 4, so there each logit is the base or the
+# base + 8 (one spacing). The six keys are cut into chunks of 2, 1 and 3, their states
+# reduced by a tree, and the result compared with a float64 softmax of the same float32
+# inputs. The error is measured relative to the largest value; float32's unit
 # roundoff is $2^{-24}$.
 
 # %%
@@ -661,7 +669,10 @@ print("example chunking:", sizes)
 # > each step until only one result remains.
 #
 # **Exercise (code).** Write `tree_reduce_np(xs, op)`: combine neighbours in pairs, level by
-# level; an odd element out at the end of a level moves up unchanged. The test runs it with
+# level, in order (elements 0 and 1, then 2 and 3, ...); an odd element out at the end of a
+# level moves up unchanged and stays last in the next level. That fixes the tree exactly,
+# and the second test checks it bracket for bracket (recursive halving has the same depth
+# but another tree, and fails it). The first test runs it with
 # the package's `tae.combine` (not your `combine_np`, so that this test does not depend on
 # §3.2's) on the states of §3.2's 12 keys, cut into $p$ chunks of nearly equal size (some
 # empty once $p$ exceeds 12), against `state_np` of all keys, and measures its **depth**
@@ -708,12 +719,16 @@ def package_state(o, lse):
 def check_tree_reduce_np(fn):
     """Raises AssertionError unless fn reduces correctly in ceil(log2 p) levels."""
     o_all, lse_all = state_np(s12, v12)
+    own = AssertionError("write it yourself: the package's tae.tree_reduce is the answer")
     for p in range(1, 41):
-        assert fn([0] * p, count) == int(np.ceil(np.log2(p))), p  # depth
         cuts = np.linspace(0, 12, p + 1).astype(int)  # p chunks of the 12 keys, some empty
-        states = [package_state(*state_np(s12[i:j], v12[i:j]))
-                  for i, j in itertools.pairwise(cuts)]
-        got = fn(states, combine_pkg)
+        chunk_states = [package_state(*state_np(s12[i:j], v12[i:j]))
+                        for i, j in itertools.pairwise(cuts)]
+        with mock.patch.object(tae, "tree_reduce", side_effect=own), \
+                mock.patch.object(core_states, "tree_reduce", side_effect=own):
+            depth = fn([0] * p, count)
+            got = fn(chunk_states, combine_pkg)
+        assert depth == int(np.ceil(np.log2(p))), p
         np.testing.assert_allclose(np.asarray(got.out).ravel(), o_all, rtol=0, atol=1e-14)
         np.testing.assert_allclose(float(got.lse.ravel()[0]), lse_all, rtol=1e-15)
 
@@ -742,10 +757,14 @@ def bracket(x, y):
 
 
 assert count(count(0, 0), 5) == 6 and count(0, count(0, 5)) == 7  # not associative
+own = AssertionError("write it yourself: the package's tae.tree_reduce is the answer")
 for p_ in range(1, 130):
     leaves = [str(i) for i in range(p_)]
-    assert tae.tree_reduce(leaves, 2, op=bracket) == tree_reduce_np(leaves, bracket), p_
-    assert tae.tree_reduce([0] * p_, 2, op=count) == tree_reduce_np([0] * p_, count)
+    want = tae.tree_reduce(leaves, 2, op=bracket), tae.tree_reduce([0] * p_, 2, op=count)
+    with mock.patch.object(tae, "tree_reduce", side_effect=own), \
+            mock.patch.object(core_states, "tree_reduce", side_effect=own):
+        got = tree_reduce_np(leaves, bracket), tree_reduce_np([0] * p_, count)
+    assert got == want, p_
     assert costmodel.tree_depth(p_, 2) == int(np.ceil(np.log2(p_)))
 print(f"tae.tree_reduce and tree_reduce_np: the same tree for p = 1..129; p = 5: "
       f"{tree_reduce_np([str(i) for i in range(5)], bracket)}; depth at p = 8: "
