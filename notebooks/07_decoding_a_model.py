@@ -136,7 +136,7 @@ assert sum(x.size for x in jax.tree.leaves(params)) == info.num_params
 # **Exercise 1 (code).** Write `dequantize_q8_0(raw)`: `raw` is a `uint8` array
 # `[rows, 34 · blocks]`; return the float32 weights `[rows, 32 · blocks]`. The test cell
 # checks your function against llama.cpp's reader and against the embedding the package
-# loaded.
+# loaded; while your function runs, llama.cpp's dequantiser (`gguf.quants`) raises.
 
 # %%
 def dequantize_q8_0(raw: np.ndarray) -> np.ndarray:
@@ -169,7 +169,10 @@ llama_cpp = gguf.quants.dequantize(rows, embd.tensor_type)
 
 def check_dequantize(fn):
     """Raises AssertionError unless fn equals llama.cpp's reader and the package's loader."""
-    mine = fn(rows)
+    own = AssertionError("write it yourself: gguf.quants.dequantize is the answer")
+    with mock.patch.object(gguf.quants, "dequantize", side_effect=own), \
+            mock.patch.object(gguf.quants.Q8_0, "dequantize_blocks", side_effect=own):
+        mine = fn(rows)  # gguf.dequantize and the package's loader go through Q8_0's blocks
     np.testing.assert_array_equal(mine, llama_cpp)  # llama.cpp's own reader
     np.testing.assert_array_equal(mine, np.asarray(params["embed"][:16]))  # the package's loader
     return mine
@@ -448,9 +451,8 @@ assert max(heads[k - 1] for k in before) < max(heads[k - 1] for k in digits)  # 
 # answer repeats the document's sentence "The secret code for the blue door is 7319"), and
 # peaks at the digits, where the most
 # heads put over half their weight on the shard; it falls below one half once the code is
-# written. Only a handful of heads do the copying (the dark cells on the left); the others spread their mass
-# elsewhere, many on the first shard (the start of the prompt) or on the last (the most
-# recent tokens).*
+# written. Only a handful of heads do the copying (the dark cells on the left); the others
+# spread their mass over other shards.*
 #
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>Tree decoding merges partial states by their lse, and the weights $e^{\ell_i-\ell}$ are
@@ -684,6 +686,10 @@ beside_8 = next(r for r in recs if (r["method"], r["context"]) == ("single", 409
 assert beside_8["median_s"] > alone_4k["median_s"]  # simulating 8 devices slows the one
 for ctx in {r["context"] for r in recs}:  # tree on 8 simulated devices is slower than one
     assert by_step(recs, "tree", ctx) > by_step(recs, "single", ctx)
+tree_best = max(read_back(r) for r in recs if r["method"] == "tree")
+print(f"tree's highest fraction of the roofline: {tree_best:.0%}")
+if not LIVE:  # the record: "a tree row can come close to 100%"
+    assert 0.9 < tree_best
 
 # %% [markdown]
 # What to read off the tables (the timings come from a shared 2-core machine and vary
@@ -706,7 +712,8 @@ for ctx in {r["context"] for r in recs}:  # tree on 8 simulated devices is slowe
 #   an eighth of the cache: each of the 8 recomputes the replicated matrix products, and
 #   their weights cross the one memory bus up to 8 times. Less in practice: devices running
 #   the same layer at nearly the same time find its weights in the processor's cache, which
-#   is how a row can exceed 100% of a bound that counts every read as a memory read. On 8
+#   is how a tree row can come close to 100% of a bound that counts every read as a memory
+#   read. On 8
 #   GPUs those products run in parallel, each GPU from its own memory.
 # * The probe's bandwidth moves between rows (the machine is shared): each row's fraction is
 #   against the bandwidth measured next to it.
@@ -785,6 +792,30 @@ for ctx, (pctx, (pt, pr)) in zip(contexts, sorted(paper.items()), strict=True):
           f"{r['median_decode_s'] / t['median_decode_s']:>12.2f}   | {pctx // 1024:>4}k: "
           f"{pt:.2f} / {pr:.2f} s = {pr / pt:.2f} (printed x{cm.PAPER_LLAMA_SPEEDUP['8x H100'][pctx]})")
 assert all(med[(m, c)]["same_tokens_as_single"] for m in ("tree", "ring") for c in contexts)
+# The one-device column: its own prefill, on one device, then the fastest decode steps.
+prefill_s = {(m, c): float(np.median(med[(m, c)]["prefill_s"])) for m in ("tree", "single")
+             for c in contexts}
+print("median prefill, s: " + ", ".join(
+    f"{c // 1024}k tree {prefill_s[('tree', c)]:.1f}, one device {prefill_s[('single', c)]:.1f}"
+    for c in contexts))
+assert all(med[("single", c)]["median_decode_s"]
+           < min(med[(m, c)]["median_decode_s"] for m in ("tree", "ring")) for c in contexts)
+longest = contexts[-1]
+if not LIVE:  # the record, as section 7.7 describes it
+    assert prefill_s[("single", longest)] > prefill_s[("tree", longest)]
+    assert prefill_s[("single", longest)] > 0.5 * med[("single", longest)]["median_total_s"]
+    assert (med[("single", longest)]["median_total_s"]
+            > med[("tree", longest)]["median_total_s"])
+# Section 7.7's "ring slower than tree" and "a smaller gap": with prefill, as the paper timed
+# it, every ring/tree ratio is above 1 and below the paper's at the matching context; the
+# decode-only ratio is above the with-prefill one at every context.
+total_ratio = [med[("ring", c)]["median_total_s"] / med[("tree", c)]["median_total_s"]
+               for c in contexts]
+decode_ratio = [med[("ring", c)]["median_decode_s"] / med[("tree", c)]["median_decode_s"]
+                for c in contexts]
+paper_ratios = [pr / pt for pt, pr in (paper[c] for c in sorted(paper))]
+assert all(1 < x < y for x, y in zip(total_ratio, paper_ratios, strict=True))
+assert all(d > x > 1 for d, x in zip(decode_ratio, total_ratio, strict=True))
 print(f"\nLlama 3.1-8B has {cm.LLAMA_3_1_8B.params / info.num_params:.0f}x SmolLM2's weights; the "
       f"paper's contexts are {sorted(paper)[0] // contexts[0]}x ours, row by row")
 assert [c * 32 for c in contexts] == sorted(paper)
@@ -812,8 +843,11 @@ plt.show()
 # *Figure: ring's time over tree's, ours (red, solid: prefill plus 10 tokens; dotted: the 10
 # tokens alone) against the paper's Table 1 (grey squares), context by context.*
 #
-# **What differs, honestly.** The shape is the paper's (ring slower than tree, for the same
-# tokens), the size of the gap is not, and it should not be:
+# **What differs, honestly.** The shape is the paper's (ring slower than tree at every
+# context, for the same tokens), the size of the gap is not, and it should not be: timed as
+# the paper timed it, with prefill, ring/tree is below the paper's ratio at every context;
+# the 10 tokens alone give a larger ratio than with prefill (both asserted in the table's
+# cell). The paper reports no decode-only figure to compare that column with.
 #
 # * The paper ran 8 H100s with NVLink in bfloat16; this is one 2-core CPU whose 8 devices
 #   are simulated, whose "links" are memory copies, in float32.
@@ -825,6 +859,11 @@ plt.show()
 #   weights, the same for tree and ring, which hides part of ring's extra cost. On GPUs
 #   that cost is paid in parallel, and ring's is not.
 # * The paper's "Speedup" column is rounded to a whole number (×4 for 2.57/0.60 = 4.28).
+# * The one-device column is not a third method to rank: it runs its own prefill on one
+#   device (tree and ring share the tree prefill on 8), then the fastest decode steps (§7.6).
+#   At the longest context its prefill takes longer than the tree's (the medians are printed
+#   under the table), and the prefill is most of the total, so its total is above tree's
+#   there although its 10 tokens are the fastest.
 
 # %% [markdown]
 # ## 7.8 Optional: attention as an associative memory
@@ -833,7 +872,7 @@ plt.show()
 # signs are flipped with probability `FLIP`; read out `softmax(β · X ξ / D)ᵀ Y` and count a
 # query as retrieved when the sign of the readout is exactly its value. Here $\beta$ (`beta`
 # in `theory.hopfield`) is notebook 2's **inverse temperature**, not the link bandwidth
-# $\beta$ of the cost model (notebooks 4, 6 and 9). The scale $\beta/D$ is this course's
+# $\beta$ of the cost model (notebooks 4, 6, 8 and 9). The scale $\beta/D$ is this course's
 # convention; $X$ is the $M \times D$ matrix of stored keys, one pattern
 # per row, as in notebook 2, §2.4. Ramsauer et al. (2020) store the patterns as columns and
 # write the modern Hopfield update as $\xi^{new} = X\,\mathrm{softmax}(\beta X^\top \xi)$; with
@@ -962,8 +1001,9 @@ assert after < before - 0.2  # "lower, and by a lot"
 #   recomputes the replicated weights. Ring decoding is slower than tree decoding by a few
 #   times, not by the thousands of times more bytes it moves: it is redundant compute plus
 #   traffic.
-# * The paper's Table 1 has the same shape here (ring slower than tree, same tokens), with a
-#   smaller gap, for the reasons listed in section 7.7.
+# * The paper's Table 1 has the same shape here (ring slower than tree at every context,
+#   same tokens), with a smaller gap when timed as the paper did (with prefill), for the
+#   reasons listed in section 7.7.
 #
 # From a terminal:
 #
