@@ -1040,8 +1040,11 @@ assert pf["tree"][0] < pf["ring"][0] and pf["tree"][-1] > pf["ring"][-1]
 #   the sequence length. Measured bytes equal the formulas exactly.
 # * Memory and the measured ratios, computed from the compiled programs above:
 
-# %% nbgrader={"grade": true, "grade_id": "test_ring_home_2", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+# %%
 at_bytes = tks[-1]
+held_line = (f"A ring that permutes {p} times and is given the cache holds {held:.2f}, eq. 8's "
+             f"two." if "held" in globals() else
+             "(Exercise `ring_home` has not passed its test yet, so its count is missing.)")
 display(Markdown(
     f"* Wire bytes at $T_k$ = {at_bytes:,}: ring {plots.bytes_label(wire['ring'][-1])}, tree "
     f"{plots.bytes_label(wire['tree'][-1])} per device, a ratio of "
@@ -1049,9 +1052,7 @@ display(Markdown(
     f"* Memory (XLA:CPU): ring's total per device is {min(total_ratio):.2f}× to "
     f"{max(total_ratio):.2f}× tree's over $T_k$ = {tks_mem[0]:,} to {tks_mem[-1]:,} (eqs. "
     f"8–9 predict {np.mean(paper_ratio):.2f}×): {ring_args + ring_temp:.2f} shards, its own "
-    f"(kept for the next token), the block in use and the block in flight. A ring that "
-    f"permutes {p} times and is given the cache holds {held:.2f}, eq. 8's "
-    f"two."))
+    f"(kept for the next token), the block in use and the block in flight. {held_line}"))
 
 # %% [markdown]
 # * Latency terms are the Allreduce algorithm's: with ring Allreduces inside a node (the
