@@ -297,7 +297,9 @@ plt.show()
 # read back**: nothing in it runs on a GPU, so it runs anywhere, and its assertions check
 # the record, not a GPU. What it can check is the record's consistency: each kernel's GB/s
 # and fraction of nominal are recomputed from its raw fields (the K + V bytes, from the
-# shape and dtype, and the median seconds), and the best kernel is found again from them. Each kernel's effective bandwidth (K + V bytes over the
+# shape and dtype, and the median seconds), and the best kernel is found again from them.
+# It also checks the target the session was run for: the best bfloat16 kernel at
+# $T_k \ge$ 128k reaches at least 70% of the nominal bandwidth. Each kernel's effective bandwidth (K + V bytes over the
 # median step) times the decode intensity of section 6.1 is the flop rate it reached: a
 # point under the H200's roofline. A kernel at the memory limit sits on the sloped line.
 #
@@ -339,7 +341,7 @@ assert (best["kernel"], best["shape"], best["seq_len"]) == (
     fastest["kernel"], fastest["shape"], fastest["seq_len"])
 best_frac = fastest["kv_bytes"] / fastest["median_s"] / nominal  # recomputed
 np.testing.assert_allclose(best["frac_nominal"], best_frac, rtol=1e-9)
-assert best_frac >= 0.7  # issue 24's target: >= 70% of nominal at Tk >= 128k, bf16
+assert best_frac >= 0.7  # the target stated above: >= 70% of nominal at Tk >= 128k, bf16
 print(f"a record read back: for all {len(timed)} timed runs, GB/s and the fraction of nominal "
       f"recomputed from K + V bytes and median seconds agree with the record; the best bf16 "
       f"run at Tk >= 128k, found again, is the recorded best, at {best_frac:.0%} of nominal")
@@ -736,7 +738,8 @@ fitted = calibrate.fit_link([(n, max(t - share, 0.0))
                              for n, t in cal.collective_points["ppermute"]])
 np.testing.assert_allclose((fitted.alpha_s, fitted.beta_Bps),
                            (cal.ppermute.alpha_s, cal.ppermute.beta_Bps))  # the model's link
-print(f"this run's ppermute, fitted as in Exercise 2: alpha {fitted.alpha_s * 1e6:.0f} us, "
+print(f"this run's ppermute, fitted as in Exercise 2 after subtracting each step's share "
+      f"of the per-call overhead: alpha {fitted.alpha_s * 1e6:.0f} us, "
       f"beta {fitted.beta_Bps / 1e9:.2f} GB/s: the link the model prices the ring with")
 
 # %% [markdown]
@@ -816,7 +819,7 @@ assert big > 100 * PAPER_RATIO  # the paper measured much less
 assert 1650 <= max(multi_node) < 1750  # §6.7's "up to about 1,700× across nodes"
 print("ring compute == p x tree compute: by construction of the model (the last column)")
 # The ring's time is a sum of parts (Prediction fields): its compute, p x the tree's, plus
-# its transfers (everything else). A ratio of sums does not factor into "p x something".
+# its transfers (everything else). The ratio need not reach p, although the compute is p x.
 assert all(v["ring"].overhead_s == 0 == v["ring"].merge_s for v in micro.values())
 transfer_share = {k: 1 - v["ring"].compute_s / v["ring"].total_s for k, v in micro.items()}
 share_1 = [transfer_share[8, n] for n in NS]
@@ -839,10 +842,10 @@ Markdown(
     f"model's H100s overlap a transfer with compute, so a step costs the longer of the "
     f"two). Most of the ring's time is that unhidden transfer time: "
     f"{min(share_1):.0%}–{max(share_1):.0%} of it on one node, "
-    f"{min(share_128):.1%}–{max(share_128):.1%} at $p = 128$ (the second table). A ratio of "
-    f"sums does not factor into $p$ × something: at $N$ = {NS[0]:,} the ratio is "
-    f"{ratio[64, NS[0]]:.0f}× with $p = 64$ and {ratio[128, NS[0]]:.0f}× with $p = 128$, "
-    f"smaller than $p$.")
+    f"{min(share_128):.1%}–{max(share_128):.1%} at $p = 128$ (the second table). So the "
+    f"ring/tree ratio need not reach $p$, although the ring's compute is $p$ × the tree's: "
+    f"at $N$ = {NS[0]:,} it is {ratio[64, NS[0]]:.0f}× with $p = 64$ and "
+    f"{ratio[128, NS[0]]:.0f}× with $p = 128$.")
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -1046,9 +1049,10 @@ plt.show()
 #
 # On this machine the model's sum of parts was set beside measured decode latencies
 # (section 6.3). The sentence under that table gives this run's errors; they vary from run
-# to run, and other runs on this machine missed by far more than the calibration band:
-# notebook 8, §8.6, and the three recorded checks in `results/calibrate/` (its README
-# lists every cell outside the band). So the model is not validated here.
+# to run, and other runs on this machine missed by far more than the calibration band: the
+# three recorded checks in `results/calibrate/` (each file's `failures` field lists every
+# cell outside the band, up to +147%; its README summarises them). Notebook 8, §8.6, runs
+# the same check live, with its own run's errors. So the model is not validated here.
 # Filled with published GPU figures, it predicts much larger ring/tree gaps than the paper
 # reports. We do not tune the model until it agrees. The disagreement is a question
 # about what the paper's timings contain, and about what the model leaves out; the next
@@ -1169,8 +1173,8 @@ assert beta_need > node.mem_Bps
 #   MPICH's ring and recursive-doubling algorithms (NCCL has others). Calibrated on this
 #   machine from an overhead, a link and a bandwidth, it is set beside tree and ring
 #   latencies it was not fitted to, on XLA:CPU; section 6.3 prints this run's errors, and
-#   other runs missed by far more than ±30% (notebook 8, §8.6; the recorded checks in
-#   `results/calibrate/`), so it is not validated.
+#   other runs missed by far more than ±30% (the recorded checks in `results/calibrate/`,
+#   up to +147%; notebook 8, §8.6, runs the check live), so it is not validated.
 # * With published DGX H100 figures it predicts ring/tree gaps of tens on one node and up to
 #   about 1,700× across nodes (section 6.4.1 prints both ranges), far above the paper's
 #   reported speedups. The ring's predicted
