@@ -138,10 +138,12 @@ print(jax.device_count(), "devices,", jax.default_backend())
 # %%
 cumulants = symbolic.cumulants_any_n()  # derivatives 1, 2, 3 of F(t u) at t = 0, symbolic n
 gradient = cumulants[0]
-display(sp.Eq(sp.Symbol("F(tu)"), symbolic.directional_energy_any_n()))
-display(sp.Eq(gradient.lhs, gradient.rhs, evaluate=False))
-assert sp.simplify(gradient.lhs - gradient.rhs) == 0, gradient.name
 n_sym, a_sym, s_sym, w_sym, t_sym = symbolic.symbols_any_n()
+display(sp.Eq(sp.Symbol("F(tu)"), symbolic.directional_energy_any_n()))
+# The claim, with its left side unevaluated (d/dt F(tu) at t = 0) and its right side E_p[w]:
+display(sp.Eq(sp.Subs(sp.Derivative(symbolic.directional_energy_any_n(), t_sym), t_sym, 0),
+              gradient.rhs, evaluate=False))
+assert sp.simplify(gradient.lhs - gradient.rhs) == 0, gradient.name
 assert sp.Symbol("n", integer=True, positive=True) in gradient.lhs.free_symbols  # any n
 wrong = symbolic.expectation_any_n(w_sym[a_sym] ** 2, n_sym, a_sym, s_sym)  # E[w^2]
 COUNTER_S, COUNTER_W = (0, 1, sp.Rational(-1, 2)), (1, -2, 3)  # a counterexample, n = 3
