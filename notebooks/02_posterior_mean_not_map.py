@@ -109,17 +109,18 @@ REFERENCE, BASELINE = plots.color("reference"), plots.color("baseline")  # black
 #
 # $$\text{attention}(q) = \sum_a p(a\mid q)\, v_a = \mathrm{E}_{p(a\mid q)}[v_a].$$
 #
-# Why "unnormalised"? As a density of $q \in \mathbf{R}^D$, $e^{s_a}/c$ cannot be normalised
-# for any constant $c$: $\int e^{\text{scale}\, q\cdot k_a}\,dq$ diverges. On the unit sphere
+# Why "unnormalised"? As a density of $q \in \mathbf{R}^D$, $e^{s_a}/Z$ cannot be normalised
+# for any constant $Z$: $\int e^{\text{scale}\, q\cdot k_a}\,dq$ diverges. On the unit sphere
 # $\lVert q\rVert = 1$ it can: that is the von Mises–Fisher density
 # $C_D(\kappa_a)\, e^{s_a}$ with $\kappa_a = \text{scale}\,\lVert k_a\rVert$, but its
 # normaliser $C_D(\kappa_a)$ depends on $\lVert k_a\rVert$. So a normalised likelihood gives
 # the softmax posterior only for **keys of equal norm**; the cell after the next one checks
 # both halves of that sentence.
 #
-# The normaliser of the posterior is the evidence: with the likelihood's constant factor $c$,
-# $p(q) = \frac{1}{T_k}\sum_b e^{s_b}/c$, so $\log p(q) = F(0) - \log T_k - \log c$. The
-# log-partition $F(0)$ of notebook 1 is the log evidence only up to $-\log T_k$ (and $c$).
+# The normaliser of the posterior is the evidence: with the likelihood's constant factor
+# $1/Z$, $p(q) = \frac{1}{T_k}\sum_b e^{s_b}/Z$, so $\log p(q) = F(0) - \log T_k - \log Z$.
+# The log-partition $F(0)$ of notebook 1 is the log evidence only up to $-\log T_k$ (and
+# $Z$). ($Z$ here, because §2.3 uses $c$ for an eigenvalue.)
 #
 # The cell computes the posterior from scratch, a numpy softmax of the raw scores, and
 # compares the package's `posterior`, `attention` and `energy` with it.
@@ -309,8 +310,10 @@ print("Newton-GMRES stationary point: |z* − attention| and |zeta*| below 1e-14
 # %% [markdown]
 # One more property tells what kind of point this is. For fixed $z$, $\Gamma$ is **concave** in
 # $\zeta$ (its Hessian there is $-\nabla^2F \preceq 0$); for fixed $\zeta$ it is **linear**,
-# hence convex, in $z$. A stationary point of a concave–convex function is a saddle, a
-# min–max point, never a maximum or a minimum. The next section shows it directly.
+# hence convex, in $z$. That alone does not make a stationary point a saddle ($-\lVert\zeta
+# \rVert^2$, with no $z$ in it, is concave–convex, and its stationary points are maxima in
+# the weak sense); here the coupling term $z\cdot\zeta$ does: it makes the stationary point a
+# saddle, a min–max point, never a maximum or a minimum. The next section shows it directly.
 #
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>With $F$ counted once (eq. 30 as printed counts it $N d$ times), the paper's stationary
@@ -613,7 +616,7 @@ print(f"tied keys {min(best, other)} and {max(best, other)}: attention at beta =
 # keys *and* values are the stored patterns, with scale $\beta$. (Ramsauer et al. store the
 # patterns as columns, $D \times M$, and write $X\operatorname{softmax}(\beta X^\top\xi)$: the
 # same update.) Here $\beta$ is the inverse temperature, not the bandwidth $\beta$ of
-# notebooks 4 to 9 (the notation note at the top).
+# the cost model in notebooks 4, 6, 8 and 9 (the notation note at the top).
 # The paper's appendix A points out the restriction:
 #
 # > the update rule in Ramsauer et al. (2020) requires the tying of certain weights (K and V)
@@ -859,7 +862,9 @@ plt.show()
 # * **Cramér's theorem** is about probabilities of **sets**: for a set $A$,
 #   $\frac1n \log P(\bar v_n \in A) \to -\inf_{z\in A} I(z)$ (precisely: an upper bound with
 #   the closure of $A$ and a lower bound with its interior, which agree for sets like
-#   intervals). Sets away from attention have probabilities that fall exponentially in $n$.
+#   intervals whose interior meets that of the hull of the values; for
+#   $[v_{\max}, v_{\max} + 1]$, which only touches the hull's edge, the lower bound is
+#   $-\infty$ and the upper one finite). Sets away from attention have probabilities that fall exponentially in $n$.
 # * **Densities** are another matter. $\bar v_n$ takes finitely many values (it averages $n$
 #   draws from $T_k$ values), so it has no density; a histogram with bins wider than the
 #   spacing of those values has a smooth envelope, and **Daniels' saddle-point approximation**
@@ -1025,8 +1030,8 @@ hist, e2 = np.histogram(means, bins=200, range=(mu1 - 2 * sd, mu1 + 2 * sd))
 cubic = np.polyfit((e2[1:] + e2[:-1]) / 2 - mu1, np.log(hist), 3, w=np.sqrt(hist))
 roots = np.roots(np.polyder(cubic))
 peak_mc = mu1 + roots[np.isreal(roots)].real[np.argmin(np.abs(roots[np.isreal(roots)]))]
-# The Monte Carlo peak scatters by about 3e-4 between seeds (measured over 8 seeds), the
-# approximations differ at order 1/n²: both far below the offset itself.
+# The Monte Carlo peak scatters between seeds, and the two approximations differ at order
+# 1/n²: the tolerance allows both, and stays below the offset itself.
 assert kappa3 > 0 and abs(mu1 - formula) > 5e-3
 np.testing.assert_allclose([peak_daniels, peak_mc], formula, rtol=0, atol=1.5e-3)
 assert abs(peak_mc - mu1) > 4e-3 and abs(peak_daniels - mu1) > 4e-3  # the peak is not μ
@@ -1092,7 +1097,8 @@ plt.show()
 # and variance of $\bar v_n$) and that a histogram matches the renormalised Daniels density:
 # its $\chi^2$ per bin must stay below the level a correct sampler exceeds with probability
 # $10^{-6}$ ($\chi^2$ with one degree of freedom per bin kept), so that a correct sampler,
-# drawn by any method, fails once in a million; a Gaussian of the right mean and variance
+# drawn by any method, fails about once in a million, to the accuracy of that threshold
+# (the renormalised Daniels density and the $\chi^2$ law are both approximations here); a Gaussian of the right mean and variance
 # fails it (the test cell checks that too).
 
 # %%
