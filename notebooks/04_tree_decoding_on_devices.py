@@ -741,7 +741,9 @@ print(f"payload {s1.total_bytes:,} B")
 # > ...
 # > $V_{Tree} = 2\frac{p-1}{p} \times (bd + 2bn_h).$ (14)
 #
-# with $d = n_h d_h$ and $b$ the batch, in elements. Eq. 14 in the cell, times 4 bytes:
+# with $d = n_h d_h$ and $b$ the batch, in elements. The paper overloads $d$ here: in
+# $\text{numel}(n, d, m)$ the arguments are the numerator, the denominator and the max, and
+# in $bd$ it is the hidden size $n_h d_h$. Eq. 14 in the cell, times 4 bytes:
 
 # %%
 p = mesh.size
@@ -769,7 +771,7 @@ print(f"on the wire, ring Allreduce, 2(p-1)/p x payload with p = {p}: {wire:>8,.
 # message per device position over the slow links.
 #
 # Each link has a latency α (`alpha_s`, seconds per message) and a bandwidth β (`beta_Bps`,
-# bytes per second), the α and β of notebooks 4–9's cost model. This β is a link bandwidth,
+# bytes per second), the α and β of the cost model in notebooks 4, 6, 8 and 9. This β is a link bandwidth,
 # not the inverse temperature β of notebook 2 and of notebook 7's associative memory
 # (notebook 2's notation note).
 
