@@ -102,6 +102,8 @@ def test_the_release_carries_no_solution_and_no_output(released, name):
     for cell in nb.cells:
         if release.is_answer(cell):
             assert cell.source == release.CODE_STUB
+            assert cell.source.startswith("# The student release empties this cell.")
+            assert cell.source.endswith("# YOUR CODE HERE")  # nbgrader's marker, last
             assert not cell.metadata.get("jupyter", {}).get("source_hidden")  # shown
     assert "jupytext" not in nb.metadata  # no .py paired beside a student's notebook
 

@@ -35,9 +35,15 @@ from typing import Any
 
 ASSIGNMENT = "tree_attention_edu"
 """nbgrader's name for the assignment that holds the nine notebooks."""
-CODE_STUB = "# YOUR CODE HERE"
-"""What an answer cell holds in the release. It does not raise: each exercise's stub, in
-the cell above it, already fails the exercise's test, and nothing else is left to fail."""
+CODE_STUB = (
+    "# The student release empties this cell. In the lecturer's copy it holds the answer\n"
+    "# or the check that the text around it mentions: write your own here, or skip it.\n"
+    "# YOUR CODE HERE"
+)
+"""What an answer cell holds in the release: a banner, so that prose pointing to "the
+hidden cell" or "the cell below" (true of the lecturer's copy) is not taken to mean an
+empty cell, then nbgrader's marker. It does not raise: each exercise's stub, in the cell
+above it, already fails the exercise's test, and nothing else is left to fail."""
 SOLUTION_TAG = "solution"
 NOTEBOOK_NAME = re.compile(r"^\d\d_\w+\.ipynb$")
 
