@@ -121,13 +121,13 @@ assert jax.device_count() == 8, jax.devices()
 # 1. the **shift** $c$, which needs every $\ell_i$ (a max over devices), unless it is fixed
 #    in advance;
 # 2. the **denominator** $L = \sum_i w_i$: one number per row;
-# 3. the **numerator** $\mathcal{N} = \sum_i w_i o_i$: $D_v$ numbers per row, the bulk of the
-#    bytes ($\mathcal{N}$, not $N$, which the paper and notebooks 3 and 6 use for the
-#    sequence length).
+# 3. the **numerator** $U = \sum_i w_i o_i$: $D_v$ numbers per row, the bulk of the
+#    bytes ($U$ for the unnormalised output; not $N$, which the paper and notebooks 3 and 6
+#    use for the sequence length).
 #
-# | pattern | shift $c$ | denominator $L$ | numerator $\mathcal{N}$ | collectives in sequence |
+# | pattern | shift $c$ | denominator $L$ | numerator $U$ | collectives in sequence |
 # |---|---|---|---|---|
-# | `allreduce` (Algorithm 3) | Allreduce(max) of $\ell_i$ | Allreduce(sum) | Allreduce(sum), in the same collective as $L$ | 2 (the paper's three Allreduces: max, $\mathcal{N}$, $L$) |
+# | `allreduce` (Algorithm 3) | Allreduce(max) of $\ell_i$ | Allreduce(sum) | Allreduce(sum), in the same collective as $L$ | 2 (the paper's three Allreduces: max, $U$, $L$) |
 # | `allgather` | all-gather of every $(o_i, \ell_i)$, then locally | locally | locally | 1 |
 # | `reduce_scatter` (DCP) | all-gather of the $\ell_i$ only | computed locally from them | reduce-scatter over heads of $\frac{w_i}{L} o_i$ | 2 |
 # | `all_to_all` (Helix) | all-to-all over heads: device $j$ receives every $(o_i, \ell_i)$ of its own heads, then locally | locally | locally | 1 |
@@ -203,8 +203,8 @@ with np.errstate(over="ignore", under="ignore", invalid="ignore"):
 # shifts are safe is §8.4's question, and the answer is not only about the weights.
 #
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
-# <p>Every merge pattern computes 𝒩 / L with some shift c. They differ in which collective
-# finds c, which carries L and 𝒩, and which device ends up holding which heads.</p></div>
+# <p>Every merge pattern computes U / L with some shift c. They differ in which collective
+# finds c, which carries L and U, and which device ends up holding which heads.</p></div>
 #
 # ## 8.2 Six merges by hand, on 8 devices
 #
@@ -347,7 +347,7 @@ print("all_to_all by hand == attention   ✓")
 # ### 8.2.5 `one_pass`: a unified max, and a fallback
 #
 # FlashDecoding++ fixes the shift in advance (here $c = 0$) for every device. Then there is
-# no max to find: one Allreduce(sum) of $(\mathcal{N}, L)$ finishes the merge. It is exact only while
+# no max to find: one Allreduce(sum) of $(U, L)$ finishes the merge. It is exact only while
 # the shift keeps the sums in range. §8.1's argument gives a first window for
 # $x = \ell_i - c$: every weight $e^x$ a normal number ($x \ge \ln(\text{tiny})$, tiny the
 # dtype's smallest normal number) and $p$ of them summing below the largest number
@@ -838,7 +838,7 @@ print(f"\nfloat32: max {float(info32.max):.1e}, tiny {float(info32.tiny):.1e}; e
 # The third case breaks even outputs of size one: at $\ell = 86$ the sum of the 8 weights is
 # $1.8 \cdot 10^{38}$, finite, but XLA divides by a broadcast denominator as a
 # multiplication by its reciprocal, and $1/L \approx 5.6 \cdot 10^{-39}$ is subnormal:
-# flushed to zero, so $\mathcal{N}/L$ reads 0. The 0.9 factor happened to cover this case, and not
+# flushed to zero, so $U/L$ reads 0. The 0.9 factor happened to cover this case, and not
 # the first two; a window derived from the weights alone misses it.
 #
 # The fourth case has every term normal: even the smaller, $0.9\,e^{-86} \approx 4.0 \cdot
@@ -1717,8 +1717,8 @@ print(f"B = {B_a}, Tq = {Tq_a}, Hq = {Hq_a}, Hkv = {Hkv_a}, D = {D_a} ({B_a * Tq
 #
 # ## 8.8 Summary
 #
-# * All six merges compute $\mathcal{N}/L$ with a shift $c$; they differ in which collective finds $c$,
-#   which carries $L$ and $\mathcal{N}$, and where the output ends up. Each is a few lines of
+# * All six merges compute $U/L$ with a shift $c$; they differ in which collective finds $c$,
+#   which carries $L$ and $U$, and where the output ends up. Each is a few lines of
 #   `shard_map`, equal to `tae.attention` and to `tree_decode(merge=...)`. Algorithm 3's
 #   three Allreduces run as two collectives; the butterfly merges pairs of states in
 #   $\log_2 p$ rounds of `ppermute`, and its compiled program holds exactly that many

@@ -131,3 +131,48 @@ def test_control_characters_are_caught(tmp_path):
     clean = tmp_path / "clean.py"
     clean.write_text("# %% [markdown]\n# $t = a + \\text{bytes}/\\beta$\n\n# %%\nx\t= 1\n")
     assert control_characters(clean) == []
+
+
+# The site's MathJax (docs/hooks.py) ships no TeX web fonts. Letters from the script,
+# calligraphic, double-struck and fraktur alphabets make it request one (MathJax_Script,
+# MathJax_AMS, ...), which 404s; `make browser-check` fails on the console error (as CI did
+# on notebook 8's \mathcal{N}). Caught here, in `make test`, before the browser runs.
+UNSHIPPED_FONT = re.compile(r"\\(?:mathcal|mathscr|mathbb|mathfrak|Bbb)\b")
+PAGES = NOTEBOOKS + sorted((Path(__file__).parent.parent / "docs").rglob("*.md"))
+
+
+def unshipped_font_math(path: Path) -> list[str]:
+    """Math commands in a page (an .ipynb, its cells and outputs, or a Markdown file) that
+    need a font the site does not serve, each with a little context."""
+    text = path.read_text()
+    if path.suffix == ".ipynb":  # JSON doubles the backslashes: read the strings back
+        nb = json.loads(text)
+        parts = ["".join(c["source"]) for c in nb["cells"]]
+        for c in nb["cells"]:
+            for o in c.get("outputs", []):
+                parts += [
+                    "".join(v) if isinstance(v, list) else str(v)
+                    for v in o.get("data", {}).values()
+                ]
+        text = "\n".join(parts)
+    return [text[max(0, m.start() - 15) : m.end() + 5] for m in UNSHIPPED_FONT.finditer(text)]
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_math_uses_only_the_fonts_the_site_serves(path):
+    found = unshipped_font_math(path)
+    assert not found, (
+        f"{path.name}: {found} need a MathJax web font the site does not serve; "
+        "use a plain letter, \\mathrm or \\mathbf"
+    )
+
+
+def test_unshipped_font_math_is_caught(tmp_path):
+    page = tmp_path / "x.md"
+    page.write_text("the numerator $\\mathcal{N} = \\sum_i w_i o_i$ and $\\mathbf{R}$")
+    assert unshipped_font_math(page) == ["the numerator $\\mathcal{N} ="]
+    nb = tmp_path / "x.ipynb"
+    output = {"output_type": "execute_result", "data": {"text/latex": ["$\\mathbb{E}$"]}}
+    cell = {"cell_type": "code", "source": [], "outputs": [output], "metadata": {}}
+    nb.write_text(json.dumps({"cells": [cell]}))
+    assert len(unshipped_font_math(nb)) == 1
