@@ -106,7 +106,7 @@ grade: $(STAMP)
 	$(VENV)/bin/tree-attention-edu grade $(SUBMISSIONS)
 
 # Executes all nine notebooks twice: as released (exactly the exercises' tests must fail) and
-# with the solutions put back (full marks). For CI; tests/ check one notebook this way.
+# with the solutions put back (full marks). For CI; tests/ run this pipeline on a miniature course.
 student-check: $(STAMP)
 	$(VENV)/bin/tree-attention-edu student --out $(STUDENT) --check
 
