@@ -827,13 +827,19 @@ print(f"flops per device at Tk = {tk_c:,}: ring {f_ring:,.0f}, the tree over p c
 # <details><summary>Answer</summary>
 #
 # Tree: two Allreduces one after the other (the max, then the sums; XLA merges the two sums).
-# Ring: $p-1$ transfers, and then the all-reduce that makes its output replicated (§5.1,
-# §5.4).
+# Ring: $p-1$ steps, each sending a K and a V block, and then the all-reduce that makes its
+# output replicated (§5.1, §5.4). If a step sends its K and V blocks as one message, one α
+# per step:
 #
 # * With ring Allreduces, $2(p-1)$ steps each: the tree pays $4(p-1)$ α, the ring $3(p-1)$.
 #   At $p = 8$ the tree pays *more*, 28 against 21.
 # * With recursive doubling, $\log_2 p$ steps each: the tree pays $2\log_2 p$ α, the ring
 #   $p - 1 + \log_2 p$. At $p = 8$ the tree pays *fewer*, 6 against 10.
+#
+# The package's ring sends them as two collective-permutes per step (§5.5 prints them).
+# Where each pays its own latency, as on gloo (notebook 9, §9.8), the ring's transfers pay
+# $2(p-1)$ α: with ring Allreduces the ring then pays $4(p-1)$, as many as the tree, and
+# with recursive doubling the tree's lead grows (the cell below prints both counts).
 #
 # The paper's Introduction promises "an asymptotically faster algorithm for performing
 # decoding in which the number of communication steps scales logarithmically with the number
@@ -849,12 +855,14 @@ steps = {"ring Allreduce": 2 * (p - 1), "recursive doubling": math.ceil(math.log
 alphas = {}
 for algo, n in steps.items():
     tree_alphas = 2 * n  # two Allreduces in sequence
-    ring_alphas = (p - 1) + n  # this package's ring: p - 1 transfers, then the output's
+    ring_alphas = (p - 1) + n  # this package's ring: p - 1 steps, then the output's
     #                            Allreduce (footnote 2's ring permutes p times)
-    alphas[algo] = (tree_alphas, ring_alphas)
-    print(f"p = {p}, {algo} ({n} steps): tree decode {tree_alphas} alphas, ring decode "
-          f"{ring_alphas} ({p - 1} transfers + {n} for the output's all-reduce)")
-assert alphas == {"ring Allreduce": (28, 21), "recursive doubling": (6, 10)}
+    ring_two = 2 * (p - 1) + n  # the K and the V permute of a step each paying an alpha
+    alphas[algo] = (tree_alphas, ring_alphas, ring_two)
+    print(f"p = {p}, {algo} ({n} steps): tree decode {tree_alphas} alphas; ring decode "
+          f"{ring_alphas} if a step's K and V go as one message ({p - 1} steps + {n} for the "
+          f"output's all-reduce), {ring_two} if they go as two ({2 * (p - 1)} + {n})")
+assert alphas == {"ring Allreduce": (28, 21, 28), "recursive doubling": (6, 10, 17)}
 
 # %% [markdown]
 # ### 5.7.1 Pass-Q: the ring without the redundancy
@@ -1021,8 +1029,10 @@ assert pf["tree"][0] < pf["ring"][0] and pf["tree"][-1] > pf["ring"][-1]
 # <p>On a cluster ring decoding pays a whole-cache computation per device and (p−1)/p of the
 # cache over its slowest link per token; tree decoding pays its Tk/p share and a few
 # kilobytes. Tree wins on compute and bytes; on the number of latency terms it depends on
-# the Allreduce algorithm: with ring Allreduces the tree pays more (28 against 21 at p = 8),
-# with recursive doubling fewer (6 against 10). Pass-Q
+# the Allreduce algorithm and on how the ring's steps send: with ring Allreduces the tree
+# pays more (28 against 21 at p = 8) if a step sends its K and V blocks as one message, as
+# many if they go as two, as the package's do; with recursive doubling fewer (6 against 10).
+# Pass-Q
 # removes the ring's redundancy, and with many queries per device (prefill, training) the
 # ring's redundancy and traffic disappear or hide.</p></div>
 #
