@@ -843,7 +843,7 @@ print(f"\nfloat32: max {float(info32.max):.1e}, tiny {float(info32.tiny):.1e}; e
 #
 # The fourth case has every term normal: even the smaller, $0.9\,e^{-86} \approx 4.0 \cdot
 # 10^{-38}$, is above tiny. But the values alternate $+1$ and $-0.9$ over the devices, so
-# the numerator **cancels**: a partial sum of a $+1$ and a $-0.9$ term is a tenth of each,
+# the numerator **cancels**: a partial sum of a $+1$ and a $-0.9$ term is a tenth of the larger,
 # $4.5 \cdot 10^{-39}$, subnormal, and flushed to 0. The answer is 0.05; the fast path
 # returns 0. A window that keeps each *term* normal does not keep their *sum* normal.
 #
@@ -939,9 +939,9 @@ assert np.all(flags_g[wrong])  # every failing case is flagged
 above = lse_g[0, :, 0, 0] > 0
 assert np.array_equal(flags_g[above], wrong[above])  # at the top, only those
 extra = flags_g & ~wrong  # flagged, though a positive sum survives: all in the bottom margin
-margin_top = math.log(float(info32.tiny)) - math.log(float(info32.eps))
+ln_tiny_over_eps = math.log(float(info32.tiny)) - math.log(float(info32.eps))
 assert np.all(lse_g[0, extra, 0, 0] + np.log(np.minimum(np.abs(out_g[:, extra]).min(
-    axis=(0, 2, 3, 4)), 1.0)) < margin_top)
+    axis=(0, 2, 3, 4)), 1.0)) < ln_tiny_over_eps)
 one_pass_pkg = package_on_states("one_pass")
 for (o, l), flagged in zip(grid, flags_g, strict=True):
     got = one_pass_pkg(o, l)
@@ -971,8 +971,8 @@ for d in (0.1, 2.0**-8, 2.0**-16):
         got = one_pass_pkg(out_c, lse_c)
         assert np.all(np.abs(got - truth) <= (p + 4) * u32 * terms)  # one_pass is right
     print(f"{d:>15.3g}  {highest[d]:5.2f}")
-assert highest[0.1] < highest[2.0**-8] < highest[2.0**-16] < margin_top - ln_tiny
-print(f"the window's margin: ln(1/eps) = {margin_top - ln_tiny:.2f}; one_pass is within "
+assert highest[0.1] < highest[2.0**-8] < highest[2.0**-16] < ln_tiny_over_eps - ln_tiny
+print(f"the window's margin: ln(1/eps) = {ln_tiny_over_eps - ln_tiny:.2f}; one_pass is within "
       f"(p + 4)·u of the exact merge on every case")
 
 # %% [markdown]
@@ -1613,7 +1613,8 @@ print(f"second map: one_pass wins {all_winners.count('one_pass')} of {cells} cel
 # * **Most cells are grey.** At a million keys the local kernel over each device's shard
 #   dwarfs every merge unless the shards are short (many devices) or the batch is small: the
 #   choice of merge then changes the decode step by less than 2%. The merges' own times can
-#   still differ by factors (the line above, for the bottom row on one node), which matters
+#   still differ by factors (the line above, for the top row, the largest batch × heads,
+#   on one node), which matters
 #   when the shards are short.
 # * **Few rows, many devices: `allgather`.** The merge's bytes are tiny and each collective
 #   costs mostly its latency, so one all-gather of $p$ states, $\lceil \log_2 p \rceil$
