@@ -419,7 +419,8 @@ print(f"one Hessian-vector product H u: {np.round(np.asarray(hvp), 5)}; numpy's 
 # a scalar function `f` of a vector $\zeta$ at `zeta`, from $d_v$ Hessian-vector products.
 # Fill in the stub; the hidden cell after it holds a solution, and the test cell checks
 # whichever definition ran last against the numpy covariance of section 1.3, at a $\zeta$
-# away from 0.
+# away from 0, and against the Hessian of a second function, $\tfrac12\zeta^\top A\zeta +
+# \log\sum_j e^{(M\zeta)_j}$, that it writes out itself.
 
 # %%
 def covariance_by_hvp(f, zeta, dv):
@@ -441,14 +442,26 @@ def covariance_by_hvp(f, zeta, dv):
 
 # %% nbgrader={"grade": true, "grade_id": "test_covariance_by_hvp", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def check_covariance_by_hvp(fn):
-    """Raises AssertionError unless fn gives the tilted covariance of section 1.3."""
+    """Raises AssertionError unless fn gives the tilted covariance of section 1.3, and the
+    Hessian of a second function that no cell of this notebook computes."""
     zeta_t = jnp.asarray(zeta_row)  # not 0: a solution that evaluates at 0 fails
+    # The second function, g(z) = z·Az/2 + logsumexp(Mz), its Hessian written out below.
+    r = np.random.default_rng(11)
+    a_mat = r.normal(size=(dv, dv))
+    a_mat = a_mat @ a_mat.T  # symmetric
+    m_mat, z_g = r.normal(size=(7, dv)), r.normal(size=dv)
     own = AssertionError("write it from Hessian-vector products, not the package's or jax's")
     with mock.patch.object(tae, "value_covariance", side_effect=own), \
             mock.patch.object(energy_module, "value_covariance", side_effect=own), \
             mock.patch.object(jax, "hessian", side_effect=own):
         got = fn(lambda z: energy_jnp(s_row, v_row, z), zeta_t, dv)
+        got_g = fn(lambda z: z @ jnp.asarray(a_mat) @ z / 2
+                   + jax.nn.logsumexp(jnp.asarray(m_mat) @ z), jnp.asarray(z_g), dv)
     np.testing.assert_allclose(got, hessian_np(s_row, v_row, zeta_row), rtol=0, atol=1e-13)
+    w = np.exp(m_mat @ z_g - (m_mat @ z_g).max())
+    w /= w.sum()  # softmax(Mz): the second term's Hessian is M^T (diag w - w w^T) M
+    want_g = a_mat + m_mat.T @ (np.diag(w) - np.outer(w, w)) @ m_mat
+    np.testing.assert_allclose(got_g, want_g, rtol=1e-12, atol=1e-12)
 
 
 try:
@@ -457,7 +470,8 @@ try:
 except AssertionError:
     print("the stub as given fails the test")
 check_covariance_by_hvp(covariance_by_hvp)
-print("covariance_by_hvp == numpy covariance at zeta != 0   ✓")
+print("covariance_by_hvp == numpy covariance at zeta != 0, and == the second function's "
+      "Hessian written out   ✓")
 
 # %% [markdown]
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
