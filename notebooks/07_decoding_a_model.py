@@ -128,7 +128,7 @@ assert sum(x.size for x in jax.tree.leaves(params)) == info.num_params
 # %% [markdown]
 # **How a Q8_0 tensor is stored.** The token embedding is `Q8_0`: each run of 32 weights
 # is one block of 34 bytes, a float16 scale `d` and 32 signed bytes `q`, and the weights are
-# `d · q`. Most other matrices are `Q4_1` (4-bit values with a scale and an offset per block
+# `d · q`. Every other matrix is `Q4_1` (4-bit values with a scale and an offset per block
 # of 32). The loader calls llama.cpp's own dequantiser (`gguf.quants`), then transposes each
 # `[out, in]` matrix to the model's `[in, out]` and undoes the converter's row permutation
 # of the query and key projections (the module docstring of `gguf_checkpoint` derives it).
@@ -136,7 +136,8 @@ assert sum(x.size for x in jax.tree.leaves(params)) == info.num_params
 # **Exercise 1 (code).** Write `dequantize_q8_0(raw)`: `raw` is a `uint8` array
 # `[rows, 34 · blocks]`; return the float32 weights `[rows, 32 · blocks]`. The test cell
 # checks your function against llama.cpp's reader and against the embedding the package
-# loaded; while your function runs, llama.cpp's dequantiser (`gguf.quants`) raises.
+# loaded, and on blocks it builds itself from random `d` and `q`; while your function runs,
+# llama.cpp's dequantiser (`gguf.quants`) raises.
 
 # %%
 def dequantize_q8_0(raw: np.ndarray) -> np.ndarray:
@@ -164,15 +165,28 @@ def dequantize_q8_0(raw: np.ndarray) -> np.ndarray:  # replaces the stub
 reader = gguf.GGUFReader(MODEL)
 embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
 rows = np.asarray(embd.data[:16])  # the first 16 tokens' rows, as stored
-llama_cpp = gguf.quants.dequantize(rows, embd.tensor_type)
+
+
+def q8_0_blocks(seed, n_rows=3, n_blocks=2):
+    """(raw uint8 [n_rows, 34·n_blocks], its weights d·q): random d and q, no checkpoint."""
+    r = np.random.default_rng(seed)
+    d = r.normal(size=(n_rows, n_blocks, 1)).astype(np.float16)
+    q = r.integers(-128, 128, size=(n_rows, n_blocks, 32)).astype(np.int8)
+    raw = np.concatenate([d.view(np.uint8), q.view(np.uint8)], axis=-1)  # 2 + 32 bytes
+    return raw.reshape(n_rows, -1), (d.astype(np.float32) * q).reshape(n_rows, -1)
 
 
 def check_dequantize(fn):
-    """Raises AssertionError unless fn equals llama.cpp's reader and the package's loader."""
+    """Raises AssertionError unless fn equals llama.cpp's reader and the package's loader,
+    and decodes blocks built from random d and q."""
     own = AssertionError("write it yourself: gguf.quants.dequantize is the answer")
+    built, want = q8_0_blocks(7)
     with mock.patch.object(gguf.quants, "dequantize", side_effect=own), \
             mock.patch.object(gguf.quants.Q8_0, "dequantize_blocks", side_effect=own):
         mine = fn(rows)  # gguf.dequantize and the package's loader go through Q8_0's blocks
+        mine_built = fn(built)
+    np.testing.assert_array_equal(mine_built, want)  # d·q, from the blocks' own bytes
+    llama_cpp = gguf.quants.dequantize(rows, embd.tensor_type)  # after fn: no global holds it
     np.testing.assert_array_equal(mine, llama_cpp)  # llama.cpp's own reader
     np.testing.assert_array_equal(mine, np.asarray(params["embed"][:16]))  # the package's loader
     return mine
@@ -187,13 +201,13 @@ mine = check_dequantize(dequantize_q8_0)
 print(f"{embd.name}: {embd.tensor_type.name}, {rows.shape[1]} bytes per row of {mine.shape[1]} "
       f"weights")
 print("by hand == gguf.quants.dequantize == the loaded embedding, bit for "
-      "bit")
-# Section 7.1's "most of them quantised" and "most other matrices are Q4_1":
+      "bit; and == d·q on blocks built from random d and q")
+# Section 7.1's "most of them quantised" and "every other matrix is Q4_1":
 n_all = sum(int(t.n_elements) for t in reader.tensors)
 n_quantised = sum(int(t.n_elements) for t in reader.tensors if t.tensor_type.name != "F32")
 matrices = [t for t in reader.tensors if len(t.shape) == 2 and t.name != embd.name]
 n_q4_1 = sum(t.tensor_type.name == "Q4_1" for t in matrices)
-assert n_quantised > 0.5 * n_all and n_q4_1 > 0.5 * len(matrices)
+assert n_quantised > 0.5 * n_all and n_q4_1 == len(matrices)
 print(f"quantised: {n_quantised / n_all:.2%} of the weights; Q4_1: {n_q4_1} of the other "
       f"{len(matrices)} matrices")
 
