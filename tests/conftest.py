@@ -93,13 +93,19 @@ def mesh2x4():
     return tae.make_mesh((2, 4), ("node", "gpu"))
 
 
-# `make unit` compiles most tests with LLVM at -O0 (`--xla_backend_optimization_level=0`):
-# XLA's HLO passes, fusion included, are the same at every level, so the programs compute
-# the same thing (tests/test_codegen_marks.py compiles one both ways and compares the
-# optimised HLO), in about 30% less time. What LLVM's optimiser decides, FMA contraction
-# above all, changes the last bits: tests marked `codegen` compare bits across programs or
-# hold a bound of a few roundings, and run at the default level, as users compile.
-LOW_OPT = re.compile(r"--xla_backend_optimization_level=0\b")
+# `make unit` compiles most tests cheaply: LLVM at -O0 (`--xla_backend_optimization_level=0`)
+# and XLA:CPU's elemental emitters instead of its fusion emitters
+# (`--xla_cpu_use_fusion_emitters=false`), in about half the compile time. XLA's HLO passes,
+# fusion included, are the same either way: tests/test_codegen_marks.py compiles decodes
+# both ways and compares what they compute (every instruction and every fusion's body; the
+# fusion emitters only wrap an op that fuses with nothing in a one-op fusion). What changes
+# is the machine code, and with it the last bits (FMA contraction, the order inside a
+# reduction): tests marked `codegen` compare bits across programs or hold a bound of a few
+# roundings, and run with XLA's defaults, as users compile.
+LOW_OPT_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+LOW_OPT = re.compile(
+    r"--xla_backend_optimization_level=0\b|--xla_cpu_use_fusion_emitters=(?:false|0)\b"
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -110,13 +116,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_runtest_setup(item):
-    """A `codegen` test selected under -O0 fails at once, naming the fix (per test: a
+    """A `codegen` test selected under `LOW_OPT`'s flags fails at once, naming the fix (per test: a
     collection error in an xdist worker would crash the run without its message)."""
     if item.get_closest_marker("codegen") and LOW_OPT.search(os.environ.get("XLA_FLAGS", "")):
         pytest.fail(
-            "marked `codegen`: must run at XLA's default optimisation level; deselect it "
-            "with -m 'not codegen' under --xla_backend_optimization_level=0, or drop the "
-            "flag (`make unit` does both)",
+            "marked `codegen`: must run with XLA's default code generation; deselect it "
+            "with -m 'not codegen' under --xla_backend_optimization_level=0 or "
+            "--xla_cpu_use_fusion_emitters=false, or drop the flags (`make unit` does both)",
             pytrace=False,
         )
 

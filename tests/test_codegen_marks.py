@@ -1,12 +1,15 @@
-"""`make unit` compiles most tests with LLVM at -O0 and the tests marked `codegen` at XLA's
-default level (tests/conftest.py says why). These tests keep that split honest: -O0 leaves
-the optimised program unchanged, and every test that compares floating-point results bit
-for bit is marked, or named here with the reason its bits cannot depend on LLVM."""
+"""`make unit` compiles most tests cheaply (LLVM at -O0, XLA:CPU's elemental emitters) and
+the tests marked `codegen` with XLA's defaults (tests/conftest.py says why). These tests
+keep that split honest: the cheap compilation computes the same program, and every test
+that compares floating-point results bit for bit is marked, or named here with the reason
+its bits cannot depend on the machine code."""
 
 from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -112,27 +115,101 @@ def test_codegen_tests_refuse_to_run_at_low_optimisation(monkeypatch):
     with pytest.raises(pytest.fail.Exception, match="-m 'not codegen'"):
         conftest.pytest_runtest_setup(marked)
     conftest.pytest_runtest_setup(plain)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=false")
+    with pytest.raises(pytest.fail.Exception, match="-m 'not codegen'"):
+        conftest.pytest_runtest_setup(marked)
     monkeypatch.setenv("XLA_FLAGS", "")
     conftest.pytest_runtest_setup(marked)
 
 
+def program_outline(hlo: str) -> tuple[Counter, list[str]]:
+    """What a compiled program (`Compiled.as_text()`) computes, blind to how XLA:CPU's
+    emitters are fed: the count of every (opcode, fusion kind) over all its computations, and
+    every fusion's body. The fusion emitters need an op that fuses with nothing wrapped in a
+    one-op loop fusion (`%wrapped_reduce_computation`, ...); the elemental emitters take the
+    op as it is. Each such wrapper counts as the op it wraps. A fusion's body is its
+    instructions as text, less names and metadata."""
+    blocks: dict[str, list[str]] = {}
+    name = None
+    for line in hlo.splitlines():
+        head = re.match(r"^(?:ENTRY )?%([\w.\-]+) \(.*\{$", line)
+        if head:
+            name = head.group(1)
+            blocks[name] = []
+        elif line == "}":
+            name = None
+        elif name is not None:
+            blocks[name].append(line.strip())
+    opcode = re.compile(r"= \S+ ([\w-]+)\(")
+    wrapped = {
+        n: opcode.search(body[-1]).group(1)  # type: ignore[union-attr]
+        for n, body in blocks.items()
+        if n.startswith("wrapped_")
+    }
+    counts: Counter = Counter()
+    for n, body in blocks.items():
+        for ins in body if not n.startswith("wrapped_") else ():
+            op = opcode.search(ins)
+            if op is None:
+                continue
+            calls = re.search(r"calls=%([\w.\-]+)", ins)
+            kind = re.search(r"kind=(k\w+)", ins)
+            if op.group(1) == "fusion" and calls and calls.group(1) in wrapped:
+                counts[(wrapped[calls.group(1)], "")] += 1
+            else:
+                counts[(op.group(1), kind.group(1) if kind else "")] += 1
+    # A fusion's body as its instructions, without names (numbered as passes clone) and
+    # without metadata (stack frames: where the op was traced)
+    anonymous = re.compile(r"%[\w.\-]+|, metadata=\{.*\}")
+    fusions = sorted(
+        "\n".join(anonymous.sub("%", ins) for ins in b)
+        for n, b in blocks.items()
+        if n.startswith("fused_")
+    )
+    return counts, fusions
+
+
 @pytest.mark.codegen
 def test_low_optimisation_compiles_the_same_program(mesh8):
-    """The optimised HLO of a decode (one-pass merge, causal, ragged lengths) is the same
-    text at LLVM -O0 as at the default level: only LLVM's code differs, and with it the last
-    bits (a few units of roundoff here, which `codegen` tests are for)."""
+    """What `make unit`'s cheap compilation (`conftest.LOW_OPT_OPTIONS`: LLVM at -O0, the
+    elemental emitters) compiles computes what the default compiles: the same instructions
+    and the same fusions, for decodes whose HLO differs in every way the suite exercises (a
+    one-pass, an all-gather and a butterfly merge, the ring's loop, a gradient; causal,
+    ragged lengths). The outline tells different programs apart, and the results differ by a
+    few units of roundoff at most (which `codegen` tests are for)."""
     rng = np.random.default_rng(0)
     q, k, v = (
         jnp.asarray(rng.standard_normal(s)) for s in ((2, 3, 4, 8), (2, 40, 2, 8), (2, 40, 2, 6))
     )
     n = jnp.array([40, 17])
+    programs = {
+        merge: partial(tae.tree_decode, mesh=mesh8, merge=merge, causal=True, kv_lengths=n)
+        for merge in ("one_pass", "allgather", "butterfly")
+    }
+    programs["ring"] = partial(tae.ring_decode, mesh=mesh8, causal=True, kv_lengths=n)
+    programs["gradient"] = lambda q, k, v: jax.grad(
+        lambda q: tae.tree_decode(q, k, v, mesh=mesh8, kv_lengths=n).sum()
+    )(q)
+    outlines, wrapped = {}, []
+    for name, fn in programs.items():
+        lowered = jax.jit(fn).lower(q, k, v)
+        default = lowered.compile()
+        low = lowered.compile(compiler_options=conftest.LOW_OPT_OPTIONS)
+        outlines[name] = program_outline(default.as_text())
+        assert program_outline(low.as_text()) == outlines[name], name
+        a, b = (np.asarray(c(q, k, v)) for c in (default, low))
+        np.testing.assert_allclose(a, b, rtol=0, atol=64 * np.finfo(np.float64).eps, err_msg=name)
+        if "calls=%wrapped_" in default.as_text() and "calls=%wrapped_" not in low.as_text():
+            wrapped.append(name)
+    assert len({repr(o) for o in outlines.values()}) == len(programs)  # the outline can fail
+    assert wrapped  # the texts differ, in the way the outline looks through
 
-    def decode(q, k, v):
-        return tae.tree_decode(q, k, v, mesh=mesh8, merge="one_pass", causal=True, kv_lengths=n)
 
-    lowered = jax.jit(decode).lower(q, k, v)
-    default = lowered.compile()
-    low = lowered.compile(compiler_options={"xla_backend_optimization_level": 0})
-    assert default.as_text() == low.as_text()
-    a, b = (np.asarray(c(q, k, v)) for c in (default, low))
-    np.testing.assert_allclose(a, b, rtol=0, atol=64 * np.finfo(np.float64).eps)
+def test_make_unit_compiles_as_the_outline_test_checks():
+    """The Makefile's cheap lane passes the flags `conftest.LOW_OPT_OPTIONS` names, and
+    `conftest.LOW_OPT` recognises each of them."""
+    makefile = (TESTS.parent / "Makefile").read_text()
+    line = next(x for x in makefile.splitlines() if x.startswith("LOW_OPT :="))
+    flags = [f"--{k}={str(v).lower()}" for k, v in conftest.LOW_OPT_OPTIONS.items()]
+    assert all(f in line for f in flags), (line, flags)
+    assert all(conftest.LOW_OPT.search(f) for f in flags)
