@@ -4,7 +4,6 @@ demonstration and generation. The multi-process launcher is tested in test_launc
 import argparse
 import importlib.metadata
 import json
-import os
 import subprocess
 import sys
 
@@ -14,9 +13,10 @@ import tree_attention_edu as tae
 from tree_attention_edu import cli
 from tree_attention_edu.cli import memory
 from tree_attention_edu.cli import plumbing as cl
+from tree_attention_edu.cluster import processes as ps
 from tree_attention_edu.perf import benchmark
 
-ENV = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+ENV = ps.child_env()  # XLA_FLAGS less a device count: the CLI sets its own
 
 
 def run_cli(*args, timeout=300):

@@ -39,7 +39,7 @@ from tree_attention_edu.perf import benchmark
 from tree_attention_edu.perf.introspect import Collective
 
 PREFIX = "tae-cltest"  # this module's runs only: a real run elsewhere is never touched
-ENV = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+ENV = ps.child_env()  # XLA_FLAGS less a device count: the CLI sets its own
 WAIT = 120
 TEARDOWN: list[tuple[str, object, float, int, int]] = []
 MEASURED: list[str] = []  # the delayed links' round trips, printed with the table

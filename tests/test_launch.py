@@ -21,7 +21,7 @@ import pytest
 from tree_attention_edu.cluster import launch
 from tree_attention_edu.cluster import processes as ps
 
-ENV = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+ENV = ps.child_env()  # XLA_FLAGS less a device count: the CLI sets its own
 WAIT = 120  # generous: slow start-up on a loaded machine is not what is tested
 FAULT_TABLE: list[tuple[str, object, float, int]] = []
 
@@ -362,3 +362,19 @@ def test_multi_process_launch_retries_a_taken_port(monkeypatch, capfd):
     assert code == 0, err
     assert f"port {port} on 127.0.0.1 is in use" in err and "retrying with another port" in err
     assert out.count(" OK") == 4 and "MISMATCH" not in out
+
+
+def test_children_keep_xla_flags_but_the_device_count(monkeypatch):
+    """A child sets its own device count; a CPU cap or an optimisation level passes on."""
+    monkeypatch.setenv(
+        "XLA_FLAGS",
+        "--xla_cpu_max_isa=SSE4_2 --xla_force_host_platform_device_count=8 "
+        "--xla_backend_optimization_level=0",
+    )
+    want = "--xla_cpu_max_isa=SSE4_2 --xla_backend_optimization_level=0"
+    assert ps.child_env()["XLA_FLAGS"] == want
+    assert ps.worker_env()["XLA_FLAGS"] == want
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    assert "XLA_FLAGS" not in ps.child_env()
+    monkeypatch.delenv("XLA_FLAGS")
+    assert "XLA_FLAGS" not in ps.worker_env()

@@ -157,13 +157,27 @@ def package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment for a child process that sets its own device count
+    (`simulate_devices`): XLA_FLAGS less `DEVICE_COUNT_FLAG`, every other flag kept (a CPU
+    cap such as `--xla_cpu_max_isa`, an optimisation level), and no XLA_FLAGS left empty."""
+    env = dict(os.environ)
+    flags = [f for f in env.pop("XLA_FLAGS", "").split() if not f.startswith(DEVICE_COUNT_FLAG)]
+    if flags:
+        env["XLA_FLAGS"] = " ".join(flags)
+    return env
+
+
 def worker_env() -> dict[str, str]:
-    """A worker's environment: this one without XLA_FLAGS (each worker sets its own device
-    count), unbuffered output, this package first on the path, the launcher's pid (for
+    """A worker's environment: this one without XLA_FLAGS' device count (`child_env`: each
+    worker sets its own), unbuffered output, this package first on the path, the launcher's pid (for
     `guard_parent`), and JAX_PLATFORMS=cpu: the workers simulate CPU devices, and on a
     machine with a GPU JAX would pick it (one per machine, shared by every worker: measured
     to fail on an H200, results/gpu/)."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = child_env()
     path = [package_root(), *filter(None, [env.get("PYTHONPATH")])]
     env.update(PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(path))
     env[PARENT_ENV] = str(os.getpid())
