@@ -65,8 +65,8 @@ $(MODEL): $(STAMP)
 # defaults, as users compile (tests/conftest.py, tests/test_codegen_marks.py).
 LOW_OPT := XLA_FLAGS="$(strip $(XLA_FLAGS) --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false)"
 unit: $(STAMP) $(MODEL)
-	$(LOW_OPT) $(PY) -m pytest -n 2 --dist loadfile --durations=30 -m "not codegen" tests
-	$(PY) -m pytest -n 2 --dist loadfile --durations=10 -m codegen tests
+	$(LOW_OPT) $(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=30 -m "not codegen" tests
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=10 -m codegen tests
 
 # Committed notebook outputs must reproduce: strict nbval compares every output. They must
 # not depend on the CPU either: on x86-64 the check runs with XLA and NumPy held to SSE4.2 (a

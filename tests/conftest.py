@@ -108,11 +108,39 @@ LOW_OPT = re.compile(
 )
 
 
+# `make unit` hands whole files to its two workers (`--dist loadfile`) in collection order
+# (`--no-loadscope-reorder`). xdist's own order, most tests first, puts these last: few tests
+# that each decode a real model, start processes or build a cluster (tens of seconds a
+# file). Started last, one of them kept a worker busy long after the other had finished;
+# started first, the many short files fill in around them.
+HEAVY_FIRST = (
+    "test_smollm2.py",
+    "test_cluster.py",
+    "test_launch.py",
+    "test_student_release.py",
+    "test_docs_examples.py",
+    "test_model.py",
+)
+
+
+def schedule_order(items: list) -> list:
+    """`items` with `HEAVY_FIRST`'s files first, in that order, then the other files by
+    their number of tests, most first (xdist's order), each file's tests kept together and
+    in order."""
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.path.name, []).append(item)
+    heavy = [name for name in HEAVY_FIRST if name in files]
+    rest = sorted((n for n in files if n not in HEAVY_FIRST), key=lambda n: -len(files[n]))
+    return [item for name in heavy + rest for item in files[name]]
+
+
 def pytest_collection_modifyitems(config, items):
     if ON_ACCELERATOR:
         for item in items:
             if item.get_closest_marker("cpu_only"):
                 item.add_marker(pytest.mark.skip(reason=NEEDS_DEVICES))
+    items[:] = schedule_order(items)
 
 
 def pytest_runtest_setup(item):

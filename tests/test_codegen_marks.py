@@ -213,3 +213,18 @@ def test_make_unit_compiles_as_the_outline_test_checks():
     flags = [f"--{k}={str(v).lower()}" for k, v in conftest.LOW_OPT_OPTIONS.items()]
     assert all(f in line for f in flags), (line, flags)
     assert all(conftest.LOW_OPT.search(f) for f in flags)
+
+
+def test_heavy_files_are_scheduled_first():
+    """conftest.HEAVY_FIRST names real test files, and `schedule_order` puts them first and
+    the rest by their number of tests, each file's tests together and in order."""
+    assert all((TESTS / name).exists() for name in conftest.HEAVY_FIRST)
+
+    def item(path, n):
+        return SimpleNamespace(path=Path(path), n=n)
+
+    heavy = conftest.HEAVY_FIRST[0]
+    items = [item("a.py", 0), item("b.py", 0), item("b.py", 1), item(heavy, 0), item("a.py", 1)]
+    items.append(item("b.py", 2))
+    order = [(i.path.name, i.n) for i in conftest.schedule_order(items)]
+    assert order == [(heavy, 0), ("b.py", 0), ("b.py", 1), ("b.py", 2), ("a.py", 0), ("a.py", 1)]
