@@ -715,11 +715,15 @@ def conjugate_1d(z, s, vals):
 def check_conjugate_1d(fn_given):
     """Raises AssertionError unless fn solves the one-query conjugate correctly."""
     own = AssertionError("write the solver yourself: bayes.conjugate_energy is the answer")
+    # every solver, public or private (_solve, _solve_rows, _maximise, _conjugate_step)
+    solvers = {"rate_function", "min_kl_with_mean"} | {
+        name for name in dir(bayes) if any(w in name for w in ("solve", "conjugate", "maximise"))}
+    assert {"conjugate_energy", "_solve", "_solve_rows", "_maximise"} <= solvers, solvers
 
     def fn(z, s, vals):  # the student's function, with the package's solvers raising
         with contextlib.ExitStack() as stack:
             for module in (bayes, tae):
-                for name in ("conjugate_energy", "rate_function", "min_kl_with_mean"):
+                for name in sorted(solvers):
                     if hasattr(module, name):
                         stack.enter_context(mock.patch.object(module, name, side_effect=own))
             return fn_given(z, s, vals)
@@ -740,6 +744,14 @@ def check_conjugate_1d(fn_given):
     # weights are below e^-40 times theirs.
     far = 40 / (vmax - vals1[vals1 < vmax].max())
     assert edge - 1e-6 < far * vmax - logsumexp(s1 + far * vals1) <= edge + 1e-9
+    # scores and values built here, not the notebook's: at a tilted mean, ζ̂ = the tilt and
+    # F* = z ζ̂ − F(ζ̂)
+    rng = np.random.default_rng(5)
+    s_new, vals_new, tilt_new = rng.normal(size=6), rng.normal(size=6), -1.3
+    x_new = s_new + tilt_new * vals_new
+    z_new = np.exp(x_new - logsumexp(x_new)) @ vals_new
+    np.testing.assert_allclose(fn(z_new, s_new, vals_new),
+                               [z_new * tilt_new - logsumexp(x_new), tilt_new], rtol=1e-9)
 
 
 try:
@@ -1111,7 +1123,9 @@ plt.show()
 # $10^{-6}$ ($\chi^2$ with one degree of freedom per bin kept), so that a correct sampler,
 # drawn by any method, fails about once in a million, to the accuracy of that threshold
 # (the renormalised Daniels density and the $\chi^2$ law are both approximations here); a Gaussian of the right mean and variance
-# fails it (the test cell checks that too).
+# fails it (the test cell checks that too). The test then draws from a distribution it builds
+# itself, on integer values, and compares the sums with their exact law, so only a sampler
+# passes: the package's `sample_means` raises while your function runs.
 
 # %%
 def sample_means_np(p, vals, n, num, rng):
@@ -1130,8 +1144,18 @@ def sample_means_np(p, vals, n, num, rng):
 
 
 # %% nbgrader={"grade": true, "grade_id": "test_sample_means_np", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-def check_sample_means_np(fn):
+def check_sample_means_np(fn_given):
     """Raises AssertionError unless fn samples means of n draws from the posterior."""
+    own = AssertionError("write the sampler yourself: bayes.sample_means is the answer")
+
+    def fn(p, vals, n_draws, num_means, rng):  # the package's samplers raise meanwhile
+        with contextlib.ExitStack() as stack:
+            for module in (bayes, tae):
+                for name in ("sample_means", "_sample_means"):
+                    if hasattr(module, name):
+                        stack.enter_context(mock.patch.object(module, name, side_effect=own))
+            return np.asarray(fn_given(p, vals, n_draws, num_means, rng))
+
     m_np = fn(p1, vals1, n, 400_000, np.random.default_rng(0))
     assert abs(m_np.mean() - mu1) < 5 * np.sqrt(var1 / n / m_np.size)
     np.testing.assert_allclose(m_np.var(), var1 / n, rtol=0.02)
@@ -1141,6 +1165,25 @@ def check_sample_means_np(fn):
     chi2_np = np.mean((c_np[ok] - expect) ** 2 / expect)
     limit = stats.chi2.isf(1e-6, df=ok.sum()) / ok.sum()  # P(a correct sampler above) = 1e-6
     assert chi2_np < limit, (chi2_np, limit)
+    # A distribution built here, not the posterior of §2.6 (whose draws `means` holds):
+    # integer values -2..4, so the sum of 5 draws is an integer whose exact law is the
+    # 5-fold convolution of p. The same chi^2 level, now against that exact law.
+    rng = np.random.default_rng(11)
+    p_new, vals_new, n_new = rng.dirichlet(np.ones(7)), rng.permutation(7) - 2.0, 5
+    sums = np.asarray(fn(p_new, vals_new, n_new, 200_000, rng)) * n_new + 2 * n_new
+    assert sums.shape == (200_000,) and np.abs(sums - np.rint(sums)).max() < 1e-9
+    assert 0 <= sums.min() and sums.max() <= 6 * n_new  # sums of values in -2..4
+    law = np.zeros(7)
+    law[(vals_new + 2).astype(int)] = p_new  # the law of one draw, shifted to 0..6
+    law_sum = law
+    for _ in range(n_new - 1):
+        law_sum = np.convolve(law_sum, law)  # the sum's law on 0..30
+    c_new = np.bincount(np.rint(sums).astype(int), minlength=law_sum.size)
+    e_new = sums.size * law_sum
+    kept = e_new >= 100
+    chi2_new = np.mean((c_new[kept] - e_new[kept]) ** 2 / e_new[kept])
+    limit_new = stats.chi2.isf(1e-6, df=kept.sum()) / kept.sum()
+    assert chi2_new < limit_new, ("exact law", chi2_new, limit_new)
     return chi2_np, limit
 
 
