@@ -1065,11 +1065,12 @@ display(Markdown(
     f"(kept for the next token), the block in use and the block in flight. {held_line}"))
 
 # %% [markdown]
-# * Latency terms are the Allreduce algorithm's: with ring Allreduces inside a node (the
-#   paper's account of NCCL) the tree pays *more* of them than the ring, with recursive
-#   doubling fewer; either way the tree wins on compute and bytes. Pass-Q removes the ring's redundant compute; in
-#   prefill and training, where each device owns its queries, Ring Attention is the right
-#   tool.
+# * Latency terms are the Allreduce algorithm's and the ring's: with ring Allreduces inside a
+#   node (the paper's account of NCCL) the tree pays *more* of them than a ring whose steps
+#   send K and V as one message (28 against 21 at $p = 8$), and as many as this package's
+#   ring, which sends them as two; with recursive doubling fewer. Either way the tree wins on
+#   compute and bytes. Pass-Q removes the ring's redundant compute; in prefill and training,
+#   where each device owns its queries, Ring Attention is the right tool.
 #
 # The exercises are in the sections: quizzes in §5.1, §5.4 and §5.7, and two coding
 # exercises (a ring that needs eq. 8's two buffers in §5.5, the pass-Q ring in §5.7.1).
