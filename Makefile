@@ -59,10 +59,11 @@ $(MODEL): $(STAMP)
 	$(VENV)/bin/tree-attention-edu fetch-model --cache $(dir $(MODEL))
 
 # Unit, property and multi-process tests; two workers for two cores. Most of their time is
-# XLA compiling: they compile with LLVM at -O0 and XLA:CPU's elemental emitters (the same
-# optimised HLO, in about half the time), except those marked `codegen`, whose bits depend on
-# the machine code (FMA contraction, the order inside a reduction): those run with XLA's
-# defaults, as users compile (tests/conftest.py, tests/test_codegen_marks.py).
+# XLA compiling: they compile with LLVM at -O0 and XLA:CPU's elemental emitters (for the
+# decoders the same optimised HLO, in about half the time), except those marked `codegen`,
+# whose bits depend on the machine code (FMA contraction, the order inside a reduction, the
+# math library): those run with XLA's defaults, as users compile (tests/conftest.py says
+# more, tests/test_codegen_marks.py checks it).
 LOW_OPT := XLA_FLAGS="$(strip $(XLA_FLAGS) --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false)"
 unit: $(STAMP) $(MODEL)
 	$(LOW_OPT) $(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=30 -m "not codegen" tests

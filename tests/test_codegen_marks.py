@@ -7,6 +7,7 @@ its bits cannot depend on the machine code."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
 from collections import Counter
 from functools import partial
@@ -122,61 +123,87 @@ def test_codegen_tests_refuse_to_run_at_low_optimisation(monkeypatch):
     conftest.pytest_runtest_setup(marked)
 
 
-def program_outline(hlo: str) -> tuple[Counter, list[str]]:
-    """What a compiled program (`Compiled.as_text()`) computes, blind to how XLA:CPU's
-    emitters are fed: the count of every (opcode, fusion kind) over all its computations, and
-    every fusion's body. The fusion emitters need an op that fuses with nothing wrapped in a
-    one-op loop fusion (`%wrapped_reduce_computation`, ...); the elemental emitters take the
-    op as it is. Each such wrapper counts as the op it wraps. A fusion's body is its
-    instructions as text, less names and metadata."""
+_HEAD = re.compile(r"^(?:ENTRY )?%([\w.\-]+) \(.*\{$")
+_INS = re.compile(r"^(?:ROOT )?%([\w.\-]+) = (.*)$")
+_NAME = re.compile(r"%([\w.\-]+)")
+_META = re.compile(r", metadata=\{[^}]*\}")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def program_instructions(hlo: str) -> Counter:
+    """What a compiled program (`Compiled.as_text()`) computes, blind to names, metadata and
+    the order its instructions are printed in: every instruction of every computation, its
+    operands and called computations replaced by digests of what they compute (a Merkle
+    hash of the dataflow graph; two programs agree only where every instruction has the same
+    shape, layout, attributes and operands, in order). The fusion emitters need an op that
+    fuses with nothing wrapped in a one-op loop fusion (`%wrapped_reduce_computation`); the
+    elemental emitters take the op as it is: each wrapper counts as the op it wraps."""
     blocks: dict[str, list[str]] = {}
+    order: list[str] = []
     name = None
     for line in hlo.splitlines():
-        head = re.match(r"^(?:ENTRY )?%([\w.\-]+) \(.*\{$", line)
+        head = _HEAD.match(line)
         if head:
             name = head.group(1)
             blocks[name] = []
+            order.append(name)
         elif line == "}":
             name = None
-        elif name is not None:
+        elif name is not None and line.strip():
             blocks[name].append(line.strip())
-    opcode = re.compile(r"= \S+ ([\w-]+)\(")
-    wrapped = {
-        n: opcode.search(body[-1]).group(1)  # type: ignore[union-attr]
-        for n, body in blocks.items()
-        if n.startswith("wrapped_")
-    }
-    counts: Counter = Counter()
-    for n, body in blocks.items():
-        for ins in body if not n.startswith("wrapped_") else ():
-            op = opcode.search(ins)
-            if op is None:
+    computations: dict[str, str] = {}  # name -> digest of its instructions
+    wrapped: dict[str, str] = {}  # wrapper computation -> the op it wraps, operands as $i
+    found: Counter = Counter()
+    for comp in order:  # HLO text prints callees before callers
+        digests: dict[str, str] = {}  # instruction -> digest of what it computes
+        params: dict[str, str] = {}
+        mine = []
+        for ins in blocks[comp]:
+            m = _INS.match(ins)
+            if m is None:
                 continue
-            calls = re.search(r"calls=%([\w.\-]+)", ins)
-            kind = re.search(r"kind=(k\w+)", ins)
-            if op.group(1) == "fusion" and calls and calls.group(1) in wrapped:
-                counts[(wrapped[calls.group(1)], "")] += 1
-            else:
-                counts[(op.group(1), kind.group(1) if kind else "")] += 1
-    # A fusion's body as its instructions, without names (numbered as passes clone) and
-    # without metadata (stack frames: where the op was traced)
-    anonymous = re.compile(r"%[\w.\-]+|, metadata=\{.*\}")
-    fusions = sorted(
-        "\n".join(anonymous.sub("%", ins) for ins in b)
-        for n, b in blocks.items()
-        if n.startswith("fused_")
-    )
-    return counts, fusions
+            var, rhs = m.groups()
+            rhs = _META.sub("", rhs)
+            p = re.search(r" parameter\((\d+)\)", rhs)
+            if p:
+                params[var] = f"${p.group(1)}"
+            call = re.search(r"fusion\((.*?)\), kind=kLoop, calls=%([\w.\-]+)$", rhs)
+            if call and call.group(2) in wrapped:
+                args = [a.strip() for a in call.group(1).split(",")]
+                rhs = re.sub(
+                    r"\$(\d+)", lambda k, args=args: args[int(k.group(1))], wrapped[call.group(2)]
+                )
+
+            def ref(k, digests=digests):
+                n = k.group(1)
+                return digests.get(n) or computations.get(n) or k.group(0)
+
+            text = _NAME.sub(ref, rhs)
+            digests[var] = _digest(text)
+            mine.append(text)
+        if comp.startswith("wrapped_"):
+            root = _META.sub("", _INS.match(blocks[comp][-1]).group(2))
+            wrapped[comp] = _NAME.sub(
+                lambda k, params=params: params.get(k.group(1), k.group(0)), root
+            )
+            continue
+        computations[comp] = _digest("\n".join(sorted(mine)))
+        found.update(mine)
+    return found
 
 
 @pytest.mark.codegen
 def test_low_optimisation_compiles_the_same_program(mesh8):
     """What `make unit`'s cheap compilation (`conftest.LOW_OPT_OPTIONS`: LLVM at -O0, the
-    elemental emitters) compiles computes what the default compiles: the same instructions
-    and the same fusions, for decodes whose HLO differs in every way the suite exercises (a
-    one-pass, an all-gather and a butterfly merge, the ring's loop, a gradient; causal,
-    ragged lengths). The outline tells different programs apart, and the results differ by a
-    few units of roundoff at most (which `codegen` tests are for)."""
+    elemental emitters) compiles for the decoders computes what the default compiles: the
+    same instructions on the same operands, for decodes whose HLO differs in every way the
+    suite exercises (a one-pass, an all-gather and a butterfly merge, the ring's loop, a
+    gradient; causal, ragged lengths). The comparison tells two programs apart that differ
+    only in which operand feeds which op, and the results differ by a few units of roundoff
+    at most (which `codegen` tests are for)."""
     rng = np.random.default_rng(0)
     q, k, v = (
         jnp.asarray(rng.standard_normal(s)) for s in ((2, 3, 4, 8), (2, 40, 2, 8), (2, 40, 2, 6))
@@ -190,19 +217,23 @@ def test_low_optimisation_compiles_the_same_program(mesh8):
     programs["gradient"] = lambda q, k, v: jax.grad(
         lambda q: tae.tree_decode(q, k, v, mesh=mesh8, kv_lengths=n).sum()
     )(q)
-    outlines, wrapped = {}, []
+    wrapped = []
     for name, fn in programs.items():
         lowered = jax.jit(fn).lower(q, k, v)
         default = lowered.compile()
         low = lowered.compile(compiler_options=conftest.LOW_OPT_OPTIONS)
-        outlines[name] = program_outline(default.as_text())
-        assert program_outline(low.as_text()) == outlines[name], name
-        a, b = (np.asarray(c(q, k, v)) for c in (default, low))
-        np.testing.assert_allclose(a, b, rtol=0, atol=64 * np.finfo(np.float64).eps, err_msg=name)
+        a, b = program_instructions(default.as_text()), program_instructions(low.as_text())
+        assert a == b, (name, list((a - b).items())[:3], list((b - a).items())[:3])
+        x, y = (np.asarray(c(q, k, v)) for c in (default, low))
+        np.testing.assert_allclose(x, y, rtol=0, atol=64 * np.finfo(np.float64).eps, err_msg=name)
         if "calls=%wrapped_" in default.as_text() and "calls=%wrapped_" not in low.as_text():
             wrapped.append(name)
-    assert len({repr(o) for o in outlines.values()}) == len(programs)  # the outline can fail
-    assert wrapped  # the texts differ, in the way the outline looks through
+    assert wrapped  # the texts differ, in the way the comparison looks through
+    swapped = (
+        program_instructions(jax.jit(f).lower(q).compile().as_text())
+        for f in (lambda x: jnp.exp(x) - jnp.sin(2 * x), lambda x: jnp.exp(2 * x) - jnp.sin(x))
+    )
+    assert len(set(map(repr, swapped))) == 2  # it can fail
 
 
 def test_make_unit_compiles_as_the_outline_test_checks():

@@ -175,6 +175,9 @@ def test_garbage_in_the_models_cache_is_never_read(mesh8):
 # ------------------------------------------------------------------ 2. the range of lengths
 
 
+WIDE_LENGTHS = (np.array([-(2**40), 2**32 + 3], np.int64), np.array([0, 2**32 - 1], np.uint32))
+
+
 @pytest.mark.codegen
 def test_lengths_outside_the_cache_are_clamped_the_same_way_on_every_path(paths, problem):
     """Lengths are values, never inspected (a check would raise eagerly and be skipped under
@@ -188,13 +191,10 @@ def test_lengths_outside_the_cache_are_clamped_the_same_way_on_every_path(paths,
         np.testing.assert_allclose(eager, want, rtol=1e-12, atol=1e-12, err_msg=name)
         np.testing.assert_array_equal(jax.jit(f)(q, k, v, bad), eager, err_msg=name)
         # Wide integers saturate before they are narrowed to int32: 2**32 + 3 wrapped to 3
-        # once, and uint32 2**32 - 1 to -1. The same jnp code runs eagerly and under `jit`
-        # (the bits just compared), so these run compiled only: eager shard_map dispatches
-        # op by op to 8 device threads, the slow half of this test on a busy machine.
-        for wide in (
-            np.array([-(2**40), 2**32 + 3], np.int64),
-            np.array([0, 2**32 - 1], np.uint32),
-        ):
+        # once, and uint32 2**32 - 1 to -1. Compiled only on every path (eager shard_map
+        # dispatches op by op to 8 device threads, the slow half of this test on a busy
+        # machine); eagerly, where numpy lengths take their own branch, on `attention` below.
+        for wide in WIDE_LENGTHS:
             np.testing.assert_allclose(
                 jax.jit(f)(q, k, v, wide),
                 want,
@@ -202,6 +202,10 @@ def test_lengths_outside_the_cache_are_clamped_the_same_way_on_every_path(paths,
                 atol=1e-12,
                 err_msg=f"{name} {wide.dtype}",
             )
+    for wide in WIDE_LENGTHS:  # eagerly: numpy lengths, not a tracer
+        np.testing.assert_allclose(
+            tae.attention(q, k, v, kv_lengths=wide), want, rtol=1e-12, atol=1e-12
+        )
     _, _, n = tae.pad_cache(k[:, :13], v[:, :13], 8, kv_lengths=np.array([2**32 + 1, 5]))
     np.testing.assert_array_equal(n, [13, 5])
 

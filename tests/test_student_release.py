@@ -140,7 +140,6 @@ def test_putting_back_finds_any_other_change(released):
 # --- grading -----------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def mini_course(folder: Path) -> list[Path]:
     """Two lecturer's notebooks in the course's conventions (a stub, its hidden answer cell,
     the graded test right after it and a later test; a written question's hidden check),
@@ -194,6 +193,7 @@ def mini_course(folder: Path) -> list[Path]:
     ]
 
 
+@pytest.mark.slow
 def test_a_release_graded_by_nbgrader_fails_exactly_its_tests_and_solved_scores_full(tmp_path):
     """The whole pipeline on a miniature course (nbgrader generate_assignment, then
     autograde as released and with the solutions put back: four executed notebooks, seconds
