@@ -682,6 +682,8 @@ print(f"tied keys {min(best, other)} and {max(best, other)}: attention at beta =
 # $\zeta \to \infty$, $\zeta z - F(\zeta) \to -\log \sum_{a:\, v_a = z} e^{s_a}$ (the keys
 # whose value is $z$ keep their weight, the others vanish), so return that and NaN. Cap each
 # Newton step at 1: far from the solution $F''$ can be tiny.
+# The package's solvers (`bayes.conjugate_energy`, `rate_function`, `min_kl_with_mean` and
+# their private helpers) raise while your function runs.
 
 # %%
 def conjugate_1d(z, s, vals):
@@ -1121,7 +1123,8 @@ plt.show()
 # and variance of $\bar v_n$) and that a histogram matches the renormalised Daniels density:
 # its $\chi^2$ per bin must stay below the level a correct sampler exceeds with probability
 # $10^{-6}$ ($\chi^2$ with one degree of freedom per bin kept), so that a correct sampler,
-# drawn by any method, fails about once in a million, to the accuracy of that threshold
+# drawn by any method, fails this check, and separately the exact-law check below, about
+# once in a million each, to the accuracy of that threshold
 # (the renormalised Daniels density and the $\chi^2$ law are both approximations here); a Gaussian of the right mean and variance
 # fails it (the test cell checks that too). The test then draws from a distribution it builds
 # itself, on integer values, and compares the sums with their exact law, so only a sampler
@@ -1145,7 +1148,8 @@ def sample_means_np(p, vals, n, num, rng):
 
 # %% nbgrader={"grade": true, "grade_id": "test_sample_means_np", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 def check_sample_means_np(fn_given):
-    """Raises AssertionError unless fn samples means of n draws from the posterior."""
+    """Raises AssertionError unless fn samples means of n draws from the posterior, and
+    sums whose exact law it knows, on integer values of its own."""
     own = AssertionError("write the sampler yourself: bayes.sample_means is the answer")
 
     def fn(p, vals, n_draws, num_means, rng):  # the package's samplers raise meanwhile
@@ -1205,7 +1209,8 @@ except AssertionError:
     print("the stub as given fails the test")
 chi2_np, chi2_limit = check_sample_means_np(sample_means_np)
 print(f"sample_means_np: mean = attention, variance = sigma^2/n, chi^2 per bin against the "
-      f"renormalised Daniels density below {chi2_limit:.1f}   ✓")
+      f"renormalised Daniels density below {chi2_limit:.1f}; and the sums' exact law on "
+      "integer values   ✓")
 
 # %% [markdown]
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
