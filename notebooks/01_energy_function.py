@@ -421,7 +421,8 @@ print(f"one Hessian-vector product H u: {np.round(np.asarray(hvp), 5)}; numpy's 
 # Fill in the stub; the hidden cell after it holds a solution, and the test cell checks
 # whichever definition ran last against the numpy covariance of section 1.3, at a $\zeta$
 # away from 0, and against the Hessian of a second function, $\tfrac12\zeta^\top A\zeta +
-# \log\sum_j e^{(M\zeta)_j}$, that it writes out itself.
+# \log\sum_j e^{(M\zeta)_j}$, that it writes out itself. `jax.hessian` and the package's
+# `value_covariance` raise while your function runs.
 
 # %%
 def covariance_by_hvp(f, zeta, dv):
@@ -620,8 +621,9 @@ print(f"logits from {s_off.min():.1f} to {s_off.max():.1f}, largest weight {p_to
 # `energy_np` wherever that is finite, and finite for any finite logits. The test compares
 # it with `energy_np` on small logits and with an exact reference at logits of $10^6$,
 # computed by `mpmath` with 50 significant digits. Writing the stable logsumexp is the
-# exercise: the library ones (`jax.nn`'s, `scipy.special`'s, `np.logaddexp`) and the
-# package's `energy` raise while your function runs.
+# exercise: the library ones (`jax.nn`'s and `jax.scipy.special`'s, `scipy.special`'s,
+# `np.logaddexp`) and the package's `energy` and `energy_terms` raise while your function
+# runs.
 
 # %%
 def energy_stable(s, v, zeta):
