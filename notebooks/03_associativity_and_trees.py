@@ -153,7 +153,9 @@ print(f"overlapping chunks (key m twice): at n = 3, m = 1, s = (0, 1, -1/2) the 
 # `lse` a float): shifted, with the empty state as an exact identity, and no NaN for two
 # empty states. The test checks the identity bit for bit, two empty states, 12 random keys
 # cut at fixed places (chunks of 2, 1, 4 and 5 keys) against the state of all 12, and
-# logits near 1000, where an unshifted formula overflows.
+# logits near 1000, where an unshifted formula overflows. The package's `tae.combine` and
+# its reducers (`combine_core`, `merge_stacked`, `tree_reduce`, `sequential_reduce`) raise
+# while your function runs.
 
 # %%
 def state_np(s, v):
@@ -437,7 +439,8 @@ display(Markdown(
 # different sizes in both orders (a shortcut that assumes $|a| \ge |b|$ fails there), then
 # rebuilds a chunk's double-word lse from its shift and sum. It checks exactness only: a
 # swap when $|a| < |b|$ followed by that shortcut would pass too, at the cost of the branch
-# the exercise asks you to do without.
+# the exercise asks you to do without. The package's `numerics.two_sum` raises while your
+# function runs.
 
 # %%
 def two_sum(a, b):
@@ -693,7 +696,8 @@ print("example chunking:", sizes)
 # with a counting operation, `count(x, y) = max(x, y) + 1` on leaves that start at 0: a
 # combine finishes one step after the later of its two inputs, so the count at the root is
 # the number of sequential steps. A left-to-right `functools.reduce` gives the right answer
-# but depth $p - 1$, and fails the test.
+# but depth $p - 1$, and fails the test. The package's `tae.tree_reduce` raises while your
+# function runs, in both tests.
 
 # %%
 def count(x, y):
