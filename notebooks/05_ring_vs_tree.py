@@ -822,7 +822,8 @@ print(f"flops per device at Tk = {tk_c:,}: ring {f_ring:,.0f}, the tree over p c
 #
 # **Quiz (predict, then run).** Inside one node of 8 GPUs: how many latency terms α does a
 # tree decode step pay, in sequence, and how many does a ring decode step pay, first with
-# ring Allreduces (the paper's account of NCCL), then with recursive doubling?
+# ring Allreduces (the paper's account of NCCL), then with recursive doubling? For the ring,
+# count both cases: a step that sends its K and V blocks as one message, then as two.
 #
 # <details><summary>Answer</summary>
 #
