@@ -370,7 +370,8 @@ assert "7319" in answer
 #
 # **Exercise 2 (code).** Write `posterior(lse)` for `lse [..., p]` (natural-log, `-inf` for
 # an empty shard): the weights $w_i$ along the last axis, in float64. It must not overflow
-# for lse values in the hundreds, and a row whose shards are all empty gets zeros.
+# for lse values in the hundreds, and a row whose shards are all empty gets zeros. The
+# package's `shards.shard_weights` raises while your function runs.
 
 # %%
 def posterior(lse: np.ndarray) -> np.ndarray:
