@@ -30,7 +30,8 @@
 #   attention is the exact expected value for every $n$ and the unique zero of Cramér's rate
 #   function $I$: the probability that the mean lands in a set away from attention falls like
 #   $e^{-n \inf I}$. Attention is the most probable value of that mean only as
-#   $n\to\infty$; at finite $n$ the peak sits about $-\kappa_3/(2\kappa_2 n)$ away.
+#   $n\to\infty$; at finite $n$ the peak sits about $-\kappa_3/(2\kappa_2 n)$ away, with
+#   $\kappa_2$ and $\kappa_3$ the variance and third cumulant of $v$ under the weights (§2.6).
 #
 # **Prerequisites.** Notebook 1: the energy $F(\zeta)$, $\nabla F(0)$ = attention and
 # $\nabla^2 F(0)$ = value covariance. Basic probability: Bayes' rule, expectations, the KL
@@ -90,6 +91,7 @@ from scipy import optimize, stats
 from scipy.special import ive, logsumexp
 
 from tree_attention_edu import plots
+from tree_attention_edu.course.printing import sci
 from tree_attention_edu.theory import bayes, symbolic
 
 jax.config.update("jax_enable_x64", True)  # identities are checked in float64
@@ -306,7 +308,7 @@ np.testing.assert_allclose(zeta_star, 0.0, atol=1e-14)
 grad_gamma = jax.grad(tae.log_likelihood, argnums=(0, 1))(
     z_star, zeta_star, q, k, v, causal=True, kv_lengths=lengths)
 assert max(float(jnp.abs(g).max()) for g in grad_gamma) < 1e-12
-print("Newton-GMRES stationary point: |z* − attention| and |zeta*| below 1e-14 (float64 "
+print("Newton-GMRES stationary point: |z* − attention| and |zeta*| below 10^-14 (float64 "
       "rounding), grad Gamma == 0   ✓")
 
 # %% [markdown]
@@ -1283,9 +1285,9 @@ assert np.all(np.diff(zeta_edge) > 0) and zeta_edge[-1] > 10  # the maximiser ru
 # limit is the bound asserted above.
 print(f"-log p(a_max) = {predicted:.4f}")
 for i in (0, gaps_edge.size // 2, -1):
-    print(f"  {gaps_edge[i]:.1e} of the hull's width from the edge: I = {rate_edge[i]:.4f}, "
+    print(f"  {sci(gaps_edge[i], 1)} of the hull's width from the edge: I = {rate_edge[i]:.4f}, "
           f"zeta_hat = {zeta_edge[i]:.0f}")
-print("nearest the edge, -log p(a_max) - I < 1e-5 (asserted)")
+print("nearest the edge, -log p(a_max) - I < 10^-5 (asserted)")
 
 # %% [markdown]
 # <details><summary>Answer 2</summary>

@@ -87,6 +87,7 @@ from IPython.display import Markdown
 from tree_attention_edu import plots
 from tree_attention_edu.core import numerics
 from tree_attention_edu.core import states as core_states
+from tree_attention_edu.course.printing import sci
 from tree_attention_edu.perf import costmodel
 from tree_attention_edu.theory import symbolic
 
@@ -525,7 +526,7 @@ for logit, off in single_off.items():
     double = float(tae.combine(*chunks).out.ravel()[0])
     single = float(tae.combine(*map(single_word, chunks)).out.ravel()[0])
     assert double == 1.0 and abs(single - 1.0) > off
-    print(f"{logit:>8.0e} {double:>12g} {'off by more than ' + f'{off:.0e}':>22}")
+    print(f"{logit:>8.0e} {double:>12g} {'off by more than ' + sci(off, 0):>22}")
 
 merged = tae.combine(two_keys, one_key)
 assert float(merged.out.ravel()[0]) == 1.0  # exact
@@ -596,8 +597,8 @@ for base in single_floor:
                                                      combine_single))]
     assert worst[base][0] <= 2.0**-22  # 4 units of float32 roundoff
     assert worst[base][1] > single_floor[base]  # without lse_lo, unequal logits are wrong too
-    print(f"logits near {base:.0e} (spacing {sp32:g}): worst error / max|v|: double word "
-          f"below 2^-22, single word above {single_floor[base]:.0e}")
+    print(f"logits near {base:.0e} (spacing 2^{int(np.log2(sp32))}): worst error / max|v|: double word "
+          f"below 2^-22, single word above {sci(single_floor[base], 0)}")
 
 # %% [markdown]
 # What the double word cannot undo is the rounding of the *scores* themselves: at the test's

@@ -86,6 +86,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from tree_attention_edu import plots
+from tree_attention_edu.course.printing import sci
 from tree_attention_edu.perf import costmodel
 from tree_attention_edu.perf.introspect import structs
 
@@ -573,15 +574,15 @@ margin_min, gap_min = 4, 1e4
 assert f32[3] > margin_min * f32[2]  # the measured error is well inside the allowance
 assert f32[4] > gap_min * f32[3]  # a dropped shard is far outside it
 assert worst_case > f32[3] and min(f32[4], f32[5]) > worst_case
-print(f"{'dtype':>9} {'max|out|':>9} {'error':>9} {'tolerance':>10} {'dropped shard':>14} "
+print(f"{'dtype':>9} {'max|out|':>9} {'error':>11} {'tolerance':>11} {'dropped shard':>14} "
       f"{'off by one':>11}")
 for row in rows:
-    err = f"< {f32_bound:.0e}" if row[0] == "float32" else f"< {bf16_bound:.1e}"
-    print(f"{row[0]:>9} {row[1]:>9.4f} {err:>9} {row[3]:>10.2e} {row[4]:>14.2e} "
-          f"{row[5]:>11.2e}")
-print(f"float32: the allowance {f32[3]:.2e} is more than {margin_min}x the measured error "
-      f"and more than {gap_min:.0e}x below a dropped shard's error; the worst-case bound "
-      f"{n_shard} u32 max|v| = {worst_case:.1e} ({n_shard} keys per shard) would still "
+    err = "< " + (sci(f32_bound, 0) if row[0] == "float32" else sci(bf16_bound, 1))
+    print(f"{row[0]:>9} {row[1]:>9.4f} {err:>11} {sci(row[3]):>11} {sci(row[4]):>14} "
+          f"{sci(row[5]):>11}")
+print(f"float32: the allowance {sci(f32[3])} is more than {margin_min}x the measured error "
+      f"and more than {sci(gap_min, 0)}x below a dropped shard's error; the worst-case bound "
+      f"{n_shard} u32 max|v| = {sci(worst_case, 1)} ({n_shard} keys per shard) would still "
       f"reject both bugs")
 bf16 = rows[1]
 display(Markdown(

@@ -46,7 +46,7 @@
 # * count each device's work in the compiled program, and show that ring decoding repeats
 #   the tree's local work $p$ times; measure what that costs on the clock;
 # * compare ring and tree communication like with like (wire bytes per device), against the
-#   paper's eqs. 10–14, knowing which ring eq. 10 counts;
+#   paper's eqs. 10–14, and say how far eq. 10 can be read as a count of transfers;
 # * read per-device memory from the compiled programs next to eqs. 8–9, and say which of the
 #   ring's buffers are needed and which are this implementation's choice;
 # * write the pass-Q ring, and say when Ring Attention wins (prefill, training).
@@ -425,15 +425,19 @@ for name in ("ring", "tree"):
 # > communicated between devices (in units of number of tensor elements) per iteration
 # > scales with p and is given by: $V_{ring} = 2btd \times p$ (10)
 #
-# with $t = N/p$ keys per device and $d = n_h d_h$: $p$ transfers of a K and a V block. This
-# package's ring makes $p - 1$. Of the ring it timed, the paper says "We compare Tree
+# with $t = N/p$ keys per device and $d = n_h d_h$. The paper does not say what "per
+# iteration" spans. Read per device over a decode step, eq. 10 is $p$ transfers of a K and a
+# V block; read as one ring step over all $p$ devices, it is one block from each device. Both
+# readings give the same number. This package's ring makes $p - 1$ transfers per device. Of the ring it timed, the paper says "We compare Tree
 # Attention to our own Ring Attention execution times in Fig. 3" (paper §6.1), and its
 # footnote 2 links one: "A JAX-based Ring Attention implementation that uses Flash Attention
 # 2 can be found here: https://github.com/nshepperd/flash_attn_jax". That repository's
 # `ring_attention.py` runs a `lax.scan` of `axis_size` steps, each of which permutes `k` and
 # `v`: the ring footnote 2 links permutes $p$ times. The last permute carries no information
-# (it returns every block home), but it is sent, and eq. 10 counts it: if the paper's ring is
-# that code, eq. 10 counts it exactly.
+# (it returns every block home), but it is sent. So under the first reading, and if the
+# paper's ring is that code, eq. 10 counts exactly what that ring sends; under the second,
+# eq. 10 says nothing about $p$ against $p - 1$ permutes. Either way the wire bytes below
+# compare like with like.
 
 # %%
 b_, t_, d_ = 1, tks[-1] // p, H * HEAD_DIM
@@ -751,14 +755,18 @@ def span(values, fmt):
     return lo if lo == hi else f"{lo} to {hi}"
 
 
+shares = ", ".join(f"{compute_share[tk]:.0%}" for tk in TK_TIMED)
+over = [f"{tk:,}" for tk in TK_TIMED if compute_share[tk] > 1]
+over_100 = (f" (above 100% at $T_k$ = {', '.join(over)}: there the stand-in took longer than "
+            f"the ring, and the difference is no transfer cost)" if over else "")
 display(Markdown(
     f"*Figure: median decode latency, measured when this notebook ran. Ring (red) took "
     f"{span(speedup.values(), '.1f')}× tree's time (blue). The "
     f"ring's compute alone (hatched red: the tree's program, each device folding all $T_k$ "
-    f"keys) took {span(compute_share.values(), '.0%')} of "
-    f"the ring's time: at $T_k$ = {at:,}, {timed[at]['compute'] * 1e3:.1f} ms of the ring's "
-    f"{timed[at]['ring'] * 1e3:.1f} ms, {timed[at]['compute'] / timed[at]['tree']:.1f}× "
-    f"the tree{' (a share above 100%: the stand-in took longer than the ring, and the difference is no transfer cost)' if max(compute_share.values()) > 1 else ''}. Pass-Q (pink) took "
+    f"keys) took {shares} of the ring's time at $T_k$ = "
+    f"{', '.join(f'{tk:,}' for tk in TK_TIMED)}{over_100}: at $T_k$ = {at:,}, "
+    f"{timed[at]['compute'] * 1e3:.1f} ms of the ring's {timed[at]['ring'] * 1e3:.1f} ms, "
+    f"{timed[at]['compute'] / timed[at]['tree']:.1f}× the tree. Pass-Q (pink) took "
     f"{span(pass_q_ratio.values(), '.1f')}× the tree's time over the lengths measured ($T_k$ = "
     f"{', '.join(f'{tk:,}' for tk in TK_TIMED)}).*"))
 
@@ -1045,8 +1053,9 @@ assert pf["tree"][0] < pf["ring"][0] and pf["tree"][-1] > pf["ring"][-1]
 #   times the tree's flops per device. What share of the ring's time that redundant compute
 #   takes is the machine's: the caption of §5.6 gives this run's.
 # * Counted like with like (wire bytes per device), ring sends $(p-1)/p$ of the K/V cache per
-#   decode step (the paper's eq. 10 counts $p$ steps, as the ring its footnote 2 links
-#   permutes $p$ times: if the paper timed that ring, eq. 10 counts it exactly),
+#   decode step (read per device over a decode step, the paper's eq. 10 is $p$ steps, as
+#   the ring its footnote 2 links permutes $p$ times; the paper's "per iteration" also
+#   allows one ring step over all devices, which gives the same number),
 #   plus a small broadcast; tree sends $2\frac{p-1}{p}B\,T_q\,H_q(D_v+2)$ numbers, whatever
 #   the sequence length. Measured bytes equal the formulas exactly.
 # * Memory and the measured ratios, computed from the compiled programs above:

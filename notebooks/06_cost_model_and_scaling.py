@@ -298,8 +298,10 @@ plt.show()
 # the record, not a GPU. What it can check is the record's consistency: each kernel's GB/s
 # and fraction of nominal are recomputed from its raw fields (the K + V bytes, from the
 # shape and dtype, and the median seconds), and the best kernel is found again from them.
-# It also checks the target the session was run for: the best bfloat16 kernel at
-# $T_k \ge$ 128k reaches at least 70% of the nominal bandwidth. Each kernel's effective bandwidth (K + V bytes over the
+# It also checks the target the session was run for, a bfloat16 kernel at $T_k \ge$ 128k
+# reaching at least 70% of the nominal bandwidth, length by length: the target is met from
+# 256k keys on, not at 128k itself (the cell prints the best bf16 run at each length).
+# Each kernel's effective bandwidth (K + V bytes over the
 # median step) times the decode intensity of section 6.1 is the flop rate it reached: a
 # point under the H200's roofline. A kernel at the memory limit sits on the sloped line.
 #
@@ -342,15 +344,24 @@ assert (best["kernel"], best["shape"], best["seq_len"]) == (
 best_frac = fastest["kv_bytes"] / fastest["median_s"] / nominal  # recomputed
 np.testing.assert_allclose(best["frac_nominal"], best_frac, rtol=1e-9)
 assert best_frac >= 0.7  # the target stated above: >= 70% of nominal at Tk >= 128k, bf16
+per_length = {}  # Tk -> the best bf16 fraction of nominal at that length
+for r in timed:
+    if r["dtype"] == "bfloat16" and r["seq_len"] >= 2**17:
+        frac = r["kv_bytes"] / r["median_s"] / nominal
+        per_length[r["seq_len"]] = max(per_length.get(r["seq_len"], 0.0), frac)
+assert per_length[2**17] < 0.7 <= min(f for tk, f in per_length.items() if tk >= 2**18)
+print("best bf16 run per length: " + ", ".join(
+    f"Tk = {tk // 1024:,}k {f:.0%}" for tk, f in sorted(per_length.items())))
 print(f"a record read back: for all {len(timed)} timed runs, GB/s and the fraction of nominal "
       f"recomputed from K + V bytes and median seconds agree with the record; the best bf16 "
       f"run at Tk >= 128k, found again, is the recorded best, at {best_frac:.0%} of nominal")
 bthd = [r for r in timed if r["seq_len"] >= 2**17 and (
     r["kernel"] == "xla_bthd" or (r["kernel"] == "tree_decode" and r["dtype"] == "float32"))]
 assert max(r["kv_bytes"] / r["median_s"] / nominal for r in bthd) < 0.15  # blockwise walk
-Markdown(f"The best bf16 kernel at 128k keys and more, `{best['kernel']}` on "
+Markdown(f"The best bf16 run at 128k keys and more, `{best['kernel']}` on "
          f"`{best['shape']}` at Tk = {best['seq_len']:,}, reached {best['gbs']:,.0f} GB/s: "
-         f"**{best['frac_nominal']:.0%} of the nominal {nominal / 1e9:,.0f} GB/s**. The "
+         f"**{best['frac_nominal']:.0%} of the nominal {nominal / 1e9:,.0f} GB/s**; at "
+         f"128k itself the best bf16 run reached {per_length[2**17]:.0%}. The "
          f"blockwise `xla_bthd` walk (and float32 `tree_decode`, which runs it) reached at most "
          f"{max(r['frac_nominal'] for r in bthd):.0%}: on a GPU, XLA moves its per-block "
          f"transpose out of the loop and writes a copy as large as the cache "

@@ -867,7 +867,9 @@ plt.show()
 # * The paper ran 8 H100s with NVLink in bfloat16; this is one 2-core CPU whose 8 devices
 #   are simulated, whose "links" are memory copies, in float32.
 # * The model is 60 times smaller and the contexts 32 times shorter (both printed above). Both methods here use
-#   the same tree prefill (a ring prefill would fold every block on every device), so the
+#   the same tree prefill (this package's decode ring, given the prompt's queries on every
+#   device, would fold every block on every device; a training-style ring prefill, each
+#   device owning its queries as in notebook 5 §5.7.2, would not), so the
 #   prefill, the same for both, dilutes the ratio; the decode-only column shows the
 #   difference between the methods alone.
 # * On simulated devices every decode step pays for 8 devices recomputing the replicated

@@ -97,6 +97,7 @@ from jax.sharding import PartitionSpec as P
 
 from tree_attention_edu import plots
 from tree_attention_edu.core import merges, states
+from tree_attention_edu.course.printing import sci
 from tree_attention_edu.perf import benchmark, calibrate, costmodel, patterns
 from tree_attention_edu.perf.introspect import structs
 
@@ -446,7 +447,7 @@ copies = jax.jit(jax.shard_map(lambda q, k, v: merge_butterfly(*local(q, k, v))[
                                out_specs=P("x")))(q, k, v)  # [p, ...]: every device's copy
 copy_spread = float(np.abs(np.asarray(copies) - np.asarray(copies)[0]).max())
 assert copy_spread <= 1e-15
-print(f"butterfly by hand == attention   ✓   the {p} devices' copies agree to below 1e-15")
+print(f"butterfly by hand == attention   ✓   the {p} devices' copies agree to below 10^-15")
 for label, fn in (("by hand", by_hand["butterfly"]),
                   ("tree_decode(merge='butterfly')",
                    lambda q, k, v: tae.tree_decode(q, k, v, mesh=mesh, merge="butterfly"))):
@@ -805,6 +806,15 @@ runs = {"weights window": on_states(merge_one_pass),
         "0.9 window": on_states(functools.partial(merge_one_pass, outside=old_outside)),
         "package one_pass": package_on_states("one_pass")}
 package_allreduce = package_on_states("allreduce")
+
+
+def table_number(x) -> str:
+    """4 significant figures, the very large and very small as m·10^e."""
+    x = float(np.ravel(x)[0])
+    small_or_large = x != 0 and math.isfinite(x) and not 1e-3 <= abs(x) < 1e4
+    return sci(x, 3) if small_or_large else f"{x:.4g}"
+
+
 print(f"{'case':<24}" + "".join(f"{name:>18}" for name in runs) + f"{'float64 merge':>15}")
 results = {}
 for case, (lse_value, size, *cancel) in CASES.items():
@@ -815,8 +825,8 @@ for case, (lse_value, size, *cancel) in CASES.items():
     # The package's one_pass falls back: the allreduce merge's result, bit for bit, and right.
     np.testing.assert_array_equal(got["package one_pass"], package_allreduce(out_c, lse_c))
     np.testing.assert_allclose(got["package one_pass"], truth, rtol=1e-6)
-    print(f"{case:<24}" + "".join(f"{g.ravel()[0]:>18.4g}" for g in got.values())
-          + f"{truth.ravel()[0]:>15.4g}")
+    print(f"{case:<24}" + "".join(f"{table_number(g):>18}" for g in got.values())
+          + f"{table_number(truth):>15}")
 # The quiz's answers, and the third case:
 assert np.isinf(results["lse 77, |out| ~ 1e5"]["weights window"])
 assert np.isinf(results["lse 77, |out| ~ 1e5"]["0.9 window"])
@@ -829,10 +839,11 @@ assert big_sum > float(info32.max) and small_term < float(info32.tiny)
 assert den86 < float(info32.max) and 1 / den86 < float(info32.tiny)
 term86, pair86 = math.exp(-86), math.exp(-86) - 0.9 * math.exp(-86)  # one +1/-0.9 pair
 assert 0.9 * term86 > float(info32.tiny) > pair86
-print(f"\nfloat32: max {float(info32.max):.1e}, tiny {float(info32.tiny):.1e}; e^77 = "
-      f"{math.exp(77):.1e}, 8·e^77·1e5 = {big_sum:.1e} > max; e^-79·1e-6 = {small_term:.1e} "
-      f"< tiny;\n8·e^86 = {den86:.1e} is finite, but 1/(8·e^86) = {1 / den86:.1e} < tiny;"
-      f"\n0.9·e^-86 = {0.9 * term86:.1e} > tiny, but e^-86 - 0.9·e^-86 = {pair86:.1e} < tiny")
+print(f"\nfloat32: max {sci(info32.max, 1)}, tiny {sci(info32.tiny, 1)}; e^77 = "
+      f"{sci(math.exp(77), 1)}, 8·e^77·10^5 = {sci(big_sum, 1)} > max; e^-79·10^-6 = "
+      f"{sci(small_term, 1)} < tiny;\n8·e^86 = {sci(den86, 1)} is finite, but 1/(8·e^86) = "
+      f"{sci(1 / den86, 1)} < tiny;\n0.9·e^-86 = {sci(0.9 * term86, 1)} > tiny, but "
+      f"e^-86 - 0.9·e^-86 = {sci(pair86, 1)} < tiny")
 
 # %% [markdown]
 # The third case breaks even outputs of size one: at $\ell = 86$ the sum of the 8 weights is
@@ -1067,7 +1078,7 @@ for scale in (None, 5.0, 1e3):
     label = "default" if scale is None else f"{scale:g}"
     print(f"{label:>8}{f'[{lses32.min():.1f}, {lses32.max():.1f}]':>20}"
           f"{f'{outside.sum()}/{outside.size}':>14}{outside.any()!s:>11}"
-          f"{f'<= {err_bound:.1e}':>14}")
+          f"{'<= ' + sci(err_bound, 1):>14}")
 
 # %% [markdown]
 # Inside the window the fast path's result may differ from `allreduce` in its last bits
@@ -1684,7 +1695,8 @@ print(f"allgather wins up to batch {last} (batch x heads = {16 * last:,}); there
 #
 # `tree_decode(..., merge="auto")` asks the same question of `costmodel.best_merge`, for the
 # actual problem, on DGX H100 links shaped like the mesh: the figures of this section, not
-# this machine's (which §8.6 showed the model does not describe well), so on the simulated
+# this machine's (whose errors here, §8.6 shows, vary from run to run and can
+# exceed ±30%), so on the simulated
 # devices its choice is a choice for a DGX node, not for the CPU it runs on. For this
 # notebook's small problem on one node of 8 it picks the pattern below. The cell checks the
 # wiring: the compiled program of `merge="auto"` runs the chosen pattern's collectives, and

@@ -176,3 +176,51 @@ def test_unshipped_font_math_is_caught(tmp_path):
     cell = {"cell_type": "code", "source": [], "outputs": [output], "metadata": {}}
     nb.write_text(json.dumps({"cells": [cell]}))
     assert len(unshipped_font_math(nb)) == 1
+
+
+# Python's own exponent format (two exponent digits: 2.95e-07) for a number below 10^-5 is
+# how a rounding residue looks when a cell prints it by accident, and such digits differ
+# between CPUs. A committed output prints the bound it asserted or a constant, written with
+# `course.printing.sci` / `power_of_ten` (2.95·10^-7, 10^-7). Outputs that nbval ignores
+# (timings, a live cluster run) are not committed claims and are skipped.
+TINY_PRINTED = re.compile(r"(?<![\w.])\d(?:\.\d+)?e-(?:0[6-9]|[1-9]\d)\b")
+
+
+def tiny_numbers_printed(path: Path) -> list[str]:
+    """Numbers below 10^-5 in Python's exponent format in a notebook's checked outputs,
+    each as 'cell N: number'."""
+    found = []
+    for i, c in enumerate(json.loads(path.read_text())["cells"]):
+        if c["cell_type"] != "code" or "NBVAL_IGNORE_OUTPUT" in "".join(c["source"]):
+            continue
+        for o in c.get("outputs", []):
+            texts = [o.get("text", ""), *o.get("data", {}).values()]
+            text = "".join("".join(t) if isinstance(t, list) else str(t) for t in texts)
+            found += [f"cell {i}: {m.group()}" for m in TINY_PRINTED.finditer(text)]
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_outputs_print_bounds_not_rounding_digits(path):
+    found = tiny_numbers_printed(path)
+    assert not found, (
+        f"{path.name}: {found} print a number below 1e-5 as Python formats it; assert a "
+        "bound and print it with course.printing.sci or power_of_ten"
+    )
+
+
+def test_tiny_numbers_printed_are_caught(tmp_path):
+    def nb(source: str, text: str) -> Path:
+        out = {"output_type": "stream", "name": "stdout", "text": [text]}
+        cell = {"cell_type": "code", "source": [source], "outputs": [out], "metadata": {}}
+        (path := tmp_path / "x.ipynb").write_text(json.dumps({"cells": [cell]}))
+        return path
+
+    assert tiny_numbers_printed(nb("print(err)", "error 8.3e-08, 1e-14 and 4.4e-06")) == [
+        "cell 0: 8.3e-08",
+        "cell 0: 1e-14",
+        "cell 0: 4.4e-06",
+    ]
+    kept = "2.95·10^-7, 10^-14, 1.5e-05, 3.0e+38, tolerance 1e-5, width 2e-3, x1e-08"
+    assert tiny_numbers_printed(nb("print(bound)", kept)) == []
+    assert tiny_numbers_printed(nb("# NBVAL_IGNORE_OUTPUT\nprint(t)", "took 8.3e-08 s")) == []

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -431,6 +432,16 @@ def verdict(flat_s: list[float], two_level_s: list[float]) -> dict:
     }
 
 
+def _error_bound(err: float) -> str:
+    """A method's error against float64 as the power of ten above it (`<1e-7`): its last
+    digits are float32 rounding, which differs between CPUs; the JSON keeps the number."""
+    if err == 0:
+        return "0"
+    if not math.isfinite(err):
+        return str(err)
+    return f"<1e{math.ceil(round(math.log10(err), 12))}"
+
+
 def summary(rep: dict) -> str:
     """The report as fixed-width tables: links, methods at each rate, the comparisons."""
     c = rep["config"]
@@ -466,7 +477,7 @@ def summary(rep: dict) -> str:
                 f"{name:<15}{m['median_s'] * 1e3:>11.2f}{m['predicted_s'] * 1e3:>11.2f}"
                 f"{m['predicted_s'] / m['median_s'] - 1:>+9.0%}{m['bytes_inter']:>13,.0f}"
                 f"{m['bytes_intra']:>13,.0f}{m['link_bytes']:>12,.0f}"
-                f"{m['max_abs_err']:>11.1e}"
+                f"{_error_bound(m['max_abs_err']):>11}"
             )
     if "topology_claim" in rep:
         t = rep["topology_claim"]

@@ -38,6 +38,7 @@ import numpy as np
 from jax import Array, lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from jax.typing import DTypeLike
 
 from . import devices, inputs, kernels, masks, merges, validate
 from .names import KernelChoice, KernelName, Layout, MergeChoice, MergeName
@@ -205,11 +206,26 @@ def _nothing_to_attend(dims: inputs.Dims) -> bool:
     return dims.batch == 0 or dims.q_len == 0 or dims.q_heads == 0
 
 
-def _empty(dims: inputs.Dims, dtype: Any) -> Array:
+def _empty(dims: inputs.Dims, dtype: DTypeLike) -> Array:
     return jnp.zeros((dims.batch, dims.q_len, dims.q_heads, dims.v_dim), dtype)
 
 
 # --- tree --------------------------------------------------------------------------------
+
+
+def _merge_problem(plan: Plan, dims: inputs.Dims, dtype: DTypeLike) -> merges.MergeProblem:
+    """What `merge="auto"`'s policy decides from: the problem's sizes and the mesh."""
+    return merges.MergeProblem(
+        dims.batch,
+        dims.q_len,
+        dims.q_heads,
+        dims.kv_heads,
+        dims.head_dim,
+        dims.v_dim,
+        dims.kv_len,
+        jnp.dtype(dtype),
+        tuple(plan.mesh.shape[a] for a in plan.axes),
+    )
 
 
 def tree_decode(
@@ -277,21 +293,7 @@ def tree_decode(
         validate.check_callable(
             merge_policy, "merge_policy", "a function of a MergeProblem that returns a pattern name"
         )
-    merge = merges.resolve_merge(
-        merge,
-        merges.MergeProblem(
-            dims.batch,
-            dims.q_len,
-            dims.q_heads,
-            dims.kv_heads,
-            dims.head_dim,
-            dims.v_dim,
-            dims.kv_len,
-            jnp.dtype(q.dtype),
-            tuple(plan.mesh.shape[a] for a in plan.axes),
-        ),
-        merge_policy,
-    )
+    merge = merges.resolve_merge(merge, _merge_problem(plan, dims, q.dtype), merge_policy)
     return _tree(plan, merge, *_place(plan, q, k, v, kv_lengths))
 
 

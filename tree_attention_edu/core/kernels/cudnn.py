@@ -20,6 +20,7 @@ from typing import Any, Literal, get_args
 import jax
 import jax.numpy as jnp
 from jax import Array
+from jax.typing import DTypeLike
 
 from .. import inputs, masks, validate
 from ..names import Layout
@@ -114,6 +115,33 @@ def _needs_gpu(backend: str) -> str:
     )
 
 
+def _check_supported(
+    dt: DTypeLike, head_dim: int, v_dim: int, implementation: Implementation
+) -> None:
+    """Refuse what `dot_product_attention` cannot compute as asked: two head sizes, what
+    cuDNN does not take, and float64 (which would come back with float32 errors)."""
+    if v_dim != head_dim:
+        raise ValueError(
+            f"`v` must have v_dim == head_dim for the cudnn kernel "
+            f"(jax.nn.dot_product_attention takes one head size), got head_dim={head_dim}, "
+            f"v_dim={v_dim}; use local_kernel='xla' (kernels.xla_state)."
+        )
+    if implementation == "cudnn":
+        reason = unsupported_reason(dt, head_dim, v_dim)
+        if reason:
+            raise ValueError(reason)
+    if dt == jnp.float64:
+        # dot_product_attention's xla implementation runs its softmax in float32 whatever
+        # the inputs (and cuDNN takes no float64): a float64 result would carry float32
+        # errors, ~1e-7 instead of ~1e-16. Refused rather than silently imprecise.
+        raise ValueError(
+            "`q`, `k` and `v` have the common dtype float64, which `cudnn_state` cannot "
+            "compute in: jax.nn.dot_product_attention runs its softmax in float32 on both "
+            "implementations. Use `xla_state` (local_kernel='xla' in the decoders), which "
+            "accumulates in float64, or cast q, k, v to float32."
+        )
+
+
 def cudnn_state(
     q: Array,
     k_chunk: Array,
@@ -172,29 +200,9 @@ def cudnn_state(
     kv_offset = inputs.check_kv_offset(kv_offset)
     validate.check_choice(implementation, IMPLEMENTATIONS, "implementation")
     validate.check_bool(causal, "causal")
-    D = q.shape[-1]
-    scale = inputs.resolve_scale(scale, D, q.dtype)
-    if dims.v_dim != D:
-        raise ValueError(
-            f"`v` must have v_dim == head_dim for the cudnn kernel "
-            f"(jax.nn.dot_product_attention takes one head size), got head_dim={D}, "
-            f"v_dim={dims.v_dim}; use local_kernel='xla' (kernels.xla_state)."
-        )
+    scale = inputs.resolve_scale(scale, dims.head_dim, q.dtype)
     dt = jnp.result_type(q.dtype, k_chunk.dtype, v_chunk.dtype)  # what is computed in
-    if implementation == "cudnn":
-        reason = unsupported_reason(dt, D, dims.v_dim)
-        if reason:
-            raise ValueError(reason)
-    if dt == jnp.float64:
-        # dot_product_attention's xla implementation runs its softmax in float32 whatever
-        # the inputs (and cuDNN takes no float64): a float64 result would carry float32
-        # errors, ~1e-7 instead of ~1e-16. Refused rather than silently imprecise.
-        raise ValueError(
-            "`q`, `k` and `v` have the common dtype float64, which `cudnn_state` cannot "
-            "compute in: jax.nn.dot_product_attention runs its softmax in float32 on both "
-            "implementations. Use `xla_state` (local_kernel='xla' in the decoders), which "
-            "accumulates in float64, or cast q, k, v to float32."
-        )
+    _check_supported(dt, dims.head_dim, dims.v_dim, implementation)
     return cudnn_core(
         q,
         k_chunk,

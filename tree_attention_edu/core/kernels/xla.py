@@ -119,6 +119,27 @@ def _check_window(window: Any, kv_heads: int) -> tuple[int | Array, int]:
     return start, count
 
 
+def _window_view(
+    k_chunk: Array, v_chunk: Array, window: tuple[int | Array, int] | None, layout: Layout
+) -> tuple[tuple[int | Array, int] | None, Any, Any]:
+    """The checked `kv_head_window` and the shapes of K and V as the window shows them (a
+    `jax.ShapeDtypeStruct` each), which is what `check_qkv` validates against."""
+    if window is None:
+        return None, k_chunk, v_chunk
+    ks = validate.shape_of(k_chunk, "k_chunk")
+    if len(ks) != 4:  # check_qkv names the rank error
+        return window, k_chunk, v_chunk
+    head_ax = 3 - SEQ_AXIS[layout]
+    window = _check_window(window, ks[head_ax])
+    k_view, v_view = (
+        jax.ShapeDtypeStruct(
+            tuple(window[1] if i == head_ax else n for i, n in enumerate(x.shape)), x.dtype
+        )
+        for x in (k_chunk, v_chunk)
+    )
+    return window, k_view, v_view
+
+
 def xla_state(
     q: Array,
     k_chunk: Array,
@@ -171,20 +192,7 @@ def xla_state(
       `AttentionState` (`out [B, Tq, Hq, Dv]`, `lse [B, Tq, Hq]`) in the accumulation dtype.
     """
     inputs.check_layout(layout)
-    window = kv_head_window
-    k_view: Any = k_chunk
-    v_view: Any = v_chunk
-    if window is not None:  # validate against the window's view of the chunk
-        ks = validate.shape_of(k_chunk, "k_chunk")
-        if len(ks) == 4:
-            head_ax = 3 - SEQ_AXIS[layout]
-            window = _check_window(window, ks[head_ax])
-            k_view, v_view = (
-                jax.ShapeDtypeStruct(
-                    tuple(window[1] if i == head_ax else n for i, n in enumerate(x.shape)), x.dtype
-                )
-                for x in (k_chunk, v_chunk)
-            )
+    window, k_view, v_view = _window_view(k_chunk, v_chunk, kv_head_window, layout)
     dims = inputs.check_qkv(q, k_view, v_view, kv_lengths, layout=layout)
     kv_offset = inputs.check_kv_offset(kv_offset)
     validate.check_positive(block, "block")
