@@ -26,6 +26,8 @@ TESTS = Path(__file__).resolve().parent
 BITS = re.compile(
     r"assert_array_equal|array_equal\(|assert_equal\(|\.view\(np\.u?int|bit for bit|same bits"
     r"|float\([^\n]*\)\s*==\s*float\(|rtol=2\*\*-"
+    # a tolerance of a few units in the last place: as close to bits as a tolerance gets
+    r"|(?<![\w.)])\d{1,2}\s*\*\s*(?:float\()?\s*j?np\.finfo\([^)]*\)\.eps"
 )
 
 # Tests that compare arrays exactly, but whose bits no choice of LLVM's can change: integers,
@@ -57,6 +59,9 @@ EXACT_WITHOUT_ROUNDING = {
         "one program"
     ),
     "test_reliability.py::test_garbage_in_the_models_cache_is_never_read": "one program",
+    # A bound 16 times the bracketing's own error, (1 + L)·eps·max|out|, on both sides of
+    # one comparison compiled alike: an FMA moves either side by an ulp, far inside it.
+    "test_states.py::test_combine_associative": "a bound, not bits",
     # One device's merged lse is its shard's: log(e^0) is exactly 0 in any code.
     "test_shard_stats.py::test_lse_profile_is_the_same_on_eight_devices_and_on_one": "exact",
 }
@@ -103,9 +108,15 @@ def test_the_mark_rule_can_fail():
         "def test_a(x):\n    np.testing.assert_array_equal(f(x), g(x))\n\n"
         "@pytest.mark.codegen\ndef test_b(x):\n    assert (x.view(np.uint32) == 1).all()\n\n"
         "def test_c(x):\n    np.testing.assert_allclose(f(x), g(x))\n\n"
-        "def test_d(x):\n    assert float(f(x)) == float(g(x))\n"
+        "def test_d(x):\n    assert float(f(x)) == float(g(x))\n\n"
+        "def test_e(x):\n    assert_allclose(f(x), g(x), rtol=4 * float(np.finfo(d).eps))\n\n"
+        "def test_f(x):\n    assert_allclose(f(x), g(x), atol=(p + 4) * np.finfo(d).eps * c)\n"
     )
-    assert unmarked_bit_comparisons("t.py", source) == ["t.py::test_a", "t.py::test_d"]
+    assert unmarked_bit_comparisons("t.py", source) == [
+        "t.py::test_a",
+        "t.py::test_d",
+        "t.py::test_e",
+    ]
 
 
 def test_codegen_tests_refuse_to_run_at_low_optimisation(monkeypatch):
