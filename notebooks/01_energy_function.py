@@ -123,7 +123,7 @@ print(jax.device_count(), "devices,", jax.default_backend())
 # $$\frac{\partial F}{\partial \zeta_j}\Big|_{\zeta=0} = \sum_a \underbrace{\frac{e^{s_a}}{\sum_b e^{s_b}}}_{p_a} v_{a,j},$$
 #
 # which is exactly softmax attention. (The paper writes no scale, i.e. scale 1; this
-# package's default is $1/\sqrt{D}$. The scale only multiplies the scores, so nothing below
+# package's default is $1/\sqrt{D}$, with $D$ the head dimension, the length of $q$ and $k_a$. The scale only multiplies the scores, so nothing below
 # depends on it.)
 #
 # **A proof for every $n$.** sympy can differentiate a sum whose length $n$ is a symbol

@@ -124,7 +124,8 @@ REFERENCE, BASELINE = plots.color("reference"), plots.color("baseline")  # black
 # The normaliser of the posterior is the evidence: with the likelihood's constant factor
 # $1/Z$, $p(q) = \frac{1}{T_k}\sum_b e^{s_b}/Z$, so $\log p(q) = F(0) - \log T_k - \log Z$.
 # The log-partition $F(0)$ of notebook 1 is the log evidence only up to $-\log T_k$ (and
-# $Z$). ($Z$ here, because §2.3 uses $c$ for an eigenvalue.)
+# $Z$). ($Z$ here, because §2.3 uses $c$ for an eigenvalue. It is not the paper's $Z$: the
+# paper's partition function, eq. 18, is $\sum_b e^{s_b} = e^{F(0)}$.)
 #
 # The cell computes the posterior from scratch, a numpy softmax of the raw scores, and
 # compares the package's `posterior`, `attention` and `energy` with it.
@@ -663,8 +664,9 @@ print(f"tied keys {min(best, other)} and {max(best, other)}: attention at beta =
 #   of $\nabla F(\hat\zeta) = z$. If moreover the covariance $\Sigma(\hat\zeta)$ is invertible,
 #   $\hat\zeta$ is unique and $\nabla F^*(z) = \hat\zeta(z)$.
 #
-# $\Sigma$ is singular when the visible values span less than $\mathbf{R}^{D_v}$, for example
-# when $T_k \le D_v$ (a head of dimension 128 with a short context). Then the hull is flat:
+# $\Sigma$ is singular when the differences $v_a - v_b$ of the visible values span less
+# than $\mathbf{R}^{D_v}$ (so $D_v$ values that are linearly independent still give a
+# singular $\Sigma$), for example when $T_k \le D_v$ (a head of dimension 128 with a short context). Then the hull is flat:
 # $F^* = +\infty$ off its affine hull, $\hat\zeta$ is unique only up to the null space of
 # $\Sigma$, and the quadratic approximation of the next section needs the pseudo-inverse on
 # that subspace. This example has $T_k = 12 > D_v = 3$ random values, so $\Sigma$ is

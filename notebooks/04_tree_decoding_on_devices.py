@@ -403,6 +403,10 @@ print("plain average: wrong; no shift: NaN at large logits; global max shift: ex
 #
 # We write Algorithm 1, with `lax.pmax` and `lax.psum` as its reductions (line 6's
 # logsumexp is a sum of exponentials and a log), and let `jax.grad` derive Algorithm 2.
+# Mind one difference of notation. The paper's line 6 takes the logsumexp of the *shifted*
+# scores $r - m$, so its lse leaves $m$ out, and Algorithm 2's line 4 subtracts $m$ again.
+# Our `lse` below adds $m$ back: it is the log-sum-exp of the unshifted scores $s_a$, the
+# paper's lse plus $m$, so that $e^{s_a - \text{lse}}$ is a softmax weight.
 
 # %%
 def energy_by_hand(q, k, v, zeta):
@@ -435,8 +439,9 @@ print("F by hand == numpy;  jax.grad(F) == tae.tree_decode_from_energy == numpy 
 # row). Here the two sums cannot be merged: the second needs the lse the first produces.
 #
 # **Exercise 1 (code).** Write Algorithm 2 by hand, without `jax.grad`: at $\zeta = 0$,
-# compute $m$ and lse as Algorithm 1 does (lines 4–6), then each device's
-# $\sum_a e^{r_a - \text{lse}}\, v_a$ over its keys, and one `psum`. Fill in the stub; the
+# compute $m$ and lse as the cell above does (lse of the unshifted scores, $m$ included),
+# then each device's $\sum_a e^{s_a - \text{lse}}\, v_a$ over its keys, with $s_a$ the
+# unshifted scores $\text{scale}\,q\cdot k_a$, and one `psum`. Fill in the stub; the
 # test cell compares it with the numpy reference and counts its all-reduces and their
 # payloads (the numerator's must be $B\,T_q\,H\,D_v$ numbers).
 

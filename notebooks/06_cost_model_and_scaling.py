@@ -144,8 +144,9 @@ for hq, hkv, tq in ((8, 8, 1), (32, 8, 1), (8, 8, 4)):
 
 # %% [markdown]
 # The flops agree to within 2%. The bytes do not: XLA:CPU's program touches about three
-# times the cache, because this plain `jnp` step copies K into another layout and writes
-# its scores out (section 6.2 measures a kernel that does not). The formula's bytes are
+# times the cache, because this plain `jnp` step copies K and V into other layouts and then
+# reads the copies: read, write and read again (the scores are a fraction of a percent of
+# it; section 6.2 measures a kernel that makes no copy). The formula's bytes are
 # what an ideal kernel reads, once.
 #
 # A device is memory-bound below its **ridge point**, peak flops divided by memory
@@ -237,8 +238,8 @@ assert tq_min == math.ceil(ridge["bf16"] / (2 * llama_group / llama.itemsize))
 # simulated devices together may read faster.
 #
 # * `einsum_reference` is the textbook einsum → softmax → einsum on `[B, T, H, D]`
-#   (`states.local_state`). XLA copies K into head-major order before the matrix-vector
-#   product: temp memory as large as the cache, and the time to write it.
+#   (`states.local_state`). XLA copies K and V into head-major order before the
+#   matrix-vector products: temp memory as large as the cache, and the time to write it.
 # * `xla_bthd` is the package's `"xla"` kernel on the same layout: it walks the cache in
 #   blocks of `kernels.DEFAULT_BLOCK` keys (printed below), transposes each while it is in
 #   cache, and folds it into an online softmax (`lax.scan`). On this CPU nothing cache-sized
@@ -286,8 +287,10 @@ plt.show()
 # writes a copy of the cache. Timings vary from run to run; the bars are not checked.*
 #
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
-# <p>A decode kernel is judged by the fraction of the memory bandwidth it reaches. Reading a
-# head-major cache in one pass, with no cache-sized temporary, is what gets close.</p></div>
+# <p>A decode kernel is judged by the fraction of the memory bandwidth it reaches. What it
+# needs is to read the cache once, with no cache-sized temporary (asserted above for the
+# streaming kernels); this CPU's timings are not checked, and §6.2.1 shows what such kernels
+# reached on an H200.</p></div>
 
 # %% [markdown]
 # ### 6.2.1 On a real GPU: the recorded figures
@@ -1148,13 +1151,14 @@ assert beta_need > node.mem_Bps
 #   MPICH's algorithms. NCCL's protocols, channels and in-switch reductions (NVLS) move data
 #   differently, and large transfers reach less than a link's peak (NCCL measures an
 #   allreduce bus bandwidth of about 370 GB/s on NVLink 4, whose peak is 450 GB/s per
-#   direction; NVIDIA/nccl issue 1455). A ring of 128 GPUs across 16 nodes waits on its
-#   slowest hop. Both make real ring times *larger* than the model's, widening the gap.
+#   direction; NVIDIA/nccl issue 1455). This makes real ring times *larger* than the
+#   model's, widening the gap.
 # * **The ring baseline.** The ring the paper's footnote 2 links to (nshepperd's
 #   flash_attn_jax; the paper itself does not say how its ring runs) runs Flash Attention 2
-#   on each block and, in that repository's code, permutes $p$ times. If its transfers
-#   overlapped across layers, or its blocks were smaller than whole shards, its cost would
-#   shrink.
+#   on each block and, in that repository's code, permutes $p$ times. Overlapping its
+#   transfers across layers, or smaller blocks, could hide at most its compute share, not
+#   the unhidden transfer time that is most of the model's ring time (section 6.4.1's
+#   split, asserted there).
 # * **The model itself.** Its CPU calibration compared it with XLA:CPU, where collectives
 #   are memory copies and the compiled ring copies its block at every step, and its errors
 #   there vary from run to run (section 6.3); the published GPU figures enter untested. The extrapolation reaches sequence lengths more than a hundred times

@@ -465,8 +465,8 @@ assert max(heads[k - 1] for k in before) < max(heads[k - 1] for k in digits)  # 
 # already high before any digit, at several steps of "code for the blue door is:" (the
 # answer repeats the document's sentence "The secret code for the blue door is 7319"), and
 # peaks at the digits, where the most
-# heads put over half their weight on the shard; it falls below one half once the code is
-# written. Only a handful of heads do the copying (the dark cells on the left); the others
+# heads put over half their weight on the shard; it falls below one half after the closing
+# quote. Only a handful of heads do the copying (the dark cells on the left); the others
 # spread their mass over other shards.*
 #
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
