@@ -31,7 +31,8 @@
 #
 # * write down the energy $F(\zeta) = \log \sum_a \exp(q\cdot k_a + \zeta\cdot v_a)$ and prove,
 #   for any number of keys, that $\nabla F(0)$ is attention and $\nabla^2 F$ a covariance of
-#   the values, so that $F$ is convex: $F$ is a cumulant-generating function;
+#   the values, so that $F$ is convex: up to the constant $F(0)$, $F$ is a
+#   cumulant-generating function;
 # * build $F$, its gradient and its Hessian from scratch in numpy, and check them against
 #   finite differences and against `jax.grad` and `jax.hessian`;
 # * compute a Hessian with Hessian-vector products (forward-over-reverse autodiff);
@@ -111,7 +112,8 @@ print(jax.device_count(), "devices,", jax.default_backend())
 # > (5) where the moment generating function (i.e. the energy function) $F(\zeta)$ is defined
 # > as: $F(\zeta) = \log \sum_{a} \exp\left(q \cdot k_a^T + \zeta \cdot v_a^T\right)$. (6)
 #
-# Read it critically: $F$ is the *log* of a moment-generating function, a
+# Read it critically: up to the constant $F(0) = \log Z$, with $Z = \sum_a e^{q\cdot k_a}$,
+# $F$ is the *log* of a moment-generating function ($e^{F}$ is $Z$ times one, §1.2), that is a
 # **cumulant**-generating function, as the paper's own appendix C.1 says ("the energy
 # function is given by the cumulant-generating function"). The difference matters in the
 # next section: the derivatives of $F$ are cumulants (mean, covariance), not raw moments.
@@ -751,8 +753,8 @@ print("Hessian at 5 random zeta == tilted covariance, eigenvalues >= 0   ✓")
 # ## 1.8 Summary
 #
 # * Attention is $\nabla_\zeta F(0)$ for the energy $F(\zeta)=\log\sum_a e^{s_a+\zeta\cdot v_a}$,
-#   and the Hessian is the value covariance, because $F$ is a cumulant-generating function
-#   (the paper's eq. 6 calls it a moment-generating function); so $F$ is convex in $\zeta$.
+#   and the Hessian is the value covariance, because $F - F(0)$ is a cumulant-generating
+#   function (the paper's eq. 6 calls $F$ a moment-generating function); so $F$ is convex in $\zeta$.
 # * Both identities are proved in sympy for any number of keys, and $F$, its gradient and
 #   its Hessian, written from scratch in numpy, agree with finite differences, with
 #   `jax.grad`/`jax.hessian` and with the package, in float64.

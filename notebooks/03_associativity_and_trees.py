@@ -566,9 +566,9 @@ assert float(combine_single(a, combine_single(b, c)).out.ravel()[0]) == 0.25
 # Equal logits are the easy case: there the double word is exact. With **unequal** logits the
 # honest claim is float32 precision. The cell runs 200 random trials at each of four logit
 # sizes (bases $10^2$ to $10^8$). A trial has six keys with random normal values. Each
-# logit is the base plus a random whole number of float32 spacings, at most 4 units above
-# the base; at $10^8$ the spacing is 8, more than 4, so there each logit is the base or the
-# base + 8 (one spacing). The six keys are cut into chunks of 2, 1 and 3, their states
+# logit is the base plus a random whole number of float32 spacings: at most 4 units above
+# the base, or one spacing where a spacing exceeds 4 units (at $10^8$ the spacing is 8, so
+# there each logit is the base or the base + 8). The six keys are cut into chunks of 2, 1 and 3, their states
 # reduced by a tree, and the result compared with a float64 softmax of the same float32
 # inputs. The error is measured relative to the largest value; float32's unit
 # roundoff is $2^{-24}$.

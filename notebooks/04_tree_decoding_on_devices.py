@@ -256,7 +256,8 @@ mine = by_hand(q, k_sh, v_sh)
 # The reference is attention written in numpy, in float64, on one "device": nothing of the
 # package. It also knows per-sequence lengths, the decode-convention causal mask (query $i$
 # of $T_q$ sits at position $L_b - T_q + i$) and grouped-query attention (query head $h$ reads
-# kv head $\lfloor h/G \rfloor$), which later sections use.
+# kv head $\lfloor h/G \rfloor$, with $G = H_q/H_{kv}$ query heads per kv head), which later
+# sections use.
 
 # %%
 def attention_np(q, k, v, lengths=None, causal=False):

@@ -1064,9 +1064,29 @@ plt.show()
 # On this machine the model's sum of parts was set beside measured decode latencies
 # (section 6.3). The sentence under that table gives this run's errors; they vary from run
 # to run, and other runs on this machine missed by far more than the calibration band: the
-# three recorded checks in `results/calibrate/` (each file's `failures` field lists every
-# cell outside the band, up to +147%; its README summarises them). Notebook 8, §8.6, runs
-# the same check live, with its own run's errors. So the model is not validated here.
+# three recorded checks in `results/calibrate/` (`tree-attention-edu calibrate --check`,
+# every merge pattern and both rings at three lengths on two meshes; each file's `failures`
+# field lists every cell outside the band, and its README summarises them). The next cell
+# reads them back: a record, not a test. Notebook 8, §8.6, runs the same check live, with
+# its own run's errors. So the model is not validated here.
+
+# %%
+check_runs = {f.name: json.loads(f.read_text())
+              for f in sorted((ROOT / "results" / "calibrate").glob("check-run*.json"))}
+worst = {}  # file -> its cell furthest outside the band
+for name, rec in check_runs.items():
+    cells = rec["cells"]
+    outside = [c for c in cells if abs(c["rel_err"]) > rec["band"]]
+    worst[name] = max(cells, key=lambda c: abs(c["rel_err"]))
+    print(f"{name}: {len(outside)} of {len(cells)} cells outside ±{rec['band']:.0%}; worst "
+          f"{worst[name]['method']} on mesh {worst[name]['mesh']} at Tk = "
+          f"{worst[name]['seq_len']:,}: {worst[name]['rel_err']:+.0%}")
+worst_all = max(worst.values(), key=lambda c: abs(c["rel_err"]))
+assert abs(worst_all["rel_err"]) > 3 * calibrate.BAND  # "by far more than the band"
+print(f"worst of all: {worst_all['method']} on mesh {worst_all['mesh']} at Tk = "
+      f"{worst_all['seq_len']:,}, {worst_all['rel_err']:+.0%}")
+
+# %% [markdown]
 # Filled with published GPU figures, it predicts much larger ring/tree gaps than the paper
 # reports. We do not tune the model until it agrees. The disagreement is a question
 # about what the paper's timings contain, and about what the model leaves out; the next
@@ -1189,7 +1209,8 @@ assert beta_need > node.mem_Bps
 #   machine from an overhead, a link and a bandwidth, it is set beside tree and ring
 #   latencies it was not fitted to, on XLA:CPU; section 6.3 prints this run's errors, and
 #   other runs missed by far more than ±30% (the recorded checks in `results/calibrate/`,
-#   up to +147%; notebook 8, §8.6, runs the check live), so it is not validated.
+#   whose worst cells §6.6 prints; notebook 8, §8.6, runs the check live), so it is not
+#   validated.
 # * With published DGX H100 figures it predicts ring/tree gaps of tens on one node and up to
 #   about 1,700× across nodes (section 6.4.1 prints both ranges), far above the paper's
 #   reported speedups. The ring's predicted
