@@ -341,8 +341,9 @@ print("tae.local_state(shard) == line 2 by hand   ✓")
 #
 # <details><summary>Answer</summary>
 #
-# (a) is wrong on any data: it weighs every shard equally, where each shard should count in
-# proportion to $e^{\text{lse}}$, the mass of its keys. (b) is right in exact arithmetic and
+# (a) is wrong unless every shard carries the same mass (equal lse): it weighs every shard
+# equally, where each shard should count in proportion to $e^{\text{lse}}$, the mass of its
+# keys. (b) is right in exact arithmetic and
 # works for moderate logits, but $e^{\text{lse}}$ overflows to infinity once an lse passes
 # the log of the largest float (the cell prints it), and the output becomes
 # $\infty/\infty$ = NaN. The shift by the global max makes the sums both correct and safe.

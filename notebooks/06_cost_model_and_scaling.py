@@ -204,9 +204,10 @@ plt.show()
 # intensities, and the knee of each roofline: everything left of the knee runs at the speed
 # of memory.*
 #
-# **Quiz (predict, then run).** Speculative decoding and batched queries put several query
-# tokens $T_q$ into one step against the same cache. From how many query tokens on is a bf16
-# decode step of Llama 3.1-8B compute-bound on an H100?
+# **Quiz (predict, then run).** Speculative (multi-token) decoding puts several query
+# tokens $T_q$ of one sequence into one step against the same cache. From how many query
+# tokens on is the attention of a bf16 decode step of Llama 3.1-8B compute-bound on an H100?
+# (Attention only: the step's weight products have an intensity of their own.)
 #
 # <details><summary>Answer</summary>
 #
@@ -308,9 +309,13 @@ plt.show()
 # median step) times the decode intensity of section 6.1 is the flop rate it reached: a
 # point under the H200's roofline. A kernel at the memory limit sits on the sloped line.
 #
-# This sweep ran at XLA's default matmul precision, which on NVIDIA GPUs rounds float32
-# operands to TF32. The package has since pinned its products to float32
-# (`numerics.PRECISION`); `results/gpu/README.md` gives what that cost in later runs.
+# This sweep ran at XLA's default matmul precision, which on NVIDIA GPUs computes float32
+# products in TF32 and bf16 products with bf16 operands. The package has since pinned its
+# kernels' products to `numerics.PRECISION` (HIGHEST: float32 products in float32), so the
+# head-major `xla_bhtd` rows below are not what the package runs now. Later calls on the
+# same kind of GPU (`results/gpu/README.md`, "5. Precision") measured the cost: none clear
+# on float32 caches, but on bf16 caches `xla_bhtd` with GQA at 128k fell from 2,995 to about
+# 1,400 GB/s, less than half. `cudnn`, which "auto" picks for bf16 caches, is unaffected.
 
 # %%
 ROOT = Path(tae.__file__).resolve().parent.parent  # the repository

@@ -498,8 +498,11 @@ assert max(heads[k - 1] for k in before) < max(heads[k - 1] for k in digits)  # 
 # $1/\mathrm{tiny}$. In float32 that third condition, not overflow, sets the top of the
 # window: $-\ln \mathrm{tiny} < \ln \max$ (the cell asserts it).
 # `merges.one_pass_window` gives the range of $\ell_i - c$ for outputs
-# of size one, and a row outside it (after adding $\ln|o_i|$) makes every device fall back to
-# the exact two-collective merge. FlashDecoding++ fixes $c$ per model from a profile of its
+# of size one. A row whose $\ell_i + \ln\max(\max|o_i|, 1)$ passes the window's top, or whose
+# $\ell_i + \ln\min(\min|o_i|, 1)$ (smallest nonzero $|o_i|$) falls below its bottom, makes every
+# device fall back to the exact two-collective merge. The clamps at 1 matter: the top also
+# guards the denominator ($1/L$ must stay normal, whatever the outputs' size), and the bottom
+# the smallest term kept (notebook 8, §8.4, checks both cases). FlashDecoding++ fixes $c$ per model from a profile of its
 # logits: this is that profile, for SmolLM2.
 #
 # `shards.lse_profile` teacher-forces the long prompt in chunks and reduces every layer's
@@ -516,7 +519,7 @@ else:
           f"({stored['positions']:,} positions, {stored['devices']} devices)")
 rows = [("per-shard lse", profile["shard_lse_min"], profile["shard_lse_max"]),
         ("full lse", profile["lse_min"], profile["lse_max"]),
-        ("lse_i + ln|o_i|", profile["low"], profile["high"])]
+        ("lse_i + ln |o_i|, clamped at 1", profile["low"], profile["high"])]
 for name, lo, hi in rows:
     print(f"{name:>16}: [{lo.min():7.2f}, {hi.max():6.2f}]   widest layer/head span "
           f"{(hi - lo).max():.2f}")
@@ -536,7 +539,8 @@ print(f"float32 window on {p} devices: [{verdict['window_low']:.2f}, "
       f"{verdict['window_high']:.2f}]  (ln(tiny/ε); min(ln max, -ln tiny) - ln {p}; each "
       f"2^{math.log2(margin):.0f} inside)")
 assert verdict["high"] == profile["high"].max() and verdict["low"] == profile["low"].min()
-print(f"shift 0: lse_i + ln|o_i| in [{verdict['low']:.2f}, {verdict['high']:.2f}] leaves "
+print(f"shift 0: lse_i + ln min(|o_i|, 1) >= {verdict['low']:.2f} and lse_i + ln max(|o_i|, 1) "
+      f"<= {verdict['high']:.2f} leave "
       f"headroom {verdict['top_margin']:.1f} at the top, {verdict['bottom_margin']:.1f} at the "
       f"bottom; safe: {verdict['safe']}")
 print(f"the profile spans {verdict['span']:.1f} of the window's {verdict['window_span']:.1f}; "
@@ -545,7 +549,7 @@ assert verdict["safe"] and verdict["span"] < verdict["window_span"] / 2
 fig, ax = plt.subplots(figsize=(9, 3.4))
 layers = np.arange(cfg.layers)
 ax.fill_between(layers, profile["low"].min(1), profile["high"].max(1), color=plots.color("tree"),
-                alpha=0.35, label="lse_i + ln|o_i|, over heads and positions")
+                alpha=0.35, label="lse_i + ln min/max(|o_i|, 1), over heads and positions")
 ax.fill_between(layers, profile["shard_lse_min"].min(1), profile["shard_lse_max"].max(1),
                 color=plots.color("tree"), alpha=0.7, label="per-shard lse")
 for y in (verdict["window_low"], verdict["window_high"]):
@@ -558,8 +562,8 @@ ax.set_title("SmolLM2 over the long prompt, 8 devices")
 plt.show()
 
 # %% [markdown]
-# *Figure: per layer, the range of the per-shard lse (dark band) and of $\ell_i + \ln|o_i|$
-# (light band) over all heads and prompt positions, against the one-pass window (grey dashed
+# *Figure: per layer, the range of the per-shard lse (dark band) and from
+# $\ell_i + \ln\min(|o_i|, 1)$ to $\ell_i + \ln\max(|o_i|, 1)$ (light band) over all heads and prompt positions, against the one-pass window (grey dashed
 # lines). Look at the distance to the dashed lines: the model uses less than half of the
 # window.*
 #

@@ -1687,9 +1687,13 @@ print(f"second map: one_pass wins {all_winners.count('one_pass')} of {cells} cel
 # $\log_2 p$ of them, in place of two all-reduces with as many each. It pays for them with
 # bytes: $p$ states per row received against one, reduced, twice. Once the extra bytes take
 # longer over NVLink than the latency saved, it loses. The cell finds the last batch at
-# which it still wins, and splits the two merges' communication time into its latency part
-# (infinite bandwidth) and its bandwidth part (zero latency): at the crossover, the latency
-# saved and the bandwidth added are about equal.
+# which it still wins, where the two predicted times are nearly equal, and splits the two
+# merges' communication time into a latency part (infinite bandwidth) and a bandwidth part
+# (zero latency). The two parts come out of the same size (asserted within 25%), not equal:
+# with zero latency the model runs each all-reduce as a ring, its cheapest algorithm for
+# bytes, while on the real link it picks recursive doubling, which moves more of them. So
+# the split is a guide to why `allgather` stops winning; the crossover itself is where the
+# totals meet.
 #
 # </details>
 
@@ -1712,9 +1716,14 @@ def comm(m, topo):
 saved = comm("allreduce", latency_only) - comm("allgather", latency_only)
 added = comm("allgather", bytes_only) - comm("allreduce", bytes_only)
 assert abs(added / saved - 1) < 0.25
-print(f"allgather wins up to batch {last} (batch x heads = {16 * last:,}); there it saves "
-      f"{saved * 1e6:.1f} us of latency ({saved / alpha:.0f} alpha) and adds "
-      f"{added * 1e6:.1f} us of transfer")
+pred = {m: costmodel.predict_merge(m, 2**20, topo8, batch=last) for m in ("allgather", "allreduce")}
+merge_us = {m: (x.total_s - x.compute_s) * 1e6 for m, x in pred.items()}  # the same local work
+assert merge_us["allgather"] < merge_us["allreduce"] and not gather_wins(last + 1)
+assert merge_us["allreduce"] / merge_us["allgather"] - 1 < 0.01  # the totals meet here
+print(f"allgather wins up to batch {last} (batch x heads = {16 * last:,}): there its merge "
+      f"takes {merge_us['allgather']:.2f} us against allreduce's {merge_us['allreduce']:.2f} us; "
+      f"split, it saves {saved * 1e6:.1f} us of latency ({saved / alpha:.0f} alpha) and adds "
+      f"{added * 1e6:.1f} us of transfer priced at zero latency (all-reduces as rings)")
 
 # %% [markdown]
 # ### `merge="auto"`
