@@ -1311,15 +1311,19 @@ print(f"adding payloads instead would put the crossover at Tq = {tq_payload:,}")
 # out and partial states back, so it is far cheaper for decoding and for short chunks, and
 # loses only when the chunk of queries approaches the cache in size.*
 #
-# The rule of thumb "pass-Q when $T_q H_q \ll T_k H_{kv}$" has a constant in it, printed
-# above: about one half, and the closed form the cell asserts says why. With $p$ dividing
+# The rule of thumb "pass-Q when $T_q H_q \ll T_k H_{kv}$" has a constant in it, and the
+# closed form the cell asserts says which: pass-Q sends fewer bytes while
+# $T_q H_q < \frac{D + D_v}{D + 2} T_k H_{kv}$, about $2\,T_k H_{kv}$ for $D = D_v$
+# (equivalently, while $T_k H_{kv} / (T_q H_q)$ stays above $(D + 2)/(D + D_v)$, about one
+# half; the line printed above gives the same crossover as a bound on $T_q/T_k$ for this
+# problem's heads). With $p$ dividing
 # $H_{kv}$, per query row and head the pass-Q ring sends $\frac{p-1}{p}$ of $D + 2D_v + 2$
 # numbers (the query's hops, its partial state home in the all-to-all, its output shared in
 # the all-gather), and the pass-KV ring's broadcast of its output, a ring all-reduce, sends
 # $2\frac{p-1}{p} D_v$ of them too: the difference is $\frac{p-1}{p}(D + 2)$. Per key and kv
 # head the pass-KV ring sends $\frac{p-1}{p}(D + D_v)$, $K$ and $V$. The two cross where
-# $T_q H_q (D + 2) = T_k H_{kv} (D + D_v)$, a constant of $(D + 2)/(D + D_v)$: about one half
-# for $D = D_v$, because a key carries two vectors and a query one. Put otherwise, pass-Q
+# $T_q H_q (D + 2) = T_k H_{kv} (D + D_v)$: the factor is about 2 for $D = D_v$, because a key
+# carries two vectors and a query one. Put otherwise, pass-Q
 # sends less until its queries ($T_q H_q D$ numbers) are about the size of the cache
 # ($T_k H_{kv}(D + D_v)$).
 #
@@ -1658,7 +1662,8 @@ print(f"second map: one_pass wins {all_winners.count('one_pass')} of {cells} cel
 #   latency terms, beats two all-reduces, twice as many. The gain is largest across nodes,
 #   where $\alpha$ is a network round trip.
 # * **Many rows, many nodes: `allreduce`.** Bytes dominate, and across nodes the hierarchical
-#   all-reduce (notebook 4, §4.8) sends one reduced message per node, while the all-gather
+#   all-reduce (notebook 4, §4.8) sends each device's already-reduced state once across
+#   nodes (one all-reduce per device position), while the all-gather
 #   sends $p$ states and the model's all-to-all pays one slow $\alpha$ per remote peer.
 # * **`all_to_all` (Helix) and `reduce_scatter` (DCP)** win only grey cells, inside a node
 #   and on two nodes with many rows. Gathering their output again moves some of those grey
