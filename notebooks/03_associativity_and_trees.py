@@ -277,7 +277,7 @@ for make in (symbolic.combine_associative, symbolic.combine_commutative,
 # (`out [B, Tq, Hq, Dv]`, `lse [B, Tq, Hq]`), with a third field, `lse_lo`: the rounding error
 # of the stored lse (0 in exact arithmetic, and for a state built with
 # `AttentionState.from_lse`). Section 3.4 shows why it is there. Two empty states give the
-# canonical empty state $(0, -\infty, 0)$ whatever their outputs held.
+# canonical empty state $(0, -\infty, 0)$.
 #
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>A chunk's state is (normalised output, log-sum-exp). <code>combine</code>, shifted by

@@ -317,7 +317,9 @@ plt.show()
 # cost on float32 caches, but on bf16 caches `xla_bhtd` with GQA at 128k fell from this
 # record's 2,995 GB/s to 1,381 and 1,402 GB/s, less than half (the cell prints the record's
 # row; the two later figures are quoted from that README, not read from this record).
-# `cudnn`, which "auto" picks for bf16 caches, is unaffected.
+# `cudnn`, which "auto" picks for bf16 caches in the `bthd` layout, is unaffected; on
+# head-major (`bhtd`) bf16 caches, the layout of `llama.model`, "auto" runs `xla_bhtd` and
+# pays this cost.
 
 # %%
 ROOT = Path(tae.__file__).resolve().parent.parent  # the repository
@@ -1023,8 +1025,8 @@ assert abs(prefill[262144] / paper[262144][0] - 1) < 0.1  # "about the table's" 
 
 # %% [markdown]
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
-# <p>The paper's Llama timings include a prefill that a decode model leaves out, and at long
-# at the longest context, 256k, a prefill at peak speed alone (a lower bound on its time)
+# <p>The paper's Llama timings include a prefill that a decode model leaves out: at the
+# longest context, 256k, a prefill at peak speed alone (a lower bound on its time)
 # takes about as long as the tree column; at 32k, under a quarter of it (both asserted in the
 # quiz's answer cell). Only the
 # difference ring − tree compares with a model of decoding, and there the paper's ring is
