@@ -113,7 +113,9 @@ print(jax.device_count(), "devices,", jax.default_backend())
 # > as: $F(\zeta) = \log \sum_{a} \exp\left(q \cdot k_a^T + \zeta \cdot v_a^T\right)$. (6)
 #
 # Read it critically: up to the constant $F(0) = \log Z$, with $Z = \sum_a e^{q\cdot k_a}$,
-# $F$ is the *log* of a moment-generating function ($e^{F}$ is $Z$ times one, §1.2), that is a
+# $F$ is the *log* of a moment-generating function
+# ($e^{F(\zeta)} = Z\,\mathrm{E}_p[e^{\zeta\cdot v}]$, $Z$ times a moment-generating
+# function, §1.2), that is a
 # **cumulant**-generating function, as the paper's own appendix C.1 says ("the energy
 # function is given by the cumulant-generating function"). The difference matters in the
 # next section: the derivatives of $F$ are cumulants (mean, covariance), not raw moments.

@@ -153,7 +153,8 @@ log_evidence = np.log(np.mean(np.exp(s), axis=-1))  # [B, Hq, Tq]
 F0 = float(tae.energy(q, k, v, jnp.zeros_like(att)))  # Σ over rows of F(0)
 np.testing.assert_allclose(log_evidence.sum(), F0 - rows * np.log(Tk), rtol=1e-13)
 Markdown(f"`posterior` and `attention` equal the numpy softmax and posterior mean. Summed over "
-         f"the {rows} rows, $F(0) = {F0:.4f}$ while the log evidence is "
+         f"the {rows} rows, $F(0) = {F0:.4f}$ while the log evidence with $Z = 1$, "
+         f"$\\log\\frac{{1}}{{T_k}}\\sum_b e^{{s_b}}$, is "
          f"${log_evidence.sum():.4f}$; the difference is ${rows}\\log {Tk} = "
          f"{rows * np.log(Tk):.4f}$, to float64 rounding.")
 
@@ -1126,11 +1127,11 @@ plt.show()
 # probabilities `p`. The test draws 400,000 means of 16 and checks what is exact (the mean
 # and variance of $\bar v_n$) and that a histogram matches the renormalised Daniels density:
 # its $\chi^2$ per bin must stay below the level a correct sampler exceeds with probability
-# $10^{-6}$ ($\chi^2$ with one degree of freedom per bin kept), so that a correct sampler,
-# drawn by any method, fails this check, and separately the exact-law check below, about
-# once in a million each, to the accuracy of that threshold
-# (the renormalised Daniels density and the $\chi^2$ law are both approximations here); a Gaussian of the right mean and variance
-# fails it (the test cell checks that too). The test then draws from a distribution it builds
+# $10^{-6}$ ($\chi^2$ with one degree of freedom per bin kept). So a correct sampler, however
+# it draws, fails each of the two checks (this one and the exact-law check below) only about
+# once in a million runs, to the accuracy of that threshold (the renormalised Daniels density
+# and the $\chi^2$ law are both approximations here). A Gaussian of the right mean and
+# variance fails this check (the test cell checks that too). The test then draws from a distribution it builds
 # itself, on integer values, and compares the sums with their exact law, so only a sampler
 # passes: the package's `sample_means` raises while your function runs.
 
