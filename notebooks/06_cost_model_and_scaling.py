@@ -74,6 +74,7 @@ from IPython.display import Markdown
 from matplotlib import ticker
 
 from tree_attention_edu import plots
+from tree_attention_edu.course.printing import sci
 from tree_attention_edu.core import kernels
 from tree_attention_edu.perf import benchmark, calibrate, links, microbench
 from tree_attention_edu.perf import costmodel as cm
@@ -319,7 +320,7 @@ plt.show()
 # row; the two later figures are quoted from that README, not read from this record).
 # `cudnn`, which "auto" picks for bf16 caches in the `bthd` layout, is unaffected; on
 # head-major (`bhtd`) bf16 caches, the layout of `llama.model`, "auto" runs `xla_bhtd` and
-# pays this cost.
+# paid this cost; §6.2.2 measures the form that avoids most of it.
 
 # %%
 ROOT = Path(tae.__file__).resolve().parent.parent  # the repository
@@ -417,6 +418,106 @@ plt.show()
 # the decode intensity of section 6.1. Points on the line run at the memory limit; the low
 # points at each intensity are the blockwise `xla_bthd` walk and, in float32,
 # `tree_decode`, whose "auto" kernel is that walk on this layout.*
+
+# %% [markdown]
+# ### 6.2.2 The second lease: which form reads the cache, and what a GPU step is made of
+#
+# A second H200 session (`scripts/gpu_lease2.py`, `results/gpu/lease2/`) asked what the
+# first one left open, again as **a record read back**: nothing below runs on a GPU. It timed
+# one decode step (one query per sequence, grouped queries 32/8 of width 128, batch 8) in
+# several forms on both cache layouts, and read each compiled program's scratch memory, so a
+# cache-sized copy shows as scratch about as large as the cache. The forms: the package's
+# kernels as they were; one `einsum` per product over the whole chunk, read in place; and
+# the same folded over chunks. Each product ran as `hi` (float32 upcasts at HIGHEST), `mx`
+# (the cache's bf16 operands with float32 accumulation: the product of two bf16 numbers is
+# exact in float32), `p16` (the softmax weights rounded to bf16 as well, flash attention's
+# choice) or `df` (float32 at XLA's default precision: TF32). The cell recomputes each
+# form's GB/s from its bytes and seconds, and asserts the sentences after it.
+
+# %%
+lease2 = json.loads((ROOT / "results" / "gpu" / "lease2" / "forms_fixed_smollm2.json")
+                    .read_text())
+forms2 = {k: r for k, r in lease2["forms"].items() if isinstance(r, dict) and "median_s" in r}
+nominal2 = lease2["device"]["nominal_gbs"] * 1e9
+for r in forms2.values():  # recomputed from the raw fields, not read from the record's gbs
+    B2, Hq2, Hkv2, D2 = lease2["config"]["shape"]
+    assert r["kv_bytes"] == 2 * B2 * r["seq_len"] * Hkv2 * D2 * ITEMSIZE[r["dtype"]]
+    r["frac"] = r["kv_bytes"] / r["median_s"] / nominal2
+
+
+def form2(name, dtype, tk=2**17):
+    return forms2[f"{name} {dtype} Tk={tk}"]
+
+
+print(f"{lease2['device']['kind']}, jax {lease2['device']['jax_version']}; at Tk = 131,072:")
+print(f"{'form':<24}{'dtype':<10}{'GB/s':>7}{'of nominal':>12}{'scratch / cache':>17}"
+      f"{'error at 16k':>14}")
+for k, r in forms2.items():
+    if r["seq_len"] == 2**17:
+        err = forms2[k.replace("Tk=131072", "Tk=16384")].get("err_over_max_v")
+        print(f"{r['form']:<24}{r['dtype']:<10}{r['kv_bytes'] / r['median_s'] / 1e9:>7,.0f}"
+              f"{r['frac']:>12.0%}{r['temp_over_cache']:>17.2f}{sci(err, 2):>14}")
+long2 = [r for r in forms2.values() if r["seq_len"] >= 2**17]
+bthd_forms = [r for r in long2 if r["layout"] == "bthd" and r["form"] not in ("pkg_cudnn",)]
+assert all(r["temp_over_cache"] > 0.5 for r in bthd_forms)  # every one writes a copy
+assert max(r["frac"] for r in bthd_forms) < 0.3
+cudnn128 = form2("pkg_cudnn", "bfloat16")
+assert cudnn128["temp_over_cache"] < 0.01 and 0.7 < cudnn128["frac"] < 0.8
+up, mixed, p16 = (form2(f"einsum_bhtd_{v}", "bfloat16") for v in ("hi_hi", "mx_hi", "mx_p16"))
+e_up, e_mx, e_p16 = (forms2[f"einsum_bhtd_{v} bfloat16 Tk=16384"]["err_over_max_v"]
+                     for v in ("hi_hi", "mx_hi", "mx_p16"))
+speedup2 = up["median_s"] / mixed["median_s"]
+assert speedup2 > 1.5 and e_mx < 2 * e_up and e_p16 > 100 * e_mx
+Markdown(f"- **No form reads a `bthd` cache in place.** Every one of them on that layout "
+         f"(the package's blockwise walk, one einsum, chunks) wrote scratch of at least "
+         f"half the cache: XLA copies K or V into head-major order before the product. "
+         f"The best of them reached only {max(r['frac'] for r in bthd_forms):.0%} of nominal "
+         f"at 128k keys or more. On that layout only cuDNN streams (scratch {sci(cudnn128['temp_over_cache'], 2)} "
+         f"of the cache): {cudnn128['frac']:.0%} of nominal at 128k, bf16 only, short of the "
+         f"80% the lease aimed at. A float32 `bthd` kernel that copies nothing needs a "
+         f"hand-written kernel (Pallas), which is not built.\n"
+         f"- **Products.** On the head-major layout, bf16 operands with float32 accumulation "
+         f"for the scores (`mx`, weights kept in float32 at HIGHEST) ran "
+         f"{speedup2:.2f}x as fast as the float32 upcasts, at the same error against float64 "
+         f"({sci(e_mx, 2)} and {sci(e_up, 2)} of max|v|). Rounding the weights to bf16 too "
+         f"was faster again, but {e_p16 / e_mx:,.0f} times less accurate: it breaks the "
+         f"float32 accumulation the package promises. The xla kernel now takes the `mx` "
+         f"form for 16-bit caches (`kernels.xla._exact_products`); that kernel itself has "
+         f"not yet run on a GPU.")
+
+# %%
+more2 = json.loads((ROOT / "results" / "gpu" / "lease2" / "smollm2_more.json").read_text())
+steps2, programs2 = {}, {}  # the two calls that ran SmolLM2's shape
+for part in (lease2["smollm2"], more2["smollm2"]):
+    steps2.update({(r["method"], r["context"], r["variant"]): r for r in part["records"]})
+    programs2.update({k: v["read_step"] for k, v in part["programs"].items() if "read_step" in v})
+with_cond, no_cond = steps2[("single", 4096, "as is")], steps2[("single", 4096, "no cond")]
+k_cond, k_none = programs2["single as is"], programs2["single no cond"]
+print(f"SmolLM2-135M's shape (random weights), one device, 4,096 tokens of context: "
+      f"{k_cond['kernels']} operations in the read step, {k_cond['conditionals']} of them "
+      f"lax.cond")
+for r in (with_cond, no_cond):
+    print(f"  {r['variant']:<8}{r['median_s'] * 1e3:6.2f} ms per token, "
+          f"{r['fraction']:.1%} of the roofline ({r['roofline_s'] * 1e3:.2f} ms)")
+per_op = no_cond["median_s"] / k_none["kernels"]
+per_cond = (with_cond["median_s"] - no_cond["median_s"]) / k_cond["conditionals"]
+floor2 = lease2["fixed_cost"]["trivial_call_s"]  # a jitted x + 1, called from the host
+assert with_cond["median_s"] > 1.4 * no_cond["median_s"] and no_cond["fraction"] < 0.1
+assert k_cond["conditionals"] == 30 and k_none["conditionals"] == 0
+assert 0.5 < per_cond / floor2 < 2  # "about as long as"
+Markdown(f"A step of this small model is not memory-bound: at a 4k context its bytes would "
+         f"take {no_cond['roofline_s'] * 1e3:.2f} ms at the measured read bandwidth, and "
+         f"the step took {no_cond['median_s'] * 1e3:.2f} ms even without its conds, about "
+         f"{per_op * 1e6:.0f} µs for each of the {k_none['kernels']} operations of the "
+         f"compiled program, the order of a kernel launch (inferred from the program, not "
+         f"profiled). The conds cost more: the one-device read step mended a cache with "
+         f"non-finite padding with a `lax.cond` in every layer, and removing the "
+         f"{k_cond['conditionals']} of them saved "
+         f"{(with_cond['median_s'] - no_cond['median_s']) * 1e3:.2f} ms of "
+         f"{with_cond['median_s'] * 1e3:.2f}, {per_cond * 1e6:.0f} µs each: about as long "
+         f"as a trivial jitted call from the host ({floor2 * 1e6:.0f} µs), as a branch "
+         f"chosen on the host would be. The step now has one cond "
+         f"(`forward.read_only_step`; `tests/test_speed.py` counts it).")
 
 # %% [markdown]
 # ## 6.3 The alpha-beta model, calibrated here

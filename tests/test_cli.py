@@ -429,6 +429,7 @@ def test_benchmark_pads_a_length_the_devices_do_not_divide():
 
 
 @pytest.mark.slow
+@pytest.mark.cpu_only  # 8 simulated CPU devices
 def test_demo_small(tmp_path):
     fig = tmp_path / "fig.png"
     r = run_cli(
@@ -452,6 +453,7 @@ def test_demo_small(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cpu_only  # 8 simulated CPU devices
 def test_bench_json_records(tmp_path):
     path = tmp_path / "bench.json"
     r = run_cli(

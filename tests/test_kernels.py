@@ -56,14 +56,16 @@ def test_flash_not_installed_message(monkeypatch):
 
 
 def test_flash_adapter_layout(monkeypatch):
-    def fake_fwd(q, k, v, softmax_scale, is_causal, window_size):
+    def fake_fwd(q, k, v, *, softmax_scale, is_causal, window_size_left, window_size_right):
+        # 0.6.2's signature and shapes (flash_attn_jax/flash_fwd.py): lse is [B, Hq, Tq].
+        assert (is_causal, window_size_left, window_size_right) == (False, -1, -1)
         out, lse, _ = np_attention_state(q, k, v, scale=softmax_scale)
         return jnp.asarray(out, q.dtype), jnp.asarray(lse.transpose(0, 2, 1), jnp.float32)
 
-    flash = types.ModuleType("flash_attn_jax.flash")
-    flash._flash_mha_fwd = fake_fwd
+    fwd = types.ModuleType(kernels.flash.MODULE)
+    setattr(fwd, kernels.flash.FORWARD, fake_fwd)
     monkeypatch.setitem(sys.modules, "flash_attn_jax", types.ModuleType("flash_attn_jax"))
-    monkeypatch.setitem(sys.modules, "flash_attn_jax.flash", flash)
+    monkeypatch.setitem(sys.modules, kernels.flash.MODULE, fwd)
     q, k, v = rand_qkv(0, Dv=8, dtype=jnp.bfloat16)
     state = kernels.flash_state(q, k, v)
     out, lse, _ = np_attention_state(q, k, v)
@@ -420,6 +422,8 @@ def gpu(monkeypatch):
         monkeypatch.setattr(
             kernels.flash.importlib.util, "find_spec", lambda name: object() if flash else None
         )
+        if flash:  # installed and importable, as on a machine with a working build
+            monkeypatch.setattr(kernels.flash, "import_error", lambda: None)
 
     return make
 

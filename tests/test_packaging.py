@@ -142,11 +142,11 @@ def fake_flash(monkeypatch):
     """A stand-in flash_attn_jax package, installed as release `version`."""
 
     def install(version, *, private_name=True):
-        flash = types.ModuleType("flash_attn_jax.flash")
+        flash = types.ModuleType(kernels.flash.MODULE)
         if private_name:
-            flash._flash_mha_fwd = lambda *a, **k: None
+            setattr(flash, kernels.flash.FORWARD, lambda *a, **k: None)
         monkeypatch.setitem(sys.modules, "flash_attn_jax", types.ModuleType("flash_attn_jax"))
-        monkeypatch.setitem(sys.modules, "flash_attn_jax.flash", flash)
+        monkeypatch.setitem(sys.modules, kernels.flash.MODULE, flash)
         real = importlib.metadata.version
 
         def version_of(name):
@@ -176,4 +176,25 @@ def test_flash_private_name_missing_is_a_clear_error(fake_flash):
     assert kernels.flash.unsupported_reason(jnp.bfloat16, 64, 64, False, backend="gpu") is None
     q = jnp.zeros((1, 1, 2, 8), jnp.bfloat16)
     with pytest.raises(RuntimeError, match=r"has no such name.*local_kernel='xla'"):
+        kernels.flash_state(q, q, q)
+
+
+def test_flash_installed_but_not_importable_is_refused(fake_flash, monkeypatch):
+    """The second GPU lease: flash-attn-jax 0.6.2 installed beside JAX's CUDA 13 failed to
+    import (`libcudart.so.12`), yet `available()` said True, so "auto" would have picked it."""
+    import jax.numpy as jnp
+
+    fake_flash("0.6.2")
+    real = importlib.import_module
+
+    def import_module(name, *args, **kw):
+        if name == "flash_attn_jax":
+            raise ImportError("libcudart.so.12: cannot open shared object file")
+        return real(name, *args, **kw)
+
+    monkeypatch.setattr(kernels.flash.importlib, "import_module", import_module)
+    reason = kernels.flash.unsupported_reason(jnp.bfloat16, 64, 64, False, backend="gpu")
+    assert "installed but cannot be imported" in reason and "libcudart.so.12" in reason
+    q = jnp.zeros((1, 1, 2, 8), jnp.bfloat16)
+    with pytest.raises(RuntimeError, match="libcudart"):
         kernels.flash_state(q, q, q)

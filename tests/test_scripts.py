@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -16,6 +18,7 @@ def _load(name: str):
     return module
 
 
+@pytest.mark.cpu_only  # the quick run's CPU facts (cudnn via xla, simulated devices)
 def test_gpu_bench_quick_writes_its_record(tmp_path):
     out = tmp_path / "quick.json"
     bench = _load("gpu_bench")
@@ -60,6 +63,7 @@ def test_gpu_bench_quick_writes_its_record(tmp_path):
     assert "needs a CUDA GPU" in records["flash float32 gqa8_2x32_b2 Tk=256"]["skipped"]
 
 
+@pytest.mark.cpu_only  # the quick run's CPU facts (cudnn via xla, simulated devices)
 def test_gpu_checks_quick_compares_the_gradients(tmp_path, capsys):
     out = tmp_path / "grads.json"
     assert _load("gpu_checks").main(["--quick", "--out", str(out)]) == 0

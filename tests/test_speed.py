@@ -59,11 +59,27 @@ def test_a_decode_step_copies_no_cache(method, mesh8):
     assert mem.temp_size_in_bytes < layer_k / 2, (mem.temp_size_in_bytes, layer_k)
 
 
+def test_a_one_device_step_chooses_a_branch_once(mesh8):
+    """The read step mends a cache with non-finite padding with one `lax.cond` per step, not
+    one per layer: 30 of them cost a
+    SmolLM2-shaped step 2.74 of its 7.33 ms on an H200 (results/gpu/README.md)."""
+    import dataclasses
+    import re
+
+    cfg = dataclasses.replace(CFG, layers=5)
+    gen = model.Generator(model.init_params(cfg, jax.random.key(0)), cfg, mesh8, "single")
+    cache = model.empty_cache(cfg, 2, 64, gen.mesh)
+    tok = jax.device_put(jnp.zeros((2,), jnp.int32), gen._rep)
+    hlo = gen._programs.read_step.lower(gen.params, cache, tok, jax.random.key(0), 0.0, True)
+    conds = re.findall(r"\bconditional\(", hlo.compile().as_text())
+    assert len(conds) == 1, len(conds)
+
+
 @pytest.mark.cpu_only
 def test_one_program_cannot_write_and_read_the_cache_without_a_copy():
     """Why one device's step is two programs: XLA copies a donated buffer that one operation
     updates in place while a matrix product reads it whole (the cache-sized copy this test
-    finds). If a later XLA stops copying, the split in `forward._attend_then_append` can go."""
+    finds). If a later XLA stops copying, the split in `forward.read_only_step` can go."""
 
     def step(cache, q, new, i):
         return lax.dynamic_update_slice_in_dim(cache, new, i, axis=2), jnp.einsum(

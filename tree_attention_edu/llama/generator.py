@@ -28,6 +28,7 @@ from .forward import (
     attend_fn,
     forward,
     forward_with_shard_stats,
+    read_only_step,
     trunk,
     unembed,
 )
@@ -154,11 +155,11 @@ class _Programs:
             return _draw(logits, key, temperature, greedy), logits, cache
 
         def read_step(params, cache, tokens, key, temperature, greedy):
-            # One device: read the cache here, write it in `append` (`_attend_then_append`).
+            # One device: read the cache here, write it in `append` (`read_only_step`).
             if self.caller is not None:
                 self.caller.traces += 1
-            x, new, _ = trunk(params, cfg, tokens[:, None], cache, attend, mesh, read_only=True)
-            logits = unembed(params, cfg, x)[:, 0]
+            logits, new = read_only_step(params, cfg, tokens[:, None], cache, attend, mesh)
+            logits = logits[:, 0]
             return _draw(logits, key, temperature, greedy), logits, new
 
         def probe(params, cache, tokens):

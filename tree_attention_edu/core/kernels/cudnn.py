@@ -24,7 +24,7 @@ from jax.typing import DTypeLike
 
 from .. import inputs, masks, validate
 from ..names import Layout
-from ..numerics import accum_dtype, logsumexp
+from ..numerics import PRECISION_NAME, accum_dtype, logsumexp
 from ..reference import scaled_scores
 from ..states import AttentionState
 from . import common
@@ -271,17 +271,21 @@ def _forward(q, k, v, offset, lengths, scale, causal, implementation, residual=T
         # select them away first. cuDNN does not read them.
         k = masks.select_valid_keys(k, lengths, offset)
         v = masks.select_valid_keys(v, lengths, offset)
-    result = jax.nn.dot_product_attention(
-        q,
-        k,
-        v,
-        mask=mask,
-        scale=scale,
-        is_causal=False,
-        key_value_seq_lengths=local,
-        implementation=implementation,
-        return_residual=residual,
-    )
+    # The library's xla implementation multiplies at XLA's default precision, which on an
+    # NVIDIA GPU rounds float32 operands to TF32: its lse was off by 5e-4 on an H200 (second
+    # lease, results/gpu/README.md). Trace it at the package's PRECISION, like every product.
+    with jax.default_matmul_precision(PRECISION_NAME):
+        result = jax.nn.dot_product_attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            scale=scale,
+            is_causal=False,
+            key_value_seq_lengths=local,
+            implementation=implementation,
+            return_residual=residual,
+        )
     if not residual:  # the output alone
         out = result.astype(acc)
         return (

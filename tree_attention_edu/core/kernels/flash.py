@@ -2,11 +2,14 @@
 
 It returns the log-sum-exp the tree merge needs. It takes fp16/bf16, head_dim ≤ 256,
 `Dv == D`, and no key mask, so it serves shards that are fully valid (no `kv_lengths`, and
-no causal mask over several queries). The lse comes from flash-attn-jax's *private*
-`flash_attn_jax.flash._flash_mha_fwd` (the public `flash_mha` returns none), so only the
-tested release line is accepted. flash-attn-jax defines no derivative for that call, so
-`flash_state` refuses differentiation with a clear error rather than returning a wrong or
-missing gradient; use `local_kernel="cudnn"` or `"xla"` to differentiate.
+no causal mask over several queries). The lse comes from flash-attn-jax's internal
+`flash_attn_jax.flash_fwd.flash_mha_fwd` (the public `flash_mha` returns none), so only the
+tested release line is accepted. (Until the second GPU lease this adapter called
+`flash_attn_jax.flash._flash_mha_fwd`, a name that no release from 0.5.4 to 0.6.2 has: it
+had never run. The H200 found it; results/gpu/README.md.) flash-attn-jax defines no
+derivative for that call, so `flash_state` refuses differentiation with a clear error rather
+than returning a wrong or missing gradient; use `local_kernel="cudnn"` or `"xla"` to
+differentiate.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ from ..states import AttentionState
 from . import common
 
 TESTED = ("0", "6")
-"""flash-attn-jax release line (0.6.x) whose private `_flash_mha_fwd` `flash_state` calls."""
+"""flash-attn-jax release line (0.6.x) whose internal `flash_fwd.flash_mha_fwd` `flash_state`
+calls (read from 0.6.2's source: `(q, k, v, *, softmax_scale, is_causal, window_size_left,
+window_size_right) -> (out [B, Tq, Hq, D], lse float32 [B, Hq, Tq])`)."""
+MODULE, FORWARD = "flash_attn_jax.flash_fwd", "flash_mha_fwd"
 INSTALL = "`pip install 'tree_attention_edu[flash]'`"
 
 
@@ -45,9 +51,10 @@ def installed() -> bool:
 def version_reason() -> str | None:
     """Why the installed flash-attn-jax cannot be used, or None if it can.
 
-    A private name can change in any release, so only the tested 0.6.x line is accepted. A
+    An internal name can change in any release, so only the tested 0.6.x line is accepted. A
     copy without package metadata (a source tree on `sys.path`) passes here, and
-    `flash_state` still checks that the name exists.
+    `flash_state` still checks that the name exists. A copy that is installed but cannot be
+    imported (`import_error`) cannot be used either.
     """
     from importlib import metadata
 
@@ -59,15 +66,32 @@ def version_reason() -> str | None:
     try:
         version = metadata.version("flash-attn-jax")
     except metadata.PackageNotFoundError:
-        return None
+        return import_error()
     if tuple(version.split(".")[:2]) == TESTED:
-        return None
+        return import_error()
     return (
         f"local_kernel='flash' is tested with flash-attn-jax {'.'.join(TESTED)}.x "
-        f"only (it calls the private `flash_attn_jax.flash._flash_mha_fwd` for the "
+        f"only (it calls the internal `{MODULE}.{FORWARD}` for the "
         f"log-sum-exp), but {version} is installed; {INSTALL} installs the tested release, "
         f"or use local_kernel='xla'."
     )
+
+
+def import_error() -> str | None:
+    """Why an installed flash-attn-jax cannot be imported, or None if it can. A wheel can be
+    installed and still fail to load: on the H200 of the second GPU lease
+    (results/gpu/README.md), flash-attn-jax 0.6.2 needed `libcudart.so.12` beside JAX's CUDA
+    13, and without this check "auto" would have picked it there and failed. A failed import
+    is tried again at the next call (Python caches only a module that loaded)."""
+    try:
+        importlib.import_module("flash_attn_jax")
+    except Exception as e:  # an ImportError, or whatever a native module's init raises
+        return (
+            f"flash-attn-jax is installed but cannot be imported ({type(e).__name__}: "
+            f"{e}); use local_kernel='xla' or 'cudnn', or install a build for this "
+            f"machine's CUDA."
+        )
+    return None
 
 
 def available() -> bool:
@@ -167,7 +191,7 @@ def flash_state(
     reason = version_reason()
     if reason:
         raise RuntimeError(reason)
-    _forward_fn()  # the private name it calls must be there: said here, not when traced
+    _forward_fn()  # the internal name it calls must be there: said here, not when traced
     return flash_core(
         q,
         k_chunk,
@@ -202,12 +226,12 @@ def flash_core(
 
 def _forward_fn() -> Callable[..., Any]:
     """flash-attn-jax's forward, imported lazily (CUDA-only, an optional extra)."""
-    flash = importlib.import_module("flash_attn_jax.flash")
-    forward = getattr(flash, "_flash_mha_fwd", None)  # private: see `version_reason`
+    module = importlib.import_module(MODULE)
+    forward = getattr(module, FORWARD, None)  # internal: see `version_reason`
     if forward is None:
         raise RuntimeError(
-            "local_kernel='flash' calls flash-attn-jax's private "
-            "`flash_attn_jax.flash._flash_mha_fwd` (tested with flash-attn-jax "
+            "local_kernel='flash' calls flash-attn-jax's internal "
+            f"`{MODULE}.{FORWARD}` (tested with flash-attn-jax "
             f"{'.'.join(TESTED)}.x), and the installed flash-attn-jax has no such name; "
             f"{INSTALL} installs the tested release, or use local_kernel='xla'."
         )
@@ -215,6 +239,8 @@ def _forward_fn() -> Callable[..., Any]:
 
 
 def _run(forward: Callable[..., Any], scale: float, q: Array, k: Array, v: Array) -> AttentionState:
-    out, lse = forward(q, k, v, softmax_scale=scale, is_causal=False, window_size=(-1, -1))
+    out, lse = forward(
+        q, k, v, softmax_scale=scale, is_causal=False, window_size_left=-1, window_size_right=-1
+    )
     # flash returns out [B, Tq, Hq, D] in the input dtype and lse float32 [B, Hq, Tq].
     return AttentionState.from_lse(out.astype(jnp.float32), jnp.transpose(lse, (0, 2, 1)))
