@@ -74,8 +74,8 @@ from IPython.display import Markdown
 from matplotlib import ticker
 
 from tree_attention_edu import plots
-from tree_attention_edu.course.printing import sci
 from tree_attention_edu.core import kernels
+from tree_attention_edu.course.printing import sci
 from tree_attention_edu.perf import benchmark, calibrate, links, microbench
 from tree_attention_edu.perf import costmodel as cm
 
