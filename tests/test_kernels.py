@@ -7,6 +7,7 @@ flash-attn-jax runs only on CUDA; here a pure-JAX stand-in with its exact output
 adapter transposes and casts correctly. On a GPU the real kernel takes its place.
 """
 
+import re
 import sys
 import types
 
@@ -509,3 +510,42 @@ def test_cudnn_head_dim_limit():
         256,
         128,
     ]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_16_bit_gradients_keep_float32_sums_and_precision(dtype):
+    """The scores of a 16-bit cache multiply its own operands (`xla._scores16`), but q's
+    gradient is summed over the blocks in float32 and every backward product runs at
+    `PRECISION`. JAX's own derivative of that product summed dq in bf16: 1.7e-2 of
+    max|dq| over these 256 blocks, against 1.9e-3 here (helper review of the second lease's
+    change); a float64 reference of the same rounded inputs decides."""
+    rng = np.random.default_rng(0)
+    Tk = 2048
+    q0, k0, v0 = (rng.standard_normal(s) for s in ((1, 1, 2, 8), (1, Tk, 1, 8), (1, Tk, 1, 8)))
+    wo, wl = rng.standard_normal((1, 1, 2, 8)), rng.standard_normal((1, 1, 2))
+    lengths = jnp.array([Tk - 3])
+
+    def loss(q, k, v):
+        st = kernels.xla_state(q, k, v, block=8, kv_lengths=lengths)
+        return jnp.sum(st.out * wo) + jnp.sum(st.lse * wl)
+
+    q, k, v = (jnp.asarray(x, dtype) for x in (q0, k0, v0))
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    assert [g.dtype for g in grads] == [dtype] * 3
+    want = np_grads(loss, q, k, v)
+    bound = 4e-3 if dtype == jnp.bfloat16 else 4e-4
+    for g, w in zip(grads, want, strict=True):
+        assert np.abs(np.asarray(g, np.float64) - w).max() < bound * np.abs(w).max()
+    # Every product of float32 operands runs at HIGHEST; only the 16-bit forward does not.
+    hlo = jax.jit(jax.grad(loss)).lower(q, k, v).as_text()
+    dots = re.findall(r"dot_general .*precision = \[(\w+), \w+\] : \(([^)]*)\)", hlo)
+    assert len(dots) >= 4, dots
+    for precision, operands in dots:
+        assert precision == "HIGHEST" or "f32" not in operands, (precision, operands)
+
+
+def np_grads(loss, q, k, v):
+    """The gradients of `loss` in float64 at the (rounded) 16-bit inputs."""
+    with jax.enable_x64(True):
+        args = [jnp.asarray(np.asarray(x, np.float64)) for x in (q, k, v)]
+        return [np.asarray(g) for g in jax.grad(loss, argnums=(0, 1, 2))(*args)]

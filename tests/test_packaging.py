@@ -198,3 +198,11 @@ def test_flash_installed_but_not_importable_is_refused(fake_flash, monkeypatch):
     q = jnp.zeros((1, 1, 2, 8), jnp.bfloat16)
     with pytest.raises(RuntimeError, match="libcudart"):
         kernels.flash_state(q, q, q)
+
+    # A copy without package metadata (a source tree on sys.path) is imported all the same.
+    def no_metadata(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", no_metadata)
+    reason = kernels.flash.unsupported_reason(jnp.bfloat16, 64, 64, False, backend="gpu")
+    assert "installed but cannot be imported" in reason

@@ -146,7 +146,7 @@ def test_garbage_in_the_models_cache_is_never_read(mesh8):
         dirty_logits, _ = forward(placed, cfg, tokens, dirty, attend, mesh8)
         assert np.isfinite(np.asarray(clean_logits)).all(), method
         np.testing.assert_array_equal(dirty_logits, clean_logits, err_msg=method)
-    # One device's decode step reads the cache in one pass first (`_attend_then_append`).
+    # One device's decode step reads the cache in one pass first (`forward.read_only_step`).
     cache = cache1
     pad = (jnp.arange(cache.layers[0][0].shape[2])[None, :] >= cache.lengths[:, None])[
         :, None, :, None

@@ -242,7 +242,12 @@ def read_only_step(
 
     fast = run("finite")
     # A non-finite read makes the rest of its sequence's step, and so its logits, non-finite.
-    ok = jnp.all(jnp.isfinite(fast[0]), axis=(1, 2))  # [B]
+    # Rows that are NaN by design (an id outside the vocabulary, a step past the capacity:
+    # `trunk`) would be NaN again: they are not read twice.
+    by_design = jnp.any((tokens < 0) | (tokens >= cfg.vocab), axis=1) | (
+        cache.lengths + tokens.shape[1] > cache.layers[0][0].shape[2]
+    )
+    ok = jnp.all(jnp.isfinite(fast[0]), axis=(1, 2)) | by_design  # [B]
 
     def mend() -> tuple[Array, tuple[tuple[Array, Array], ...]]:
         return jax.tree.map(

@@ -58,15 +58,15 @@ def _fold(carry, qg, kb, vb, visible, valid, zg=None, scale=None):
     running max `[B, Hkv, G·Tq]` (-inf while nothing is visible), sum of `exp(s - m)`, and
     unnormalised numerator `[..., Dv]`.
 
-    `scale` None: `qg` is scaled and in the accumulation dtype, and the scores' product runs
-    on float32 (or float64) upcasts at `PRECISION`. `scale` a float: `qg` is unscaled in the
-    cache's own 16-bit dtype (`_exact_products`), the product multiplies the 16-bit operands
-    with float32 accumulation (`preferred_element_type`), and the scores are scaled after it.
+    `qg` is in the accumulation dtype. `scale` None: `qg` is scaled, and the scores' product
+    runs on float32 (or float64) upcasts at `PRECISION`. `scale` a float: `qg` is unscaled and
+    holds q's 16-bit values exactly (`_exact_products`); the product takes them and K in that
+    dtype with float32 accumulation (`_scores16`), and the scores are scaled after it.
     """
     m, l, o = carry
     B, Hkv, M, _ = qg.shape
     C = kb.shape[2]
-    acc = accum_dtype(qg.dtype)
+    acc = qg.dtype
     if valid is not None:  # padding may hold anything (NaN, inf): select it away first
         keep = valid[:, None, :, None]
         kb = jnp.where(keep, kb, jnp.zeros((), kb.dtype))
@@ -74,7 +74,7 @@ def _fold(carry, qg, kb, vb, visible, valid, zg=None, scale=None):
     if scale is None:
         s = jnp.einsum("bhmd,bhcd->bhmc", qg, kb.astype(acc), precision=PRECISION)
     else:
-        s = jnp.einsum("bhmd,bhcd->bhmc", qg, kb, preferred_element_type=acc) * scale
+        s = _scores16(qg, kb) * scale
     if zg is not None:  # the tilted scores s + ζ·v of the energy F(ζ)
         s = s + jnp.einsum("bhmv,bhcv->bhmc", zg, vb.astype(acc), precision=PRECISION)
     Tq = visible.shape[3]
@@ -263,7 +263,7 @@ def xla_core(
     lengths = masks.full_lengths(B, Tc) + kv_offset if kv_lengths is None else kv_lengths
     # Queries of one kv head side by side: [B, Hkv, G·Tq, D], so K and V keep their layout.
     exact = _exact_products(q.dtype, k_chunk.dtype)
-    qg = _by_kv_head(q if exact else q.astype(acc) * jnp.asarray(scale, acc), Hkv)
+    qg = _by_kv_head(q.astype(acc) if exact else q.astype(acc) * jnp.asarray(scale, acc), Hkv)
     zg = None if zeta is None else _by_kv_head(zeta.astype(acc), Hkv)
     carry = (
         jnp.full((B, Hkv, G * Tq), -jnp.inf, acc),
@@ -308,9 +308,42 @@ def _exact_products(q_dtype: Any, k_dtype: Any) -> bool:
     head-major cache at 128k keys read 2,479 GB/s this way against 1,449 with the upcasts
     (1.71x), at the same error against float64 (1.40e-8 and 1.24e-8 of max|v| at 16k). The
     weighted sum keeps float32 weights at `PRECISION`: rounding them to bf16 (flash
-    attention's choice) was faster still (2,933 GB/s) but 1,000 times less accurate."""
+    attention's choice) was faster still (2,933 GB/s) but 1,000 times less accurate.
+
+    One difference remains: the scores are scaled after the product, so for bf16 (float32's
+    exponent range) a product above float32's largest number (3.4e38) overflows where the
+    upcast form, scaled first, overflowed only above 3.4e38 / scale (√D times more: scores
+    of order 1e38, far outside attention's range). fp16 products cannot overflow float32."""
     q, k = jnp.dtype(q_dtype), jnp.dtype(k_dtype)
     return q == k and q in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+@jax.custom_vjp
+def _scores16(q32: Array, k: Array) -> Array:
+    """`q32 [B, H, M, D]` float32 holding 16-bit values exactly, `k [B, H, C, D]` in that
+    16-bit dtype -> float32 scores `[B, H, M, C]`: the product of the 16-bit operands with
+    float32 accumulation, at XLA's default precision (what the second lease timed).
+
+    Its derivative is the upcast form's, at `PRECISION`: dq in float32 (so a scan over
+    blocks sums q's gradient in float32 and rounds it once, at the kernel's input), dk in
+    K's dtype. JAX's own derivative of the 16-bit product would round each block's dq to
+    bf16, sum them in bf16 (10 times the old error in dq over 256 blocks), and multiply at
+    the default precision (TF32 on NVIDIA GPUs)."""
+    return jnp.einsum("bhmd,bhcd->bhmc", q32.astype(k.dtype), k, preferred_element_type=q32.dtype)
+
+
+def _scores16_fwd(q32: Array, k: Array) -> tuple[Array, tuple[Array, Array]]:
+    return _scores16(q32, k), (q32, k)
+
+
+def _scores16_bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
+    q32, k = res
+    dq = jnp.einsum("bhmc,bhcd->bhmd", g, k.astype(g.dtype), precision=PRECISION)
+    dk = jnp.einsum("bhmc,bhmd->bhcd", g, q32, precision=PRECISION)
+    return dq, dk.astype(k.dtype)
+
+
+_scores16.defvjp(_scores16_fwd, _scores16_bwd)
 
 
 def _by_kv_head(x: Array, kv_heads: int) -> Array:
