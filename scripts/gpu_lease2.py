@@ -3,6 +3,9 @@ bf16 operands with float32 accumulation against `HIGHEST` upcasts, the fixed cos
 and SmolLM2's decode step, as one JSON file.
 
 Every part runs on any backend; `--quick` uses tiny sizes (a CPU check of the script).
+The record in `results/gpu/lease2/` was made at commit 3eda559 (the package before the
+lease's fixes): its `pkg_*` forms were the kernels as they were then; run today, they
+measure the changed ones (`pkg_xla_bhtd` in bf16 takes the `mx_hi` scores' product).
 
     PYTHONPATH=. python scripts/gpu_lease2.py --out lease2.json            # on the GPU
     PYTHONPATH=. python scripts/gpu_lease2.py --quick --out /tmp/q.json    # anywhere
@@ -16,14 +19,15 @@ Parts (each writes the JSON when it ends, so a run cut off keeps what it measure
   - `pkg_xla_bthd`, `pkg_xla_bhtd`: `kernels.xla_state` as it is (blocks of 256 keys on
     "bthd"; HIGHEST products on float32 upcasts);
   - `pkg_cudnn`: `kernels.cudnn_state` (bf16 only), `dpa`: `jax.nn.dot_product_attention`;
-  - `einsum_<layout>_<qk>_<pv>`: the whole chunk in one einsum per product, read in place
-    (`bqhgd,bthd->bhgqt`), with the scores' and the output's product done as:
-    `hi` (float32 upcast, HIGHEST), `mx` (the cache's own dtype, float32 accumulation via
-    `preferred_element_type`; products of two bf16 numbers are exact in float32), `p16`
-    (the weights rounded to the cache's dtype, float32 accumulation: flash-attention's
-    choice) or `df` (float32 at XLA's default precision: TF32 on NVIDIA, for reference);
-  - `chunk<C>_bthd_mx_hi`: the same, folded over chunks of C keys (online softmax), the
-    bounded-memory form a long query block needs.
+  - `einsum_<layout>_<qk>_<pv>`: the whole cache in one einsum per product, written to read
+    it in its own layout (`bqhgd,bthd->bhgqt`, no explicit transpose). The scores' product
+    `qk` is `hi` (float32 upcasts, HIGHEST), `mx` (the cache's own dtype, float32
+    accumulation via `preferred_element_type`; products of two bf16 numbers are exact in
+    float32) or `df` (float32 at XLA's default precision: TF32 on NVIDIA, for reference);
+    the weighted sum `pv` is `hi`, `p16` (the weights rounded to the cache's dtype, float32
+    accumulation: flash-attention's choice) or `df`;
+  - `chunk<C>_bthd_<qk>_hi`: the same, folded over chunks of C keys (online softmax), the
+    bounded-memory form a long query block needs (`mx` scores in bf16, `hi` in float32).
 * `errors`: at `--error-tk`, each form's `max |out - ref| / max |v|` against a float64
   numpy reference on the same (rounded) inputs.
 * `fixed_cost`: the best forms over Tk, with `t = a + bytes / bw` fitted by least squares,

@@ -166,17 +166,26 @@ def ring_permutation(mesh: Mesh, axes: Sequence[str], shift: int = 1) -> list[tu
     return [(number[s], number[(s + shift) % p]) for s in range(p)]
 
 
+def _varying_axes(x: Any) -> set[str]:
+    """The mesh axes `x` varies over inside `shard_map` (empty outside)."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "manual_axis_type", None)  # jax >= 0.10; `.vma` before
+    return set(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
 def varying_like(tree: Any, *refs: Any) -> Any:
-    """Inside `shard_map`, give a fresh value (a scan carry) the varying mesh axes of `refs`
-    (a carry a block produces varies wherever the shard does); outside, a no-op."""
-    axes: set[str] = set()
-    for r in refs:
-        aval = jax.typeof(r)
-        mat = getattr(aval, "manual_axis_type", None)  # jax >= 0.10; `.vma` before
-        axes |= set(mat.varying if mat is not None else getattr(aval, "vma", ()))
+    """Inside `shard_map`, give each leaf of `tree` the varying mesh axes of `refs` that it
+    lacks (a scan carry a block produces varies wherever the shard does; the operands of a
+    `custom_vjp` must vary alike, or its cotangents' types differ); outside, a no-op."""
+    axes: set[str] = set().union(*(_varying_axes(r) for r in refs))
     if not axes:
         return tree
-    return jax.tree.map(lambda x: lax.pcast(x, tuple(sorted(axes)), to="varying"), tree)
+
+    def cast(x: Any) -> Any:
+        missing = tuple(sorted(axes - _varying_axes(x)))
+        return lax.pcast(x, missing, to="varying") if missing else x
+
+    return jax.tree.map(cast, tree)
 
 
 def pad_cache(
