@@ -5,7 +5,11 @@ and SmolLM2's decode step, as one JSON file.
 Every part runs on any backend; `--quick` uses tiny sizes (a CPU check of the script).
 The record in `results/gpu/lease2/` was made at commit 3eda559 (the package before the
 lease's fixes): its `pkg_*` forms were the kernels as they were then; run today, they
-measure the changed ones (`pkg_xla_bhtd` in bf16 takes the `mx_hi` scores' product).
+measure the changed ones (`pkg_xla_bthd` and `pkg_xla_bhtd` in bf16 take the `mx_hi`
+scores' product). The script as it ran differs from this one in one place: its "no cond"
+SmolLM2 variant replaced `forward._attend_then_append` (which then held each layer's
+`lax.cond`) by a one-pass read; since the fix there is no per-layer cond, and the variant
+replaces `generator.read_only_step` instead.
 
     PYTHONPATH=. python scripts/gpu_lease2.py --out lease2.json            # on the GPU
     PYTHONPATH=. python scripts/gpu_lease2.py --quick --out /tmp/q.json    # anywhere
@@ -17,7 +21,8 @@ Parts (each writes the JSON when it ends, so a run cut off keeps what it measure
   scratch (`memory_analysis().temp_size_in_bytes`) against the cache's bytes, so a
   cache-sized copy shows. The forms:
   - `pkg_xla_bthd`, `pkg_xla_bhtd`: `kernels.xla_state` as it is (blocks of 256 keys on
-    "bthd"; HIGHEST products on float32 upcasts);
+    "bthd"; at the lease, HIGHEST products on float32 upcasts; now, for bf16 on either
+    layout, the scores' product of `_exact_products`);
   - `pkg_cudnn`: `kernels.cudnn_state` (bf16 only), `dpa`: `jax.nn.dot_product_attention`;
   - `einsum_<layout>_<qk>_<pv>`: the whole cache in one einsum per product, written to read
     it in its own layout (`bqhgd,bthd->bhgqt`, no explicit transpose). The scores' product

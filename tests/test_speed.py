@@ -62,7 +62,8 @@ def test_a_decode_step_copies_no_cache(method, mesh8):
 def test_a_one_device_step_chooses_a_branch_once(mesh8):
     """The read step mends a cache with non-finite padding with one `lax.cond` per step, not
     one per layer: 30 of them cost a
-    SmolLM2-shaped step 2.74 of its 7.33 ms on an H200 (results/gpu/README.md)."""
+    SmolLM2-shaped step 2.74 of its 7.33 ms on an H200 (two machines of that kind,
+    results/gpu/README.md)."""
     import dataclasses
     import re
 
