@@ -33,10 +33,11 @@ Parts (each writes the JSON when it ends, so a run cut off keeps what it measure
     accumulation: flash-attention's choice) or `df`;
   - `chunk<C>_bthd_<qk>_hi`: the same, folded over chunks of C keys (online softmax), the
     bounded-memory form a long query block needs (`mx` scores in bf16, `hi` in float32).
-* `errors`: at `--error-tk`, each form's `max |out - ref| / max |v|` against a float64
-  numpy reference on the same (rounded) inputs.
-* `fixed_cost`: the best forms over Tk, with `t = a + bytes / bw` fitted by least squares,
-  beside a trivial jitted call (the dispatch floor) and the kernels in each compiled program.
+  Within `forms`, at its first length (16,384), each form's `max |out - ref| / max |v|`
+  against a float64 numpy reference on the same (rounded) inputs.
+* `fixed_cost`: the forms of `Cfg.fixed_forms` over Tk, with `t = a + bytes / bw` fitted by
+  least squares, beside a trivial jitted call (the dispatch floor) and the kernels in each
+  compiled program.
 * `smollm2`: SmolLM2-135M's shape with random weights (speed does not depend on them):
   `llama.speed.decode_speed` for single and tree on one device, at each context, plus
   `single` with the one-pass read only (no `lax.cond`), and the kernels of each program.

@@ -196,9 +196,9 @@ def test_broken_finite_padding_promise_is_nan_never_silent(bad):
 @pytest.mark.xfail(
     ON_ACCELERATOR,
     strict=True,
-    reason="on a GPU, XLA hoists the 'bthd' "
-    "transpose out of the scan: a cache-sized copy (measured on an H200: "
-    "33,569,344 bytes of scratch for a 33,554,432-byte cache)",
+    reason="on a GPU the 'bthd' walk writes cache-sized scratch (measured on an H200: "
+    "33,569,344 bytes for a 33,554,432-byte cache; a transpose moved out of the scan, "
+    "inferred from the size)",
 )
 def test_xla_state_copies_nothing_cache_sized():
     """Compiled temp memory of a decode step stays far below the size of the cache."""
