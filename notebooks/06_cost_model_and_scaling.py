@@ -297,8 +297,13 @@ plt.show()
 # %% [markdown]
 # ### 6.2.1 On a real GPU: the recorded figures
 #
-# The same kernels ran on one NVIDIA H200 (`scripts/gpu_bench.py`; the commands and the
-# logs are in `results/gpu/`). That is one recorded session, and the next cell is **a record
+# Two of the same kernels (`xla_bthd`, `xla_bhtd`) ran on one NVIDIA H200
+# (`scripts/gpu_bench.py`; the commands and the logs are in `results/gpu/`), with three
+# more: `cudnn`, the package's adapter to cuDNN's flash attention (16-bit caches only);
+# `dot_product_attention`, JAX's `jax.nn.dot_product_attention`; and `tree_decode` with its
+# default `local_kernel="auto"`, which on a GPU picks `cudnn` for 16-bit caches in the
+# `bthd` layout and the xla kernel otherwise (not the `merge="auto"` of notebook 8). A
+# kernel's "fraction of nominal" is its bandwidth over the H200's published HBM peak. That is one recorded session, and the next cell is **a record
 # read back**: nothing in it runs on a GPU, so it runs anywhere, and its assertions check
 # the record, not a GPU. What it can check is the record's consistency: each kernel's GB/s
 # and fraction of nominal are recomputed from its raw fields (the K + V bytes, from the
@@ -311,7 +316,8 @@ plt.show()
 # point under the H200's roofline. A kernel at the memory limit sits on the sloped line.
 #
 # This sweep ran at XLA's default matmul precision, which on NVIDIA GPUs computes float32
-# products in TF32 and bf16 products with bf16 operands. The package has since pinned its
+# products in TF32 (TensorFloat-32: the tensor cores round float32 operands to about three
+# decimal digits and accumulate in float32) and bf16 products with bf16 operands. The package has since pinned its
 # kernels' products to `numerics.PRECISION` (HIGHEST: float32 products in float32), so the
 # head-major `xla_bhtd` rows below are not what the package runs now. Later calls on the
 # same kind of GPU (`results/gpu/README.md`, "5. Precision") measured the cost. On float32
@@ -386,6 +392,9 @@ print(f"xla_bhtd bf16 gqa32_8x128_b8 at Tk = 131,072 in this record: {gqa_128k['
 bthd = [r for r in timed if r["seq_len"] >= 2**17 and (
     r["kernel"] == "xla_bthd" or (r["kernel"] == "tree_decode" and r["dtype"] == "float32"))]
 assert max(r["kv_bytes"] / r["median_s"] / nominal for r in bthd) < 0.15  # blockwise walk
+dpa_gqa = [r for (k_, _, shape), r in longest.items()
+           if k_ == "dot_product_attention" and shape.startswith("gqa")]
+assert dpa_gqa and all(0.2 < r["kv_bytes"] / r["median_s"] / nominal < 0.3 for r in dpa_gqa)
 Markdown(f"The best bf16 run at 128k keys and more, `{best['kernel']}` on "
          f"`{best['shape']}` at Tk = {best['seq_len']:,}, reached {best['gbs']:,.0f} GB/s: "
          f"**{best['frac_nominal']:.0%} of the nominal {nominal / 1e9:,.0f} GB/s**; at "
@@ -425,8 +434,9 @@ plt.show()
 # *Figure: the line is the H200's roofline at its nominal bandwidth; each point is one
 # kernel, dtype and shape at its longest recorded cache (1M keys where it fit), placed at
 # the decode intensity of section 6.1. Points on the line run at the memory limit; the low
-# points at each intensity are the blockwise `xla_bthd` walk and, in float32,
-# `tree_decode`, whose "auto" kernel is that walk on this layout.*
+# points are the blockwise `xla_bthd` walk, float32 `tree_decode` (whose "auto" kernel is
+# that walk on this layout), and, at the grouped-query intensities, `dot_product_attention`,
+# at about a quarter of nominal.*
 
 # %% [markdown]
 # ### 6.2.2 The second lease: which form reads the cache, and what a GPU step is made of
