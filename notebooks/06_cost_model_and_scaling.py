@@ -303,7 +303,9 @@ plt.show()
 # `dot_product_attention`, JAX's `jax.nn.dot_product_attention`; and `tree_decode` with its
 # default `local_kernel="auto"`, which on a GPU picks `cudnn` for 16-bit caches in the
 # `bthd` layout and the xla kernel otherwise (not the `merge="auto"` of notebook 8). A
-# kernel's "fraction of nominal" is its bandwidth over the H200's published HBM peak. That is one recorded session, and the next cell is **a record
+# kernel's "fraction of nominal" is its bandwidth over the H200's published HBM peak. The
+# shapes are named `gqa32_8x128_b8` (32 query heads sharing 8 kv heads, head width 128,
+# batch 8) and `h16x128_b1` (16 heads, no grouping, width 128, batch 1). That is one recorded session, and the next cell is **a record
 # read back**: nothing in it runs on a GPU, so it runs anywhere, and its assertions check
 # the record, not a GPU. What it can check is the record's consistency: each kernel's GB/s
 # and fraction of nominal are recomputed from its raw fields (the K + V bytes, from the
@@ -582,7 +584,8 @@ Markdown(f"A step of this small model is not memory-bound: at a 4k context its b
          f"from two machines, and no run was repeated across them). The step now has one "
          f"cond (`forward.read_only_step`; `tests/test_speed.py` counts it); its time on a "
          f"GPU was not measured. Nor was the 128k cache: the first call's budget ended "
-         f"before it, and the later call's time limit during it, so that target is open.")
+         f"before it, and the later call's time limit came, by the run order, during it "
+         f"(its log does not show when a run starts), so that target is open.")
 
 # %% [markdown]
 # ## 6.3 The alpha-beta model, calibrated here
