@@ -323,8 +323,9 @@ plt.show()
 # kernels' products to `numerics.PRECISION` (HIGHEST: float32 products in float32), so the
 # head-major `xla_bhtd` rows below are not what the package runs now. Later calls on the
 # same kind of GPU (`results/gpu/README.md`, "5. Precision") measured the cost. On float32
-# caches they showed no clear cost, comparing runs on different machines; the second lease,
-# comparing both settings in one run (one einsum per product on a head-major cache, at
+# caches they showed no clear cost, comparing runs on different machines; a second H200
+# session (§6.2.2, the "second lease": the machine is lent for one session), comparing both
+# settings in one run (one einsum per product on a head-major cache, at
 # HIGHEST and at TF32: §6.2.2's `einsum_bhtd_hi_hi` and `einsum_bhtd_df_df` rows, asserted
 # there), found HIGHEST slower on float32 caches too. On bf16 caches `xla_bhtd`
 # with GQA at 128k fell from this
