@@ -27,7 +27,7 @@ second lease, the xla kernel multiplies q and K in their own 16-bit dtype with f
 accumulation instead (`kernels.xla._exact_products`: the same exact products), measured there
 at 1.71x the upcast form."""
 
-PRECISION_NAME = "highest"
+PRECISION_NAME = PRECISION.name.lower()
 """`PRECISION` as `jax.default_matmul_precision` names it, for products the package does not
 write itself (`jax.nn.dot_product_attention`'s xla implementation)."""
 

@@ -263,7 +263,8 @@ def xla_core(
     lengths = masks.full_lengths(B, Tc) + kv_offset if kv_lengths is None else kv_lengths
     # Queries of one kv head side by side: [B, Hkv, G·Tq, D], so K and V keep their layout.
     exact = _exact_products(q.dtype, k_chunk.dtype)
-    qg = _by_kv_head(q.astype(acc) if exact else q.astype(acc) * jnp.asarray(scale, acc), Hkv)
+    qa = q.astype(acc)  # exact for a 16-bit q: `_scores16` takes its values back unchanged
+    qg = _by_kv_head(qa if exact else qa * jnp.asarray(scale, acc), Hkv)
     zg = None if zeta is None else _by_kv_head(zeta.astype(acc), Hkv)
     carry = (
         jnp.full((B, Hkv, G * Tq), -jnp.inf, acc),
