@@ -1634,16 +1634,15 @@ assert {w for (bh, _), w in won_auto.items() if bh >= 1024} == {"allreduce"}
 assert all(pp >= 4 * node for (bh, pp), w in won_auto.items() if w == "allreduce")
 # the head-scattered patterns win only cells too close to call, gathered again or not;
 assert not set(merges.HEAD_SCATTERED) & (set(won_auto.values()) | set(won_gathered.values()))
-# one_pass wins most cells of the second map; the butterfly wins none, within 2% of the
-# winner on one node, behind it across nodes.
+# one_pass wins most cells of the second map; the butterfly wins none, within 1% of the
+# winner everywhere.
 all_winners = [w for row in all_map["winner"] for w in row]
 assert all(len(decided(data)) < cells / 2 for data in maps.values())  # most cells grey
 assert all_winners.count("one_pass") > cells / 2 and "butterfly" not in all_winners
 bf_behind = {pp: max(all_map["seconds"]["butterfly"][i][j]
                      / all_map["seconds"][all_map["winner"][i][j]][i][j]
                      for i in range(len(bhs))) for j, pp in enumerate(ps)}
-assert all(r < 1 + MIN_GAIN for pp, r in bf_behind.items() if pp <= node)
-assert all(r > 1 + MIN_GAIN for pp, r in bf_behind.items() if pp > node)
+assert all(r < 1.01 for r in bf_behind.values())
 print(f"second map: one_pass wins {all_winners.count('one_pass')} of {cells} cells; the "
       f"butterfly none; its time over the winner's, at worst: "
       + ", ".join(f"p = {pp}: {r:.3f}" for pp, r in bf_behind.items()))
@@ -1674,14 +1673,14 @@ print(f"second map: one_pass wins {all_winners.count('one_pass')} of {cells} cel
 #   grey: it is the `allreduce` merge minus one collective, so by construction it is never
 #   slower. Whether it truly wins depends on how often the fallback runs (§8.4), which the
 #   model cannot know.
-# * **`butterfly`** wins no cell of the second map. On one node it is within 2% of the
-#   winner everywhere: $\log_2 p$ latency terms, as many as `one_pass`'s recursive-doubling
-#   all-reduce. Across nodes the model charges every round to the slow link, also the
-#   rounds that stay inside a node, and it falls behind (the line above gives its worst
-#   ratio to the winner for each $p$). That charge is an upper bound, which is why `merge="auto"` leaves the butterfly
-#   out (`merges.AUTO_MERGES`). And the model lets every all-reduce run the better of ring
-#   and recursive doubling; on a transport that forces a ring, the butterfly is what pays
-#   (notebook 9, §9.8).
+# * **`butterfly`** wins no cell of the second map, and is within 1% of the winner
+#   everywhere (the line above gives its worst ratio to the winner for each $p$):
+#   $\log_2 p$ latency terms, as many as `one_pass`'s recursive-doubling all-reduce, its
+#   rounds inside a node over NVLink and only $\log_2(\text{nodes})$ of them across.
+#   `merge="auto"` leaves it out (`merges.AUTO_MERGES`): how far its pick would be from the
+#   fastest measured pattern has not been measured with the butterfly among the choices.
+#   And the model lets every all-reduce run the better of ring and recursive doubling; on
+#   a transport that forces a ring, the butterfly is what pays (notebook 9, §9.8).
 #
 # **Quiz (predict, then compute).** On one DGX H100 node ($p = 8$), up to which batch ×
 # heads (multiples of 16 heads) does `allgather` beat `allreduce`? Why does it stop?

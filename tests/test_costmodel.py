@@ -501,12 +501,13 @@ def test_predict_merge_parts():
     for pattern in MERGE_NAMES:
         pred = cm.predict_merge(pattern, 2**20, topo, **kw)
         assert pred.method == pattern and pred.compute_s == compute
-        assert pred.comm_s == pytest.approx(
-            sum(
-                c * cm.collective_time(k, nb, topo)
-                for k, nb, c in cm.merge_collectives(pattern, **shape)
-            )
-        )
+        collectives = cm.merge_collectives(pattern, **shape)
+        if pattern == "butterfly":  # 3 rounds inside a node of 8 (NVLink), 1 across
+            nb = collectives[0][1]
+            want = 3 * topo.intra.send(nb) + topo.inter.send(nb)
+        else:
+            want = sum(c * cm.collective_time(k, nb, topo) for k, nb, c in collectives)
+        assert pred.comm_s == pytest.approx(want)
         assert pred.merge_s == pytest.approx(cm.merge_read_bytes(pattern, **shape) / topo.mem_Bps)
         assert pred.total_s == pytest.approx(pred.compute_s + pred.comm_s + pred.merge_s)
     fast = cm.predict_merge("one_pass", 2**20, topo, **kw)
@@ -721,3 +722,95 @@ def test_costmodel_is_the_facade_of_its_parts():
     assert "sympy" not in inspect.getsource(validate)
     assert "symbolic" not in inspect.signature(validate.check_int).parameters
     assert "symbolic" not in inspect.signature(validate.check_real).parameters
+
+
+# --- XLA:CPU over gloo (`Topology.ring_only`), as read in the source and timed per call ---
+
+GLOO = cm.Topology(
+    nodes=2,
+    devices_per_node=4,
+    intra=cm.Link(1e-3, 400e6),
+    inter=cm.Link(20e-3, 100e6),
+    mem_Bps=1e9,
+    flops=float("inf"),
+    overlap=False,
+    ring_only=True,
+    uplinks=1,
+)
+
+
+def test_gloo_runs_each_collective_flat_at_its_slowest_hop():
+    """Over all of a 2-node mesh at once, gloo's all-reduce is one ring of 2(p−1) steps and
+    its all-gather one of p−1, each step at the larger α and the smaller β (one device per
+    node crosses, so β is not shared); XLA's all-to-all posts every send at once."""
+    n, p, a, b = 8192.0, 8, 20e-3, 100e6
+    assert cm.slowest_link(GLOO) == cm.Link(a, b)
+    assert cm.collective_time("all-reduce", n, GLOO) == pytest.approx(2 * 7 * (a + n / p / b))
+    assert cm.collective_time("all-gather", n, GLOO) == pytest.approx(7 * (a + n / p / b))
+    assert cm.collective_time("all-to-all", n, GLOO) == pytest.approx(a + 7 / 8 * n / b)
+    # The same numbers on a library that reduces in stages (not ring_only): hierarchical.
+    staged = dataclasses.replace(GLOO, ring_only=False)
+    assert cm.collective_time("all-reduce", n, staged) == pytest.approx(
+        cm.hierarchical_allreduce_time(n, staged)
+    )
+    # One node: the ring's slowest hop is the node's own link.
+    one = dataclasses.replace(GLOO, nodes=1)
+    assert cm.slowest_link(one) == GLOO.intra
+
+
+def test_operands_apart_lists_one_all_reduce_per_operand():
+    """XLA:CPU's AllReduceThunk reduces the operands of one all-reduce one at a time, so the
+    tree's merge runs three gloo rings: the max, the numerator, the denominator."""
+    shape = dict(batch=2, q_len=1, q_heads=8, v_dim=64, p=8, stat_itemsize=4, levels=2)
+    n = 2 * 8 * 4
+    assert cm.merge_collectives("allreduce", **shape) == [
+        ("all-reduce", n, 2),
+        ("all-reduce", n * 65, 2),
+    ]
+    assert cm.merge_collectives("allreduce", **shape, operands_apart=True) == [
+        ("all-reduce", n, 2),
+        ("all-reduce", n * 64, 2),
+        ("all-reduce", n, 2),
+    ]
+    fast = cm.merge_collectives("one_pass", **shape, operands_apart=True)
+    assert fast == [("all-reduce", n * 64, 2), ("all-reduce", n, 2), ("all-reduce", 4, 2)]
+    together = cm.merge_collectives("one_pass", **shape)
+    assert together == [("all-reduce", n * 65 + 4, 2)]
+
+
+def test_the_tree_on_gloo_pays_three_rings_per_level():
+    """`predict_merge("allreduce")` on a gloo topology: per level (inside nodes, then
+    across), one ring per operand, the closed form written out."""
+    prob = dict(batch=1, q_heads=8, head_dim=64, itemsize=4, stat_itemsize=4)
+    n = 8 * 4
+    sizes = (n, n * 64, n)  # max, numerator, denominator
+
+    def ring(nbytes, p, link):
+        return 2 * (p - 1) * (link.alpha_s + nbytes / p / link.beta_Bps)
+
+    shared = cm.Link(GLOO.inter.alpha_s, GLOO.inter.beta_Bps / 4)  # 4 devices, 1 uplink
+    want = sum(ring(m, 4, GLOO.intra) + ring(m, 2, shared) for m in sizes)
+    got = cm.predict_merge("allreduce", 8192, GLOO, **prob)
+    assert got.comm_s == pytest.approx(want)
+    staged = cm.predict_merge("allreduce", 8192, dataclasses.replace(GLOO, ring_only=False), **prob)
+    assert staged.comm_s < got.comm_s  # two all-reduces per level, and the tree algorithm
+
+
+def test_the_butterflys_inner_rounds_stay_inside_a_node():
+    """log2(devices per node) rounds over `intra`, log2(nodes) across with every device of
+    a node sending at once; when p or the node size is not a power of two, every round is
+    priced across (an upper bound)."""
+    nbytes = 8 * 66 * 4
+    shared = cm.Link(GLOO.inter.alpha_s, GLOO.inter.beta_Bps / 4)
+    assert cm.butterfly_time(nbytes, 3, GLOO) == pytest.approx(
+        2 * GLOO.intra.send(nbytes) + shared.send(nbytes)
+    )
+    prob = dict(batch=1, q_heads=8, head_dim=64, itemsize=4, stat_itemsize=4)
+    got = cm.predict_merge("butterfly", 8192, GLOO, **prob)
+    assert got.comm_s == pytest.approx(cm.butterfly_time(nbytes, 3, GLOO))
+    odd = dataclasses.replace(GLOO, nodes=3, devices_per_node=2)  # p = 6: 4 rounds
+    assert cm.butterfly_rounds(6) == 4
+    shared_odd = cm.Link(GLOO.inter.alpha_s, GLOO.inter.beta_Bps / 2)
+    assert cm.butterfly_time(nbytes, 4, odd) == pytest.approx(4 * shared_odd.send(nbytes))
+    one = dataclasses.replace(GLOO, nodes=1)
+    assert cm.butterfly_time(nbytes, 2, one) == pytest.approx(2 * GLOO.intra.send(nbytes))

@@ -73,3 +73,35 @@ def test_gpu_checks_quick_compares_the_gradients(tmp_path, capsys):
     diffs = report["relative_max_abs_difference"]
     assert set(diffs) == {"cudnn vs xla", "cudnn vs float32 reference", "xla vs float32 reference"}
     assert all(0 < e < 2e-2 for row in diffs.values() for e in row.values())
+
+
+def test_latency_sweep_runs_one_cluster_per_delay_and_fits_the_slopes(tmp_path, monkeypatch):
+    """`scripts/latency_sweep.py` (root and namespaces in real use): one `cluster` command
+    per delay, each with its own `--link-delay-ms`, read back and fitted by
+    `collectives.delay_sweep`; here the commands are faked, with 3 delays per step."""
+    sweep = _load("latency_sweep")
+    seen = []
+
+    def fake_run(cmd, **_):
+        d = float(cmd[cmd.index("--link-delay-ms") + 1])
+        seen.append(d)
+        t = 0.004 + 3 * d / 1e3
+        method = {"median_s": t, "predicted_s": t * 1.1, "collectives": {"all-reduce": 1}}
+        rep = {
+            "config": {"link_delay_ms": d, "command": " ".join(cmd)},
+            "links": {"inter": {"alpha_s": 2 * d / 1e3}},
+            "methods": {"tree": method},
+        }
+        Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps(rep))
+        return type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})()
+
+    monkeypatch.setattr(sweep.subprocess, "run", fake_run)
+    out = tmp_path / "sweep.json"
+    assert sweep.main(["--delays", "0,5,10", "--repeats", "3", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert seen == [0.0, 5.0, 10.0] and list(doc["reports"]) == ["0.0", "5.0", "10.0"]
+    tree = doc["methods"]["tree"]
+    assert tree["delays_per_step"] == pytest.approx(3.0)
+    assert tree["predicted_delays_per_step"] == pytest.approx(3.3)
+    assert doc["layout"] == "2x2x1" and len(doc["load_average_1min_before_after"]) == 3
+    assert "--repeats 3" in doc["command"] and "3 interleaved rounds" in doc["note"]

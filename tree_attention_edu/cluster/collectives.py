@@ -39,13 +39,18 @@ KINDS = (
     "all-to-all",
     "collective-permute",
     "permute-exchange",
+    "all-reduce-pair",
+    "allreduce-merge",
     "reduce-scatter",
 )
 """What is timed, in this order each round. "collective-permute" shifts every device's
 block to the next device (a ring step); "permute-exchange" swaps blocks between device i
-and i XOR p/2 (one butterfly round across the nodes). "reduce-scatter" comes last: after a
-gloo reduce-scatter, later transfers between devices of one process crawl
-(`cluster.methods.POISON`)."""
+and i XOR p/2 (one butterfly round across the nodes). "all-reduce-pair" is one `psum` of
+two arrays, which XLA compiles to one all-reduce with two operands; "allreduce-merge" is
+the tree's merge itself (`merges.allreduce_core` on a state `[1, 1, 4p, 64]`: a `pmax`,
+then that pair), the whole of `tree_decode`'s communication on a flat mesh.
+"reduce-scatter" comes last: after a gloo reduce-scatter, later transfers between devices
+of one process crawl (`cluster.methods.POISON`)."""
 
 ALGORITHMS: dict[str, dict[str, str]] = {
     "all-reduce": {
@@ -71,6 +76,16 @@ ALGORITHMS: dict[str, dict[str, str]] = {
     "collective-permute": {
         "algorithm": "XLA's own: one send to each target, one receive from the source",
         "latency_terms": "1 message: 2D",
+    },
+    "all-reduce-pair": {
+        "algorithm": "one XLA all-reduce with 2 operands: AllReduceThunk calls the "
+        "communicator's AllReduce once per operand, one after the other (2 gloo rings)",
+        "latency_terms": "2 rings: 8(p-1)D",
+    },
+    "allreduce-merge": {
+        "algorithm": "merges.allreduce_core: an all-reduce(max) of the lse (1 operand), then "
+        "the all-reduce(sum) of the numerator and denominator (2 operands): 3 gloo rings",
+        "latency_terms": "3 rings: 12(p-1)D",
     },
 }
 
@@ -144,6 +159,8 @@ def predicted_terms(p: int, ranks_per_node: int) -> dict[str, int]:
         "all-to-all": 2 * across,
         "collective-permute": 2 * across,
         "permute-exchange": 2 * across,
+        "all-reduce-pair": 2 * 2 * 2 * (p - 1) * across,
+        "allreduce-merge": 3 * 2 * 2 * (p - 1) * across,
         # halving-doubling: its steps whose partner is on another node (1D each, no
         # notice), the chunks' redistribution (1D), the last "buffer free" notices (1D).
         "reduce-scatter": ((nodes - 1).bit_length() + 2) * across,
@@ -156,7 +173,18 @@ def predicted_terms(p: int, ranks_per_node: int) -> dict[str, int]:
 
 def _programs(p: int) -> dict[str, Any]:
     """`kind -> f(x)` for `x` sharded `[p·p·4]` over the flat mesh's "x": tiny blocks."""
+    import jax.numpy as jnp
     from jax import lax
+
+    from ..core.merges import allreduce_core
+    from ..core.states import AttentionState
+
+    def merge(x: Any) -> Any:
+        """The tree's merge of a state `[1, 1, 4p, 64]` built from the block."""
+        lse = x[None, None, :]
+        out = jnp.broadcast_to(x[None, None, :, None], (1, 1, x.shape[0], 64))
+        got = allreduce_core(AttentionState(out, lse, jnp.zeros_like(lse)), ("x",))
+        return got.out[0, 0, :, 0] + got.lse[0, 0]
 
     shift = [(i, (i + 1) % p) for i in range(p)]
     swap = [(i, i ^ (p // 2)) for i in range(p)] if p % 2 == 0 else shift
@@ -166,6 +194,8 @@ def _programs(p: int) -> dict[str, Any]:
         "all-to-all": lambda x: lax.all_to_all(x, "x", 0, 0, tiled=True),
         "collective-permute": lambda x: lax.ppermute(x, "x", shift),
         "permute-exchange": lambda x: lax.ppermute(x, "x", swap),
+        "all-reduce-pair": lambda x: sum(lax.psum((x, 2 * x), "x")),
+        "allreduce-merge": merge,
         "reduce-scatter": lambda x: lax.psum_scatter(x, "x", tiled=True),
     }
 

@@ -481,8 +481,9 @@ AUTO_MERGES: tuple[MergeName, ...] = tuple(
 )
 """The patterns "auto" chooses from. "one_pass" is left out: its cost depends on the data
 (past its window it runs the exact merge as well, and costs more than "allreduce").
-"butterfly" is left out until the cost model prices its rounds by level: it charges every
-collective-permute to the slowest link (an upper bound for the rounds inside a node)."""
+"butterfly" is left out: the cost model prices its rounds by level
+(`perf.links.butterfly_time`), but the regret of "auto" (its pick against the fastest
+measured pattern) has not been measured with the butterfly among the choices."""
 
 
 class MergeProblem(NamedTuple):

@@ -22,6 +22,7 @@ rank, p ranks):
     all-to-all (pairwise exchange):   (p-1)·(alpha + m/(p·beta))
     collective-permute (one send):    alpha + m/beta
 
+`Topology.ring_only` prices XLA:CPU's collectives over gloo instead (its docstring).
 `collective_time` prices one collective over a whole `Topology`, hierarchically across
 nodes, or as measured on it (`Topology.measured`).
 """
@@ -108,10 +109,20 @@ class Topology:
     simulated CPU devices (`calibrate` measures it); None means no such copy, as in a GPU
     ring that receives into its second buffer (the published topologies).
 
-    `ring_only`: the collective library runs every all-reduce and all-gather as a ring, as
-    XLA:CPU asks gloo to (`tree_attention_edu.cluster`); False prices the cheaper of ring and
-    tree (recursive doubling) per message size, as an MPICH-style selection does (NCCL's
-    own algorithms differ: see the module docstring).
+    `ring_only`: the collectives are XLA:CPU's over gloo (`tree_attention_edu.cluster`), as
+    read in their source and timed per call at several link delays
+    (`cluster.collectives`, `results/cluster/latency-collectives.json`):
+
+    * an all-reduce or all-gather over all the devices is one gloo ring over all of them,
+      in lockstep, so every step waits for the ring's slowest hop (`slowest_link`): an
+      all-reduce `2(p−1)` steps, an all-gather `p−1`. A merge's all-reduces over one mesh
+      level at a time are rings over that level (`hierarchical_allreduce_time`);
+    * an all-reduce with several operands runs one ring per operand, one after the other
+      (XLA:CPU's `AllReduceThunk`): `patterns.merge_collectives(operands_apart=True)`;
+    * an all-to-all is XLA's own, every send posted at once: one message time.
+
+    False prices the cheaper of ring and tree (recursive doubling) per message size, as an
+    MPICH-style selection does (NCCL's own algorithms differ: see the module docstring).
 
     `uplinks`: inter-node links per node, shared by its devices; None means one per device
     (DGX H100: eight NICs for eight GPUs). When fewer, a stage in which every device of a
@@ -259,6 +270,36 @@ def allreduce_time(
     return (tree, "recursive_doubling") if tree <= ring else (ring, "ring")
 
 
+def slowest_link(topo: Topology) -> Link:
+    """The link a ring over all of `topo`'s devices (in node order) waits on at each step:
+    `intra` on one node; across nodes the larger α and the smaller β of `intra` and
+    `inter`, with `inter` not shared (one device per node sends across in each step)."""
+    validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
+    if topo.nodes == 1:
+        return topo.intra
+    intra, inter = topo.intra, topo.inter
+    return Link(max(intra.alpha_s, inter.alpha_s), min(intra.beta_Bps, inter.beta_Bps))
+
+
+def butterfly_time(nbytes: float, rounds: int, topo: Topology) -> float:
+    """`rounds` butterfly exchange rounds (`butterfly_rounds(p)`) of `nbytes` each, over
+    `topo`. With p and the devices per node powers of two, the partners `i XOR 2^r` of the
+    first `log2(devices_per_node)` rounds share a node (`intra`, as `core.merges` orders
+    the rounds: innermost axis first) and the other `log2(nodes)` rounds cross, every device
+    of a node at once (`shared_inter`). Otherwise every round is priced as crossing, an
+    upper bound."""
+    check_nbytes(nbytes)
+    check_size(rounds, "rounds", minimum=0, example="butterfly_rounds(p)")
+    check_no_symbols("butterfly_time compares link times", nbytes=nbytes)
+    validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
+    dpn, p = topo.devices_per_node, topo.devices
+    if topo.nodes == 1:
+        return rounds * topo.intra.send(nbytes)
+    power_of_two = p & (p - 1) == 0 and dpn & (dpn - 1) == 0
+    inside = dpn.bit_length() - 1 if power_of_two else 0
+    return inside * topo.intra.send(nbytes) + (rounds - inside) * topo.shared_inter.send(nbytes)
+
+
 def hierarchical_allreduce_time(nbytes: float, topo: Topology) -> float:
     """Allreduce inside every node (over `intra`), then across nodes (over `inter`).
 
@@ -335,6 +376,10 @@ def collective_time(kind: CollectiveKind, nbytes: float, topo: Topology) -> floa
       node cost `(dpn−1)(α_intra + n/(p·β_intra))` and the `p−dpn` outside it cross the slow
       links, `(p−dpn)(α_inter + n/(p·β_inter))`;
     * collective-permute (a ring's step): one send over the slowest link of the ring.
+
+    With `topo.ring_only` (XLA:CPU over gloo, `Topology`), an all-reduce, all-gather or
+    all-to-all over all the devices is instead one flat algorithm over `slowest_link`: a ring
+    of `2(p−1)` or `p−1` steps, or one round with every send posted at once.
     """
     validate.check_choice(kind, COLLECTIVE_KINDS, "kind")
     check_nbytes(nbytes)
@@ -345,6 +390,8 @@ def collective_time(kind: CollectiveKind, nbytes: float, topo: Topology) -> floa
         return measured[kind].send(nbytes)
     dpn, nodes, p = topo.devices_per_node, topo.nodes, topo.devices
     intra, inter = topo.intra, topo.shared_inter  # all of a node's devices cross at once
+    if topo.ring_only and kind in ("all-reduce", "all-gather", "all-to-all"):
+        return _gloo_time(kind, nbytes, p, slowest_link(topo))
     if kind == "all-reduce":
         return hierarchical_allreduce_time(nbytes, topo)
     if kind == "all-gather":
@@ -369,6 +416,18 @@ def collective_time(kind: CollectiveKind, nbytes: float, topo: Topology) -> floa
     if p <= 1:
         return 0.0
     return (topo.inter if nodes > 1 else intra).send(nbytes)  # one sender per node crosses
+
+
+def _gloo_time(kind: CollectiveKind, nbytes: float, p: int, link: Link) -> float:
+    """XLA:CPU's all-reduce, all-gather or all-to-all over `p` ranks in one flat algorithm
+    whose every step waits for `link` (`collective_time`)."""
+    if p <= 1:
+        return 0.0
+    if kind == "all-reduce":
+        return ring_allreduce_time(nbytes, p, link)
+    if kind == "all-gather":  # nbytes received; each rank contributes nbytes/p
+        return (p - 1) * link.send(nbytes / p)
+    return link.alpha_s + (p - 1) / p * nbytes / link.beta_Bps  # all-to-all: one round
 
 
 def collectives_time(collectives: Sequence[Collective], topo: Topology) -> float:

@@ -67,6 +67,7 @@ def merge_collectives(
     levels: int = 1,
     fallback: bool = False,
     out_itemsize: int = 2,
+    operands_apart: bool = False,
 ) -> list[Collective]:
     """The collectives one merge pattern runs on each device: `[(kind, nbytes, count)]`.
 
@@ -92,24 +93,21 @@ def merge_collectives(
     cannot leave an even split of the heads; `tree_decode` then replicates the output with
     one more all-gather of p·B·Tq·ceil(Hq/p)·Dv elements of `out_itemsize` bytes (the
     output's dtype).
+
+    `operands_apart=True` lists each operand of an all-reduce apart (numerator n·Dv·s,
+    denominator n·s, one_pass's flag s), as XLA:CPU over gloo runs them, one ring each
+    (`Topology.ring_only`); by default, one all-reduce per XLA op, as `collective_stats`.
     """
     check_pattern(pattern)
-    check_sizes(
-        batch=batch,
-        q_len=q_len,
-        q_heads=q_heads,
-        v_dim=v_dim,
-        p=p,
-        stat_itemsize=stat_itemsize,
-        levels=levels,
-        out_itemsize=out_itemsize,
-    )
+    sizes = dict(batch=batch, q_len=q_len, q_heads=q_heads, v_dim=v_dim, p=p)
+    check_sizes(**sizes, stat_itemsize=stat_itemsize, levels=levels, out_itemsize=out_itemsize)
     validate.check_bool(fallback, "fallback")
+    validate.check_bool(operands_apart, "operands_apart")
     s, n = stat_itemsize, batch * q_len * q_heads
     n_pad = batch * q_len * padded_heads(q_heads, p)
     exact: list[Collective] = [
         ("all-reduce", n * s, levels),  # the max
-        ("all-reduce", n * (v_dim + 1) * s, levels),  # numerator and denominator
+        *_sums((n * v_dim * s, n * s), levels, operands_apart),  # numerator, denominator
     ]
     if pattern == "allreduce":
         return exact
@@ -129,8 +127,15 @@ def merge_collectives(
         ]
     if pattern == "all_to_all":
         return [("all-to-all", n_pad * (v_dim + 2) * s, 1), *gather]
-    fast: list[Collective] = [("all-reduce", n * (v_dim + 1) * s + s, levels)]
+    fast = _sums((n * v_dim * s, n * s, s), levels, operands_apart)  # and the flag
     return fast + exact if fallback else fast  # one_pass, with its exact fallback or not
+
+
+def _sums(sizes: tuple[int, ...], levels: int, apart: bool) -> list[Collective]:
+    """One all-reduce of these operands per level, or one per operand and level."""
+    if apart:
+        return [("all-reduce", size, levels) for size in sizes]
+    return [("all-reduce", sum(sizes), levels)]
 
 
 def merge_read_bytes(

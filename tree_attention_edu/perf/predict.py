@@ -19,7 +19,14 @@ from ..core import inputs, validate
 from ..core.names import MERGE_NAMES, MergeName
 from .checks import check_concrete_sizes, check_no_symbols, check_pattern, check_sizes
 from .formulas import decode_flops, kv_read_bytes
-from .links import Topology, collective_time, collectives_time
+from .links import (
+    Collective,
+    Topology,
+    butterfly_time,
+    collective_time,
+    collectives_time,
+    hierarchical_allreduce_time,
+)
 from .patterns import (
     RingName,
     merge_collectives,
@@ -260,12 +267,32 @@ def predict_merge(
     shape: dict[str, Any] = dict(
         batch=batch, q_len=q_len, q_heads=q_heads, v_dim=v_dim, p=p, stat_itemsize=stat_itemsize
     )
-    # Across nodes, `collective_time` runs each all-reduce in its two stages.
-    comm = collectives_time(
-        merge_collectives(pattern, **shape, fallback=fallback, out_itemsize=itemsize), topo
+    collectives = merge_collectives(
+        pattern, **shape, fallback=fallback, out_itemsize=itemsize, operands_apart=topo.ring_only
     )
+    comm = _merge_comm_time(collectives, topo)
     merge = merge_read_bytes(pattern, **shape) / topo.mem_Bps
     return Prediction(pattern, p, seq_len, compute, comm, topo.overhead_s, merge)
+
+
+def _merge_comm_time(collectives: list[Collective], topo: Topology) -> float:
+    """Seconds of a merge pattern's collectives (`merge_collectives`) on `topo`, one after
+    the other. Unless measured (`Topology.measured`), the merges' all-reduces run one mesh
+    level at a time (`core.merges.psum_inner_first`: inside nodes, then across), and the
+    butterfly's permutes pair devices inside a node before across (`butterfly_time`);
+    everything else as `collective_time`."""
+    measured = dict(topo.measured)
+    total = 0.0
+    for kind, nbytes, count in collectives:
+        if kind in measured:
+            total += count * collective_time(kind, nbytes, topo)
+        elif kind == "all-reduce":
+            total += count * hierarchical_allreduce_time(nbytes, topo)
+        elif kind == "collective-permute":  # only the butterfly permutes in a merge
+            total += butterfly_time(nbytes, count, topo)
+        else:
+            total += count * collective_time(kind, nbytes, topo)
+    return total
 
 
 def predict_pass_q_ring(
