@@ -1638,6 +1638,7 @@ assert not set(merges.HEAD_SCATTERED) & (set(won_auto.values()) | set(won_gather
 # winner everywhere.
 all_winners = [w for row in all_map["winner"] for w in row]
 assert all(len(decided(data)) < cells / 2 for data in maps.values())  # most cells grey
+assert not decided(all_map)  # the second map: every cell
 assert all_winners.count("one_pass") > cells / 2 and "butterfly" not in all_winners
 bf_behind = {pp: max(all_map["seconds"]["butterfly"][i][j]
                      / all_map["seconds"][all_map["winner"][i][j]][i][j]
@@ -1669,8 +1670,8 @@ print(f"second map: one_pass wins {all_winners.count('one_pass')} of {cells} cel
 #   cells to `allgather` or `allreduce` (third map) and decides none. On one node the
 #   gather is cheap next to the merges (the line above); whether a serving system needs it
 #   at all depends on the next layer: a head-parallel output projection does not.
-# * **`one_pass`**, priced by its fast path, takes most cells of the second map, many of them
-#   grey: it is the `allreduce` merge minus one collective, so by construction it is never
+# * **`one_pass`**, priced by its fast path, takes most cells of the second map, all of them
+#   grey (no cell of that map is decided by 2%): it is the `allreduce` merge minus one collective, so by construction it is never
 #   slower. Whether it truly wins depends on how often the fallback runs (§8.4), which the
 #   model cannot know.
 # * **`butterfly`** wins no cell of the second map, and is within 1% of the winner
@@ -1680,7 +1681,7 @@ print(f"second map: one_pass wins {all_winners.count('one_pass')} of {cells} cel
 #   `merge="auto"` leaves it out (`merges.AUTO_MERGES`): how far its pick would be from the
 #   fastest measured pattern has not been measured with the butterfly among the choices.
 #   And the model lets every all-reduce run the better of ring and recursive doubling; on
-#   a transport that forces a ring, the butterfly is what pays (notebook 9, §9.8).
+#   a transport that forces a ring, the butterfly is what pays off (notebook 9, §9.8).
 #
 # **Quiz (predict, then compute).** On one DGX H100 node ($p = 8$), up to which batch ×
 # heads (multiples of 16 heads) does `allgather` beat `allreduce`? Why does it stop?

@@ -37,10 +37,26 @@ def _layout(text: str) -> list[str]:
     return parts
 
 
+def _delays(text: str) -> list[float]:
+    """Comma-separated one-way delays in ms, each >= 0 and distinct at 0.1 ms (the
+    reports are keyed by the delay to 0.1 ms)."""
+    try:
+        delays = [float(x) for x in text.split(",")]
+    except ValueError:
+        msg = f"expected delays in ms such as 0,2,5, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+    keys = [f"{d:.1f}" for d in delays]
+    if min(delays) < 0 or len(set(keys)) != len(keys) or len(delays) < 2:
+        raise argparse.ArgumentTypeError(
+            f"expected 2 or more delays >= 0 ms, distinct at 0.1 ms, got {text!r}"
+        )
+    return delays
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layout", type=_layout, default=_layout("2x2x1"))
-    ap.add_argument("--delays", default="0,2,5,10,20", help="one-way delays in ms")
+    ap.add_argument("--delays", type=_delays, default="0,2,5,10,20", help="one-way delays in ms")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--link-gbit", type=float, default=1.0)
@@ -52,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     cli = str(Path(sys.executable).with_name("tree-attention-edu"))
     reports, loads = [], []
     with tempfile.TemporaryDirectory(prefix="tae-sweep-") as tmp:
-        for d in [float(x) for x in args.delays.split(",")]:
+        for d in args.delays:
             out = os.path.join(tmp, f"D{d:g}.json")
             cmd = [
                 cli, "cluster", "--nodes", nodes, "--processes-per-node", ppn,
@@ -76,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         "layout": "x".join(args.layout),
         "command": " ".join(shlex.quote(a) for a in ["scripts/latency_sweep.py", *argv]),
         "load_average_1min_before_after": loads,
-        "note": f"median of {args.repeats} interleaved rounds per point, one run per D on "
-        f"this 2-core machine with nothing else running (1-minute load average at most "
-        f"{worst:.1f} before or after a run; the cluster's own processes raise it)",
+        "note": f"median of {args.repeats} interleaved rounds per point, one run per D on a "
+        f"{os.cpu_count()}-core machine (1-minute load average at most {worst:.1f} before or "
+        f"after a run; the cluster's own processes raise it)",
         "reports": {f"{r['config']['link_delay_ms']:.1f}": r for r in reports},
     }
     with open(args.json, "w") as f:

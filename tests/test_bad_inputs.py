@@ -1416,7 +1416,7 @@ COST_CALLS = (
     (costmodel.allreduce_time, dict(nbytes=1e3, p=4, link=LINK)),
     (costmodel.hierarchical_allreduce_time, dict(nbytes=1e3, topo=TOPO)),
     (costmodel.slowest_link, dict(topo=TOPO)),
-    (costmodel.butterfly_time, dict(nbytes=1e3, rounds=2, topo=TOPO)),
+    (costmodel.butterfly_time, dict(nbytes=1e3, topo=TOPO)),
     (
         costmodel.local_decode_time,
         dict(
@@ -1574,9 +1574,8 @@ def _bad_values(name, good) -> list[tuple[str, object, type[Exception]]]:
         return [("type", "yes", TypeError)]
     if isinstance(good, int):
         low = 1 if name == "branching" else 0  # branching must be >= 2, sizes >= 1
-        lows = [] if name == "rounds" else [("range", low, ValueError)]  # 0 rounds: p = 1
         return [
-            *lows,
+            ("range", low, ValueError),
             ("range", -1, ValueError),
             ("range", 10**400, ValueError),  # beyond float range: the formulas divide
             ("type", 2.5, TypeError),

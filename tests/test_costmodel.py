@@ -742,20 +742,27 @@ GLOO = cm.Topology(
 def test_gloo_runs_each_collective_flat_at_its_slowest_hop():
     """Over all of a 2-node mesh at once, gloo's all-reduce is one ring of 2(p−1) steps and
     its all-gather one of p−1, each step at the larger α and the smaller β (one device per
-    node crosses, so β is not shared); XLA's all-to-all posts every send at once."""
+    node crosses, so β is not shared); XLA's all-to-all posts every send at once, the bytes
+    across sharing the node's one uplink."""
     n, p, a, b = 8192.0, 8, 20e-3, 100e6
     assert cm.slowest_link(GLOO) == cm.Link(a, b)
     assert cm.collective_time("all-reduce", n, GLOO) == pytest.approx(2 * 7 * (a + n / p / b))
     assert cm.collective_time("all-gather", n, GLOO) == pytest.approx(7 * (a + n / p / b))
-    assert cm.collective_time("all-to-all", n, GLOO) == pytest.approx(a + 7 / 8 * n / b)
-    # The same numbers on a library that reduces in stages (not ring_only): hierarchical.
+    # all-to-all: 3/8 of n inside at 400 MB/s, 4/8 across at 100/4 MB/s, at once
+    assert cm.collective_time("all-to-all", n, GLOO) == pytest.approx(a + 4 / 8 * n / (b / 4))
+    # A library that reduces in stages (not ring_only): inside the nodes, then across, each
+    # the cheaper of ring and recursive doubling (here recursive doubling, 2 and 1 steps).
     staged = dataclasses.replace(GLOO, ring_only=False)
-    assert cm.collective_time("all-reduce", n, staged) == pytest.approx(
-        cm.hierarchical_allreduce_time(n, staged)
-    )
-    # One node: the ring's slowest hop is the node's own link.
-    one = dataclasses.replace(GLOO, nodes=1)
-    assert cm.slowest_link(one) == GLOO.intra
+    shared = cm.Link(a, b / 4)
+    want = 2 * GLOO.intra.send(n) + shared.send(n)
+    assert cm.collective_time("all-reduce", n, staged) == pytest.approx(want)
+    # One node: the node's own link. One-device nodes: the inter-node link alone.
+    assert cm.slowest_link(dataclasses.replace(GLOO, nodes=1)) == GLOO.intra
+    lone = dataclasses.replace(GLOO, nodes=4, devices_per_node=1, intra=cm.Link(1.0, 1.0))
+    assert cm.slowest_link(lone) == GLOO.inter
+    # Crossed links: the larger α from one, the smaller β from the other.
+    crossed = dataclasses.replace(GLOO, intra=cm.Link(30e-3, 1e9))
+    assert cm.slowest_link(crossed) == cm.Link(30e-3, 100e6)
 
 
 def test_operands_apart_lists_one_all_reduce_per_operand():
@@ -802,15 +809,30 @@ def test_the_butterflys_inner_rounds_stay_inside_a_node():
     priced across (an upper bound)."""
     nbytes = 8 * 66 * 4
     shared = cm.Link(GLOO.inter.alpha_s, GLOO.inter.beta_Bps / 4)
-    assert cm.butterfly_time(nbytes, 3, GLOO) == pytest.approx(
-        2 * GLOO.intra.send(nbytes) + shared.send(nbytes)
-    )
+    want = 2 * GLOO.intra.send(nbytes) + shared.send(nbytes)  # p = 8: 3 rounds
+    assert cm.butterfly_time(nbytes, GLOO) == pytest.approx(want)
     prob = dict(batch=1, q_heads=8, head_dim=64, itemsize=4, stat_itemsize=4)
     got = cm.predict_merge("butterfly", 8192, GLOO, **prob)
-    assert got.comm_s == pytest.approx(cm.butterfly_time(nbytes, 3, GLOO))
+    assert got.comm_s == pytest.approx(want)
     odd = dataclasses.replace(GLOO, nodes=3, devices_per_node=2)  # p = 6: 4 rounds
-    assert cm.butterfly_rounds(6) == 4
     shared_odd = cm.Link(GLOO.inter.alpha_s, GLOO.inter.beta_Bps / 2)
-    assert cm.butterfly_time(nbytes, 4, odd) == pytest.approx(4 * shared_odd.send(nbytes))
-    one = dataclasses.replace(GLOO, nodes=1)
-    assert cm.butterfly_time(nbytes, 2, one) == pytest.approx(2 * GLOO.intra.send(nbytes))
+    assert cm.butterfly_time(nbytes, odd) == pytest.approx(4 * shared_odd.send(nbytes))
+    twelve = dataclasses.replace(GLOO, nodes=3)  # p = 12 (4 per node): 5 rounds, all across
+    assert cm.butterfly_time(nbytes, twelve) == pytest.approx(5 * shared.send(nbytes))
+    one = dataclasses.replace(GLOO, nodes=1)  # p = 4: 2 rounds inside
+    assert cm.butterfly_time(nbytes, one) == pytest.approx(2 * GLOO.intra.send(nbytes))
+    single = dataclasses.replace(GLOO, nodes=1, devices_per_node=1)
+    assert cm.butterfly_time(nbytes, single) == 0.0
+
+
+def test_measured_collectives_take_precedence_in_a_merge():
+    """A kind timed on the mesh (`Topology.measured`) is priced as measured, also inside a
+    merge: the all-reduces are then not split by level, nor the butterfly's rounds."""
+    ar, cp = cm.Link(1e-3, 1e9), cm.Link(2e-3, 1e9)
+    timed = dataclasses.replace(GLOO, measured=(("all-reduce", ar), ("collective-permute", cp)))
+    prob = dict(batch=1, q_heads=8, head_dim=64, itemsize=4, stat_itemsize=4)
+    n = 8 * 4
+    tree = cm.predict_merge("allreduce", 8192, timed, **prob)
+    assert tree.comm_s == pytest.approx(ar.send(n) + ar.send(n * 64) + ar.send(n))
+    fly = cm.predict_merge("butterfly", 8192, timed, **prob)
+    assert fly.comm_s == pytest.approx(3 * cp.send(n * 66))

@@ -105,3 +105,7 @@ def test_latency_sweep_runs_one_cluster_per_delay_and_fits_the_slopes(tmp_path, 
     assert tree["predicted_delays_per_step"] == pytest.approx(3.3)
     assert doc["layout"] == "2x2x1" and len(doc["load_average_1min_before_after"]) == 3
     assert "--repeats 3" in doc["command"] and "3 interleaved rounds" in doc["note"]
+    for bad in ("0,x", "0,0.01", "-1,2", "5"):  # argparse's own error: exit 2, one line
+        with pytest.raises(SystemExit) as exit_:
+            sweep.main(["--delays", bad, "--json", str(out)])
+        assert exit_.value.code == 2

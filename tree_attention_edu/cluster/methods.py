@@ -204,7 +204,7 @@ def topologies(ctx: Context, links: dict[str, Any], local: dict[str, Any]) -> To
     )
     # The flat mesh's Allreduce is one gloo ring over all p devices (in node order): each
     # step waits for its slowest hop, inside a node or across (one flow per uplink).
-    slowest = costmodel.Link(max(inter.alpha_s, intra.alpha_s), min(inter.beta_Bps, intra.beta_Bps))
+    slowest = costmodel.slowest_link(two)
     flat = dataclasses.replace(
         two, nodes=1, devices_per_node=s.devices, intra=slowest, uplinks=None
     )

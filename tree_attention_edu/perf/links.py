@@ -44,6 +44,7 @@ from .checks import (
     check_size,
     check_whole_nodes,
 )
+from .formulas import butterfly_rounds
 
 CollectiveKind = Literal[
     "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"
@@ -119,7 +120,9 @@ class Topology:
       level at a time are rings over that level (`hierarchical_allreduce_time`);
     * an all-reduce with several operands runs one ring per operand, one after the other
       (XLA:CPU's `AllReduceThunk`): `patterns.merge_collectives(operands_apart=True)`;
-    * an all-to-all is XLA's own, every send posted at once: one message time.
+    * an all-to-all is XLA's own, every send posted at once: one message time;
+    * a reduce-scatter is still priced in two stages as below (gloo runs halving-doubling
+      over all ranks; no merge the cluster times depends on it alone).
 
     False prices the cheaper of ring and tree (recursive doubling) per message size, as an
     MPICH-style selection does (NCCL's own algorithms differ: see the module docstring).
@@ -272,27 +275,31 @@ def allreduce_time(
 
 def slowest_link(topo: Topology) -> Link:
     """The link a ring over all of `topo`'s devices (in node order) waits on at each step:
-    `intra` on one node; across nodes the larger α and the smaller β of `intra` and
-    `inter`, with `inter` not shared (one device per node sends across in each step)."""
+    `intra` on one node, `inter` between one-device nodes; otherwise the larger α and the
+    smaller β of `intra` and `inter`, with `inter` not shared (one device per node sends
+    across in each step). Where one link has the larger α and the other the smaller β,
+    this prices a step at or above the slower of the two (within `min(α)` of it)."""
     validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
     if topo.nodes == 1:
         return topo.intra
+    if topo.devices_per_node == 1:
+        return topo.inter
     intra, inter = topo.intra, topo.inter
     return Link(max(intra.alpha_s, inter.alpha_s), min(intra.beta_Bps, inter.beta_Bps))
 
 
-def butterfly_time(nbytes: float, rounds: int, topo: Topology) -> float:
-    """`rounds` butterfly exchange rounds (`butterfly_rounds(p)`) of `nbytes` each, over
-    `topo`. With p and the devices per node powers of two, the partners `i XOR 2^r` of the
-    first `log2(devices_per_node)` rounds share a node (`intra`, as `core.merges` orders
-    the rounds: innermost axis first) and the other `log2(nodes)` rounds cross, every device
-    of a node at once (`shared_inter`). Otherwise every round is priced as crossing, an
-    upper bound."""
+def butterfly_time(nbytes: float, topo: Topology) -> float:
+    """The butterfly merge's `butterfly_rounds(p)` exchange rounds of `nbytes` each over all
+    of `topo`'s p devices. With p and the devices per node powers of two, the partners
+    `i XOR 2^r` of the first `log2(devices_per_node)` rounds share a node (`intra`, as
+    `core.merges` orders the rounds: innermost axis first) and the other `log2(nodes)`
+    rounds cross, every device of a node at once (`shared_inter`). Otherwise every round
+    is priced as crossing, an upper bound."""
     check_nbytes(nbytes)
-    check_size(rounds, "rounds", minimum=0, example="butterfly_rounds(p)")
     check_no_symbols("butterfly_time compares link times", nbytes=nbytes)
     validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
     dpn, p = topo.devices_per_node, topo.devices
+    rounds = butterfly_rounds(p)
     if topo.nodes == 1:
         return rounds * topo.intra.send(nbytes)
     power_of_two = p & (p - 1) == 0 and dpn & (dpn - 1) == 0
@@ -391,14 +398,10 @@ def collective_time(kind: CollectiveKind, nbytes: float, topo: Topology) -> floa
     dpn, nodes, p = topo.devices_per_node, topo.nodes, topo.devices
     intra, inter = topo.intra, topo.shared_inter  # all of a node's devices cross at once
     if topo.ring_only and kind in ("all-reduce", "all-gather", "all-to-all"):
-        return _gloo_time(kind, nbytes, p, slowest_link(topo))
+        return _gloo_time(kind, nbytes, topo)
     if kind == "all-reduce":
         return hierarchical_allreduce_time(nbytes, topo)
     if kind == "all-gather":
-        if topo.ring_only:  # (p−1)(α + m/β) per stage, m contributed per rank
-            return ((dpn - 1) * intra.send(nbytes / p) if dpn > 1 else 0.0) + (
-                (nodes - 1) * inter.send(nbytes / nodes) if nodes > 1 else 0.0
-            )
         return (
             allgather_time(nbytes * dpn / p, dpn, intra)[0]
             + allgather_time(nbytes, nodes, inter)[0]
@@ -418,16 +421,22 @@ def collective_time(kind: CollectiveKind, nbytes: float, topo: Topology) -> floa
     return (topo.inter if nodes > 1 else intra).send(nbytes)  # one sender per node crosses
 
 
-def _gloo_time(kind: CollectiveKind, nbytes: float, p: int, link: Link) -> float:
-    """XLA:CPU's all-reduce, all-gather or all-to-all over `p` ranks in one flat algorithm
-    whose every step waits for `link` (`collective_time`)."""
+def _gloo_time(kind: CollectiveKind, nbytes: float, topo: Topology) -> float:
+    """XLA:CPU's all-reduce, all-gather or all-to-all over all of `topo`'s p ranks in one
+    flat algorithm (`collective_time`): the rings wait for `slowest_link` at every step;
+    the all-to-all is one round at the slowest α, each rank's (dpn−1)/p·n bytes inside its
+    node and (p−dpn)/p·n across going at once, the latter on the node's shared uplinks."""
+    p, dpn = topo.devices, topo.devices_per_node
     if p <= 1:
         return 0.0
+    link = slowest_link(topo)
     if kind == "all-reduce":
         return ring_allreduce_time(nbytes, p, link)
     if kind == "all-gather":  # nbytes received; each rank contributes nbytes/p
         return (p - 1) * link.send(nbytes / p)
-    return link.alpha_s + (p - 1) / p * nbytes / link.beta_Bps  # all-to-all: one round
+    inside = (dpn - 1) / p * nbytes / topo.intra.beta_Bps
+    across = (p - dpn) / p * nbytes / topo.shared_inter.beta_Bps
+    return link.alpha_s + max(inside, across)
 
 
 def collectives_time(collectives: Sequence[Collective], topo: Topology) -> float:

@@ -2,7 +2,8 @@
 
 Each `Prediction` splits a call into the local kernel's roofline time (`local_decode_time`:
 reading K and V at `mem_Bps`, or computing at `flops`), the collectives not hidden behind
-it (`links.collective_time`, hierarchically across nodes), the local merge and a fixed
+it (`links.collective_time`, hierarchically across nodes; a merge's all-reduces one mesh
+level at a time and its butterfly rounds by level, `predict_merge`), the local merge and a fixed
 per-call overhead. Numbers only: a prediction compares times, so every size is a concrete
 int and a sympy symbol is refused by name. `calibrate.calibrate` measures the parameters of
 a `Topology` on the simulated devices before the model is used to extrapolate to
@@ -242,8 +243,10 @@ def predict_merge(
     """Tree decoding with merge `pattern` (one of `MERGE_NAMES`) on all of `topo`'s devices.
 
     `compute_s`: the local kernel over the shard of `ceil(N/p)` keys (roofline,
-    `local_decode_time`); `comm_s`: `merge_collectives`, one after the other
-    (`collective_time`, hierarchical across nodes); `merge_s`: `merge_read_bytes` at
+    `local_decode_time`); `comm_s`: `merge_collectives` (each operand of an all-reduce
+    apart where `topo.ring_only`), one after the other: all-reduces one mesh level at a time
+    (`hierarchical_allreduce_time`), butterfly rounds by level (`butterfly_time`), the rest
+    by `collective_time`, a kind in `topo.measured` as measured; `merge_s`: `merge_read_bytes` at
     `mem_Bps`; `overhead_s`: `topo.overhead_s`. For "one_pass" the fast path is predicted;
     `fallback=True` adds the exact merge that runs when the shared shift does not fit.
     """
@@ -289,7 +292,7 @@ def _merge_comm_time(collectives: list[Collective], topo: Topology) -> float:
         elif kind == "all-reduce":
             total += count * hierarchical_allreduce_time(nbytes, topo)
         elif kind == "collective-permute":  # only the butterfly permutes in a merge
-            total += butterfly_time(nbytes, count, topo)
+            total += butterfly_time(nbytes, topo)  # count == butterfly_rounds(p)
         else:
             total += count * collective_time(kind, nbytes, topo)
     return total
