@@ -850,8 +850,9 @@ print(f"flops per device at Tk = {tk_c:,}: ring {f_ring:,.0f}, the tree over p c
 # Where each pays its own latency, as on gloo (notebook 9, §9.8), the ring's transfers pay
 # $2(p-1)$ α, so with a ring Allreduce the ring pays $4(p-1)$. Gloo also runs the tree's
 # summed pair as one ring per operand, so the tree's merge is three rings, $6(p-1)$: more
-# than the ring (notebook 9's sweep measures both). With recursive doubling the tree's lead
-# grows (the cell below prints both counts, one α per XLA operation).
+# than the ring (notebook 9's sweep measures both). With recursive doubling the tree pays
+# fewer (the cell below prints both counts; it counts one α per XLA operation, so the tree
+# as two ring all-reduces, not gloo's three).
 #
 # The paper's Introduction promises "an asymptotically faster algorithm for performing
 # decoding in which the number of communication steps scales logarithmically with the number

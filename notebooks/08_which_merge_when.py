@@ -1514,7 +1514,8 @@ for name in tae.MERGES:
 print(f"(a ring all-reduce, NCCL's usual choice inside a node, pays 2(p - 1) = {2 * (p - 1)} "
       f"alpha per all-reduce)")
 # The model prices the paper's merge with recursive doubling; priced as two rings, it pays
-# 2 x 2(p - 1) alpha, and the butterfly's log2 p is a fraction of that.
+# 2 x 2(p - 1) alpha (three rings on gloo, one per operand: notebook 9, section 9.8), and the
+# butterfly's log2 p is a fraction of that.
 ring_allreduce = 2 * 2 * (p - 1)
 assert closed_form["butterfly"] * 4 < ring_allreduce
 print(f"allreduce merge as two ring all-reduces: {ring_allreduce} alpha, "
@@ -1778,7 +1779,8 @@ print(f"B = {B_a}, Tq = {Tq_a}, Hq = {Hq_a}, Hkv = {Hkv_a}, D = {D_a} ({B_a * Tq
 #   collective-permutes and no all-reduce.
 # * An Allreduce's $\log p$ belongs to the algorithm that runs it (NCCL's tree or NVLS,
 #   recursive doubling), not to the word: run as a ring, as gloo runs XLA:CPU's, it pays
-#   $2(p-1)$ latency terms. The butterfly writes the tree into the program.
+#   $2(p-1)$ latency terms (per operand on gloo, so the paper's merge pays three such
+#   rings: notebook 9, §9.8). The butterfly writes the tree into the program.
 # * The compiled programs move exactly the bytes of `costmodel.merge_collectives`. In bytes
 #   each device sends, `allgather` pays $p/2$ times `allreduce` for its single collective,
 #   `all_to_all` half, `reduce_scatter` a little more than half; `one_pass` one Allreduce
