@@ -848,11 +848,12 @@ print(f"flops per device at Tk = {tk_c:,}: ring {f_ring:,.0f}, the tree over p c
 #
 # The package's ring sends them as two collective-permutes per step (§5.5 prints them).
 # Where each pays its own latency, as on gloo (notebook 9, §9.8), the ring's transfers pay
-# $2(p-1)$ α, so with a ring Allreduce the ring pays $4(p-1)$. Gloo also runs the tree's
-# summed pair as one ring per operand, so the tree's merge is three rings, $6(p-1)$: more
-# than the ring (notebook 9's sweep measures both). With recursive doubling the tree pays
-# fewer (the cell below prints both counts; it counts one α per XLA operation, so the tree
-# as two ring all-reduces, not gloo's three).
+# $2(p-1)$ α, so with a ring Allreduce the ring pays $4(p-1)$, as many as the tree's two
+# ring Allreduces. On gloo, XLA:CPU runs the tree's summed pair as one ring per operand, so
+# the tree's merge is three rings, $6(p-1)$: more than the ring (notebook 9's sweep
+# measures both). With recursive doubling the tree pays fewer (the cell below prints both
+# counts; it counts one ring per XLA all-reduce, so the tree as two rings, not the three
+# XLA:CPU runs over gloo).
 #
 # The paper's Introduction promises "an asymptotically faster algorithm for performing
 # decoding in which the number of communication steps scales logarithmically with the number
