@@ -28,9 +28,10 @@
 # communication requirements" (the caption of its Figure 2). This notebook builds a cluster on one Linux machine, with
 # real processes, real sockets and a link whose rate we set, and tests that claim.
 #
-# **Where this runs.** The recorded runs come from `tree-attention-edu cluster` on a
-# machine with two cores (their exact commands are printed below, and in
-# `results/cluster/README.md`). Building namespaces needs root; apart from §9.9's optional
+# **Where this runs.** The recorded runs come from `tree-attention-edu cluster`, and from
+# two scripts that drive it or its parts (`scripts/latency_sweep.py`,
+# `scripts/latency_collectives.py`), on a machine with two cores (their exact commands are
+# printed below, and in `results/cluster/README.md`). Building namespaces needs root; apart from §9.9's optional
 # live cell, this notebook only reads the JSON those runs wrote, so it runs anywhere, and
 # its outputs are checked by nbval.
 #
@@ -221,8 +222,8 @@ assert all(0.6 < x < 0.75 for x in intra_drop)  # "about a third lower", in both
 # explain it. Look at the small messages: their times spread widely (the
 # percentiles are printed below).*
 #
-# That spread is probably this machine, not the network (§9.8's probe times a plain veth
-# round trip in about a hundredth of a millisecond). Its two cores run the workers' device
+# That spread is probably this machine, not the network (a plain veth round trip takes
+# 0.012 ms in `results/cluster/README.md`'s probe table, printed again in §9.8). Its two cores run the workers' device
 # threads and gloo's threads; the likely reason, not measured here: a step whose peer is
 # awake is fast, a step that must wake it waits for the scheduler, milliseconds (the 90th
 # percentile below).
@@ -752,8 +753,8 @@ print("lengths where the model orders flat tree and ring as measured: 2x1x2 "
 # %% [markdown]
 # *Figure: dots are measured medians, pale lines the cost model. The ring's line rises with
 # Tk at the link's rate; the model's tree lines stay flat until the local kernel's cost
-# shows, while the measured 2-level points scatter by about 2× with no trend that the
-# local work explains.*
+# shows, while the measured 2-level points scatter by up to about 2.7× (16.9 to 45.3 ms,
+# printed above) with no trend that the local work explains.*
 #
 # One crossover was measured: in the 4-device run the flat tree overtakes the ring between
 # Tk = 64 and Tk = 256. The 2-level tree, whose rings are shorter, took less time than the ring at
@@ -870,6 +871,8 @@ layouts = collectives_rec["layouts"]
 kinds = ["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
          "permute-exchange"]
 delays_swept = sorted({pt["delay_ms"] for lay in layouts for pt in lay["points"]})
+print("recorded by: " + "; ".join(lay["command"] for lay in layouts[:1])
+      + f" (and the same with --layout {', '.join(lay['layout'] for lay in layouts[1:])})")
 print(f"δ in {delays_swept} ms, {layouts[0]['repeats']} calls per point; "
       f"measured delays per call (the counts: Exercise 3's test)\n")
 print(f"{'collective':<20}" + "".join(f"{lay['layout'] + ' p=' + str(lay['p']):>16}"
