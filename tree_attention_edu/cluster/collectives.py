@@ -153,14 +153,15 @@ def predicted_terms(p: int, ranks_per_node: int) -> dict[str, int]:
     crossing hop's 2D reaches every rank, and every step of the ring pays it."""
     nodes = p // ranks_per_node
     across = nodes > 1
+    ring = 2 * 2 * (p - 1) * across  # one gloo all-reduce ring: 2(p-1) steps of 2D
     return {
-        "all-reduce": 2 * 2 * (p - 1) * across,
+        "all-reduce": ring,
         "all-gather": 2 * (p - 1) * across,
         "all-to-all": 2 * across,
         "collective-permute": 2 * across,
         "permute-exchange": 2 * across,
-        "all-reduce-pair": 2 * 2 * 2 * (p - 1) * across,
-        "allreduce-merge": 3 * 2 * 2 * (p - 1) * across,
+        "all-reduce-pair": 2 * ring,  # one ring per operand
+        "allreduce-merge": 3 * ring,  # the max, then the numerator and the denominator
         # halving-doubling: its steps whose partner is on another node (1D each, no
         # notice), the chunks' redistribution (1D), the last "buffer free" notices (1D).
         "reduce-scatter": ((nodes - 1).bit_length() + 2) * across,
