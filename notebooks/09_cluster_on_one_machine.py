@@ -1043,6 +1043,22 @@ print("one_way_delays == the record's source counts, in every layout   ✓")
 # The slope of each method's time against $\delta$ is the number of one-way delays it pays per
 # decode step. The cell checks the record's slopes by refitting them.
 
+# %%
+def method_counts(count, p: int, nodes: int) -> dict[str, int]:
+    """Each method's one-way delays per decode step (the list above), from `count(kind, p,
+    nodes)`, the delays of one call of a collective `kind`: Exercise 3's `one_way_delays`,
+    or the package's `collectives.predicted_terms` ("The cost model against the record")."""
+    return {
+        "tree": TREE_RINGS * count("all-reduce", p, nodes),
+        "tree_2level": TREE_RINGS * count("all-reduce", nodes, nodes),  # across: 1 per node
+        "butterfly": count("collective-permute", p, nodes),
+        "ring": (p - 1) * 2 * count("collective-permute", p, nodes)
+                + count("all-reduce", p, nodes),
+        "ring_pass_q": (p - 1) * count("collective-permute", p, nodes)
+                       + count("all-to-all", p, nodes) + count("all-gather", p, nodes),
+    }
+
+
 # %% nbgrader={"grade": true, "grade_id": "test_one_way_delays_2", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 sweep = json.loads((LAT / "latency-2x2x1.json").read_text())
 cfg = sweep["reports"]["0.0"]["config"]
@@ -1058,16 +1074,7 @@ assert ring_coll == {"all-reduce": 1, "collective-permute": 2 * (p4 - 1)}  # the
 print(f"  the pass-KV ring's collectives in this sweep: {ring_coll}\n")
 sm = sweep["methods"]  # before the student's function runs: later cells need it
 slopes = {mt: r["delays_per_step"] for mt, r in sm.items()}
-source_count = {
-    "tree": TREE_RINGS * one_way_delays("all-reduce", p4, nodes4),
-    "tree_2level": TREE_RINGS * one_way_delays("all-reduce", nodes4, nodes4),
-    "butterfly": one_way_delays("collective-permute", p4, nodes4),
-    "ring": (p4 - 1) * 2 * one_way_delays("collective-permute", p4, nodes4)
-            + one_way_delays("all-reduce", p4, nodes4),
-    "ring_pass_q": (p4 - 1) * one_way_delays("collective-permute", p4, nodes4)
-                   + one_way_delays("all-to-all", p4, nodes4)
-                   + one_way_delays("all-gather", p4, nodes4),
-}
+source_count = method_counts(one_way_delays, p4, nodes4)
 print(f"{'method':<13}" + "".join(f"{f'δ={d:g}':>8}" for d in D_ms)
       + f"{'slope':>8}{'count':>8}{'model':>8}   model's error across δ")
 for mt, r in sm.items():
@@ -1202,8 +1209,11 @@ worst_d = max(abs(e) for r in sm.values() for e in r["rel_err"][positive_d])
 assert worst_d < calibrate.BAND  # every method, every δ > 0: inside the band
 misses_0 = {mt: r["rel_err"][0] for mt, r in sm.items() if abs(r["rel_err"][0]) > calibrate.BAND}
 assert set(misses_0) == {"tree", "butterfly", "ring_pass_q"} and min(misses_0.values()) > 0
+# The package's counts, not Exercise 3's function: this cell runs in the students' release.
+package_count = method_counts(
+    lambda kind, p, nodes: collectives.predicted_terms(p, p // nodes)[kind], p4, nodes4)
 for mt, r in sm.items():  # the model's slopes: its counts, within 5%
-    assert abs(r["predicted_delays_per_step"] / source_count[mt] - 1) < 0.05, mt
+    assert abs(r["predicted_delays_per_step"] / package_count[mt] - 1) < 0.05, mt
 # The fitted alpha per ring step grows with δ at about the 2δ rule.
 a_slope = np.polyfit(D_ms, np.array(sweep["inter_alpha_s"]) * 1e3, 1)[0]
 assert 1.8 < a_slope < 2.2  # about 2 delays per ring step

@@ -68,6 +68,45 @@ def test_the_mark_check_can_fail():
     assert any("'test_nothing_2' comes before 'test_nothing'" in p for p in problems)
 
 
+def test_a_cell_that_reads_what_the_release_lacks_is_found():
+    """notebook 9 at 269f42b: an ordinary cell read `source_count`, which a test binds from
+    the student's function, so the release raised there and CI's grading failed."""
+    marks = {"schema_version": 3, "locked": True, "points": 1, "task": False}
+
+    def cells(later: str) -> list:
+        return [
+            nbformat.v4.new_code_cell("def f(x):\n    return 0  # the stub"),
+            nbformat.v4.new_code_cell(
+                "def f(x):\n    return x\nhelper = 2",
+                metadata={
+                    "tags": ["solution"],
+                    "nbgrader": {"grade": False, "grade_id": "f", "solution": True, **marks},
+                },
+            ),
+            nbformat.v4.new_code_cell(
+                "before = 1\nafter = f(3)\nassert after == 3\nalso = 4",
+                metadata={
+                    "nbgrader": {"grade": True, "grade_id": "test_f", "solution": False, **marks}
+                },
+            ),
+            nbformat.v4.new_code_cell(later),
+        ]
+
+    def problems(later: str) -> list[str]:
+        nb = nbformat.v4.new_notebook(cells=cells(later))
+        found = release.unbound_in_release(nb)
+        assert release.mark_problems(nb) == found  # the marks are right, and it runs there
+        return found
+
+    found = problems("print(after + also + helper + before)")
+    assert [re.search(r"reads '(\w+)'", p)[1] for p in found] == ["after", "also", "helper"]
+    assert "'test_f' binds it" in found[0] and "'f' binds it" in found[2]
+    assert problems("print(before, [after for after in range(3)], (lambda also: also)(1))") == []
+    assert problems("after = 5\nprint(after)") == []  # bound again in the cell
+    assert problems('print(also if "also" in globals() else None)') == []
+    assert problems("print(f(2))") != []  # a cell that uses the answer is one of its tests
+
+
 # --- what the release carries (static, all nine) ------------------------------------------
 
 

@@ -135,6 +135,107 @@ def mark_problems(nb: Any) -> list[str]:
                 answer = code[code.index(cell) - 1] if code.index(cell) else None
                 if answer is None or not is_answer(answer) or f"test_{grade_id(answer)}" != gid:
                     problems.append(f"{where}: test {gid!r} does not follow its answer cell")
+    return problems + unbound_in_release(nb)
+
+
+def _free_names(source: str) -> set[str]:
+    """The global names a cell's code reads and does not bind itself (anywhere in the cell:
+    the order inside a cell is not checked), by `symtable`, so that a parameter or a
+    comprehension's variable in a nested scope is not taken for a global."""
+    import symtable
+
+    top = symtable.symtable(source, "<cell>", "exec")
+    read: set[str] = set()
+    bound: set[str] = set()
+    tables = [top]
+    while tables:
+        table = tables.pop()
+        tables += table.get_children()
+        for sym in table.get_symbols():
+            if table is top and (sym.is_assigned() or sym.is_imported()):
+                bound.add(sym.get_name())
+            if sym.is_referenced() and (table is top or sym.is_global()):
+                read.add(sym.get_name())
+    return read - bound
+
+
+def _statements(source: str) -> list[tuple[set[str], set[str]]]:
+    """Per top-level statement of a cell: (the names it binds, the global names it reads
+    and does not bind)."""
+    import ast
+    import symtable
+
+    rows = []
+    for stmt in ast.parse(source).body:
+        code = ast.unparse(stmt)
+        top = symtable.symtable(code, "<statement>", "exec")
+        binds = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+        rows.append((binds, _free_names(code)))
+    return rows
+
+
+def _guarded(source: str) -> set[str]:
+    """The names a cell tests for with `"name" in globals()`: it reads them only if bound."""
+    import ast
+
+    return {
+        node.left.value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Compare)
+        and isinstance(node.left, ast.Constant)
+        and isinstance(node.left.value, str)
+        and isinstance(node.ops[0], ast.In)
+        and isinstance(node.comparators[0], ast.Call)
+        and isinstance(node.comparators[0].func, ast.Name)
+        and node.comparators[0].func.id == "globals"
+    }
+
+
+def unbound_in_release(nb: Any) -> list[str]:
+    """Names that a cell outside the graded ones reads and that, in the release, nothing
+    binds ([] when none). In the release an answer cell is empty, and a test cell stops at
+    its first statement that uses a student's answer (or a name that answer made) with the
+    stub's wrong result; so what an answer cell binds, and what a test cell binds from that
+    statement on, is not there for a later cell. Such a cell would raise in the release
+    too, and only tests may (`check_release`; CI grades the release, `make test` does not).
+    A later ordinary cell that binds the name again makes it safe, and one that reads it
+    only under `"name" in globals()` is safe; a cell that uses an exercise's function is
+    meant to be one of its tests."""
+    problems: list[str] = []
+    unsafe: dict[str, str] = {}  # name -> the graded cell that makes it missing
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        source = "".join(cell["source"])
+        try:
+            statements = _statements(source)
+        except SyntaxError as err:
+            problems.append(f"cell {i}: not Python ({err.msg}, line {err.lineno})")
+            continue
+        gid = grade_id(cell)
+        if is_answer(cell):
+            for binds, _ in statements:
+                unsafe.update(dict.fromkeys(binds, str(gid)))
+        elif is_test(cell):
+            stopped = False
+            for binds, reads in statements:
+                stopped = stopped or bool(reads & unsafe.keys())
+                for name in binds:
+                    if stopped:
+                        unsafe[name] = str(gid)
+                    else:
+                        unsafe.pop(name, None)
+        else:
+            missing = sorted((_free_names(source) - _guarded(source)) & unsafe.keys())
+            problems += [
+                f"cell {i}: reads {name!r}, which the release lacks: {unsafe[name]!r} binds it "
+                "(an answer cell, or a test after its first use of the answer); bind it "
+                "before that, or compute it here from the package"
+                for name in missing
+            ]
+            for binds, _ in statements:
+                for name in binds:
+                    unsafe.pop(name, None)
     return problems
 
 
