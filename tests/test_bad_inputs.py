@@ -1408,6 +1408,7 @@ COST_CALLS = (
             flops=1e15,
             overhead_s=0.0,
             overlap=True,
+            flat_ring=LINK,
         ),
     ),
     (costmodel.Topology.with_devices, dict(self=TOPO, p=4)),
@@ -1416,6 +1417,7 @@ COST_CALLS = (
     (costmodel.allreduce_time, dict(nbytes=1e3, p=4, link=LINK)),
     (costmodel.hierarchical_allreduce_time, dict(nbytes=1e3, topo=TOPO)),
     (costmodel.slowest_link, dict(topo=TOPO)),
+    (costmodel.ring_step_link, dict(topo=TOPO)),
     (costmodel.butterfly_time, dict(nbytes=1e3, topo=TOPO)),
     (
         costmodel.local_decode_time,

@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -763,6 +764,41 @@ def test_gloo_runs_each_collective_flat_at_its_slowest_hop():
     # Crossed links: the larger α from one, the smaller β from the other.
     crossed = dataclasses.replace(GLOO, intra=cm.Link(30e-3, 1e9))
     assert cm.slowest_link(crossed) == cm.Link(30e-3, 100e6)
+
+
+def test_a_ring_measured_over_all_devices_prices_their_gloo_collectives():
+    """`flat_ring`, one step of the ring over all devices as measured on it, replaces
+    `slowest_link`'s rule for the collectives over all of them, in closed form; kept for
+    the same device count only; and the cluster's flat topology runs the tree's merge
+    on it (`cluster.methods.topologies`)."""
+    n, p, a, b = 8192.0, 8, 3e-3, 50e6
+    ring = dataclasses.replace(GLOO, flat_ring=cm.Link(a, b))
+    assert cm.ring_step_link(ring) == cm.Link(a, b)
+    assert cm.ring_step_link(GLOO) == cm.slowest_link(GLOO)  # none measured: the rule
+    assert cm.collective_time("all-reduce", n, ring) == pytest.approx(2 * 7 * (a + n / p / b))
+    assert cm.collective_time("all-gather", n, ring) == pytest.approx(7 * (a + n / p / b))
+    across = 4 / 8 * n / (GLOO.inter.beta_Bps / 4)  # the bytes across, on the shared uplink
+    assert cm.collective_time("all-to-all", n, ring) == pytest.approx(a + across)
+    # The levels' all-reduces (the 2-level tree's merge) keep their own links.
+    assert cm.hierarchical_allreduce_time(n, ring) == cm.hierarchical_allreduce_time(n, GLOO)
+    assert ring.with_devices(8).flat_ring == cm.Link(a, b)
+    assert ring.with_devices(4).flat_ring is None  # measured on 8 devices, not 4
+    with pytest.raises(TypeError, match="flat_ring"):
+        dataclasses.replace(GLOO, flat_ring=(a, b))
+    # The cluster's view: the flat tree's topology is one node of p devices whose link is
+    # the measured ring's step; without a measured ring (older records), the rule's.
+    from tree_attention_edu.cluster import methods
+
+    s = SimpleNamespace(nodes=2, processes_per_node=2, devices_per_process=2, devices=8)
+    fit = {"inter": {"alpha_s": 20e-3, "beta_Bps": 100e6}, "overhead_s": 0.0}
+    fit["intra"] = {"alpha_s": 1e-3, "beta_Bps": 400e6}
+    local = {"mem_Bps": 1e9, "sync_s": 0.0, "copy_Bps": 1e9}
+    two, flat = methods.topologies(
+        SimpleNamespace(s=s), fit | {"flat": {"alpha_s": a, "beta_Bps": b}}, local
+    )
+    assert two.flat_ring == cm.Link(a, b) and flat.intra == cm.Link(a, b)
+    assert (flat.nodes, flat.devices_per_node, flat.flat_ring) == (1, 8, None)
+    assert methods.topologies(SimpleNamespace(s=s), fit, local)[1].intra == cm.Link(20e-3, 100e6)
 
 
 def test_operands_apart_lists_one_all_reduce_per_operand():

@@ -18,6 +18,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from jax import Array
+    from jax.sharding import Mesh
 
     from .context import Context
 
@@ -25,8 +26,9 @@ Calls = dict[str, tuple[Callable[..., Any], tuple[Any, ...]]]
 """Programs to time: `name -> (fn, args)` (`benchmark.interleaved_times`)."""
 Times = dict[str, list[float]]
 """Seconds per round, by name."""
-Level = Literal["node", "gpu"]
-"""An axis of the 2-level mesh: across nodes, or inside one."""
+Level = Literal["node", "gpu", "flat"]
+"""What an all-reduce that measures a link spans: an axis of the 2-level mesh (across
+nodes, or inside one), or every device (`ctx.flat`'s one axis, the flat tree's ring)."""
 
 LEVEL_SIZES = (256, 1024, 4096, 1 << 20, 2 << 20, 4 << 20)
 """Bytes per device of the all-reduces that measure each level: small ones for α (a few kB
@@ -39,33 +41,36 @@ above the tbf bucket of 128 kB, which lets its first bytes through unshaped)."""
 
 
 def level_calls(ctx: Context) -> Calls:
-    """The programs that measure the two levels, all on the 2-level mesh with every device
-    taking part (as the tree's own all-reduces do): an all-reduce over "node" and one over
-    "gpu" of each of `LEVEL_SIZES` bytes per device, and the same program with no
-    collective (the per-call overhead)."""
+    """The programs that measure the links, every device taking part (as the tree's own
+    all-reduces do): on the 2-level mesh an all-reduce over "node" and one over "gpu", on
+    the flat mesh one over all devices (one ring of 2(p−1) steps: what a step of it costs
+    is not what a 2-device ring's steps cost, which spread each call's fixed cost over 2),
+    each of `LEVEL_SIZES` bytes per device, and the 2-level program with no collective
+    (the per-call overhead)."""
     import jax
     from jax import lax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    mesh, spec = ctx.two, P(("node", "gpu"))
+    two, flat = (ctx.two, P(("node", "gpu"))), (ctx.flat, P(ctx.flat.axis_names))
 
-    def program(body: Callable[[Array], Array]) -> Callable[[Array], Array]:
+    def program(on: tuple[Mesh, P], body: Callable[[Array], Array]) -> Callable[[Array], Array]:
+        mesh, spec = on
         return jax.jit(
             jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
         )
 
     fns = {
-        "node": program(lambda x: lax.psum(x, "node")),
-        "gpu": program(lambda x: lax.psum(x, "gpu")),
-        "noop": program(lambda x: x + 1),
+        "node": (two, program(two, lambda x: lax.psum(x, "node"))),
+        "gpu": (two, program(two, lambda x: lax.psum(x, "gpu"))),
+        "flat": (flat, program(flat, lambda x: lax.psum(x, ctx.flat.axis_names))),
+        "noop": (two, program(two, lambda x: x + 1)),
     }
     calls: Calls = {}
     for n in LEVEL_SIZES:
-        ones = np.ones(mesh.size * (n // 4), np.float32)
-        x = jax.device_put(ones, NamedSharding(mesh, spec))
-        for name, fn in fns.items():
-            calls[f"{name} {n}"] = (fn, (x,))
+        ones = np.ones(ctx.two.size * (n // 4), np.float32)
+        for name, ((mesh, spec), fn) in fns.items():
+            calls[f"{name} {n}"] = (fn, (jax.device_put(ones, NamedSharding(mesh, spec)),))
     return calls
 
 
@@ -74,8 +79,9 @@ def fit_level(ctx: Context, axis: Level, times: Times, overhead: float) -> dict[
 
     gloo runs an all-reduce over g ranks as a ring: 2(g−1) steps, each sending n/g of a
     device's n bytes to the next rank. Over "node", all k devices of a node send at
-    once through its one uplink, so a step puts k·n/g bytes on the link. Every timed
-    call is a point `(bytes on the link per step, (time − overhead) / 2(g−1))`.
+    once through its one uplink, so a step puts k·n/g bytes on the link; over "flat" (all
+    p devices in node order) one hop per node crosses, so n/p. Every timed call is a
+    point `(bytes on the link per step, (time − overhead) / 2(g−1))`.
 
     α is the mean over the small messages' points (up to `calibrate.SMALL_MESSAGE` on
     the link per step), not their median as `calibrate.fit_link` takes: on this loaded
@@ -87,7 +93,7 @@ def fit_level(ctx: Context, axis: Level, times: Times, overhead: float) -> dict[
     comparable with the rate the tbf sets."""
     from ..perf import calibrate
 
-    g = ctx.two.shape[axis]
+    g = ctx.flat.size if axis == "flat" else ctx.two.shape[axis]
     share = ctx.two.shape["gpu"] if axis == "node" else 1  # devices per uplink at once
     steps = 2 * (g - 1)
     points = [
@@ -109,18 +115,22 @@ def fit_level(ctx: Context, axis: Level, times: Times, overhead: float) -> dict[
 
 
 def fit_links(ctx: Context, times: Times, rate_bps: float) -> dict[str, Any]:
-    """Both levels' fits (`fit_level`) at the set rate, and the per-call overhead."""
+    """Both levels' fits and the flat ring's (`fit_level`) at the set rate, and the
+    per-call overhead."""
     overhead = statistics.median(t for n in LEVEL_SIZES for t in times[f"noop {n}"])
     inter = fit_level(ctx, "node", times, overhead)
     intra = fit_level(ctx, "gpu", times, overhead)
+    flat = fit_level(ctx, "flat", times, overhead)
     inter["set_Bps"] = rate_bps / 8
     ctx.say(
         f"link fit at {rate_bps / 1e9:g} Gbit/s: inter alpha {inter['alpha_s'] * 1e6:.0f} "
         f"us, beta {inter['beta_Bps'] / 1e6:.1f} MB/s ({inter['beta_Bps'] / inter['set_Bps']:.0%} "
         f"of the set {inter['set_Bps'] / 1e6:.1f} MB/s); intra alpha "
-        f"{intra['alpha_s'] * 1e6:.0f} us, beta {intra['beta_Bps'] / 1e6:.0f} MB/s"
+        f"{intra['alpha_s'] * 1e6:.0f} us, beta {intra['beta_Bps'] / 1e6:.0f} MB/s; a step "
+        f"of the ring over all {ctx.flat.size} devices: alpha {flat['alpha_s'] * 1e6:.0f} us, "
+        f"beta {flat['beta_Bps'] / 1e6:.1f} MB/s"
     )
-    return {"inter": inter, "intra": intra, "overhead_s": overhead}
+    return {"inter": inter, "intra": intra, "flat": flat, "overhead_s": overhead}
 
 
 # ---------------------------------------------------------------------------------------

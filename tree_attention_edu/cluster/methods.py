@@ -187,6 +187,9 @@ def topologies(ctx: Context, links: dict[str, Any], local: dict[str, Any]) -> To
     s = ctx.s
     inter = costmodel.Link(links["inter"]["alpha_s"], links["inter"]["beta_Bps"])
     intra = costmodel.Link(links["intra"]["alpha_s"], links["intra"]["beta_Bps"])
+    # A step of the ring over all devices, measured on it (absent from records before it was)
+    ring = links.get("flat")
+    flat_ring = None if ring is None else costmodel.Link(ring["alpha_s"], ring["beta_Bps"])
     two = costmodel.Topology(
         nodes=s.nodes,
         devices_per_node=s.processes_per_node * s.devices_per_process,
@@ -199,14 +202,20 @@ def topologies(ctx: Context, links: dict[str, Any], local: dict[str, Any]) -> To
         copy_Bps=local["copy_Bps"],
         ring_only=True,
         uplinks=1,
+        flat_ring=flat_ring,
         name="cluster of network namespaces (this machine)",
         sources=("measured by tree_attention_edu.cluster.levels",),
     )
     # The flat mesh's Allreduce is one gloo ring over all p devices (in node order): each
-    # step waits for its slowest hop, inside a node or across (one flow per uplink).
-    slowest = costmodel.slowest_link(two)
+    # step waits for its slowest hop, inside a node or across (one flow per uplink), as
+    # measured on that ring (`levels.fit_links`).
     flat = dataclasses.replace(
-        two, nodes=1, devices_per_node=s.devices, intra=slowest, uplinks=None
+        two,
+        nodes=1,
+        devices_per_node=s.devices,
+        intra=costmodel.ring_step_link(two),
+        uplinks=None,
+        flat_ring=None,
     )
     return two, flat
 

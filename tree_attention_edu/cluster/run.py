@@ -315,6 +315,7 @@ def report(
         return {
             "inter": {**{k: inter[k] for k in first}, **inter},
             "intra": {**{k: intra[k] for k in first[:2]}, **intra},
+            "flat": phase["links"]["flat"],
             "overhead_s": phase["links"]["overhead_s"],
         }
 
@@ -466,6 +467,12 @@ def summary(rep: dict) -> str:
             f"{inter['beta_Bps'] / 1e6:.1f} MB/s ({inter['beta_Bps'] / set_:.0%} of "
             f"set); intra alpha {intra['alpha_s'] * 1e6:.0f} us, beta "
             f"{intra['beta_Bps'] / 1e6:.0f} MB/s"
+            + (
+                f"; ring over all devices, per step: alpha {flat['alpha_s'] * 1e6:.0f} us, "
+                f"beta {flat['beta_Bps'] / 1e6:.1f} MB/s"
+                if (flat := r["links"].get("flat"))
+                else ""
+            )
         )
         head = (
             f"{'method':<15}{'median ms':>11}{'predicted':>11}{'rel err':>9}"

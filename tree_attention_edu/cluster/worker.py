@@ -97,7 +97,7 @@ def _phase(
     s = ctx.s
     label = f"[{rate / 1e9:g} Gbit/s]"
     ctx.say(
-        f"{label} timing {len(names)} methods, {2 * len(levels.LEVEL_SIZES)} level "
+        f"{label} timing {len(names)} methods, {3 * len(levels.LEVEL_SIZES)} link "
         f"all-reduces and the local work, {s.repeats} interleaved rounds"
     )
     times = benchmark.interleaved_times(calls, repeats=s.repeats)

@@ -71,6 +71,7 @@ from .links import (
     hierarchical_allreduce_time,
     reduce_scatter_time,
     ring_allreduce_time,
+    ring_step_link,
     slowest_link,
     tree_allreduce_time,
 )
@@ -174,6 +175,7 @@ __all__ = [
     "ring_allreduce_time",
     "ring_collectives",
     "ring_payload_bytes",
+    "ring_step_link",
     "sent_bytes",
     "slowest_link",
     "tree_allreduce_time",

@@ -115,7 +115,7 @@ class Topology:
     (`cluster.collectives`, `results/cluster/latency-collectives.json`):
 
     * an all-reduce or all-gather over all the devices is one gloo ring over all of them,
-      in lockstep, so every step waits for the ring's slowest hop (`slowest_link`): an
+      in lockstep, so every step waits for the ring's slowest hop (`ring_step_link`): an
       all-reduce `2(p−1)` steps, an all-gather `p−1`. A merge's all-reduces over one mesh
       level at a time are rings over that level (`hierarchical_allreduce_time`);
     * an all-reduce with several operands runs one ring per operand, one after the other
@@ -133,6 +133,14 @@ class Topology:
     reduce-scatter or all-to-all) gives each device `β·uplinks/devices_per_node`
     (`shared_inter`); a ring's collective-permute crosses with one device per node and runs
     at `β`.
+
+    `flat_ring`: with `ring_only`, one step of a gloo ring over all the devices, measured
+    on that ring (`cluster.levels` times all-reduces over every device at other sizes than
+    a decode's): all-reduces, all-gathers and all-to-alls over all the devices are priced
+    at it (`ring_step_link`). None prices such a step at `slowest_link`, the rule from the
+    levels' own 2-device rings, whose fitted α also carries each call's fixed cost spread
+    over its 2 steps, which a ring of 2(p−1) steps pays once. Measured on exactly these
+    devices: `with_devices` drops it for another count, as it drops `measured`.
 
     `kernel_fixed_s`: the fixed part of one local kernel call, paid whatever the shard's
     length (the kernel's loop set-up and, on simulated devices, the device threads taking
@@ -156,15 +164,21 @@ class Topology:
     ring_only: bool = False
     uplinks: int | None = None
     kernel_fixed_s: float = 0.0
+    flat_ring: Link | None = None
 
     def __post_init__(self):
         check_size(self.nodes, "nodes")
         check_size(self.devices_per_node, "devices_per_node")
         validate.check_instance(self.intra, Link, "intra", "pass Link(alpha_s, beta_Bps)")
         validate.check_instance(self.inter, Link, "inter", "pass Link(alpha_s, beta_Bps)")
+        if self.flat_ring is not None:
+            validate.check_instance(
+                self.flat_ring, Link, "flat_ring", "pass Link(alpha_s, beta_Bps) or None"
+            )
         for name, link in (
             ("intra", self.intra),
             ("inter", self.inter),
+            *((("flat_ring", self.flat_ring),) if self.flat_ring is not None else ()),
             *(
                 (f"measured[{i}][1]", pair[1])
                 for i, pair in enumerate(self.measured)
@@ -231,10 +245,15 @@ class Topology:
         check_size(p, "p")
         check_whole_nodes(p, self.devices_per_node)
         # Collectives measured on this many devices say nothing about another count.
-        measured = self.measured if p == self.devices else ()
+        same = p == self.devices
+        measured, flat_ring = (self.measured, self.flat_ring) if same else ((), None)
         if p <= self.devices_per_node:
-            return replace(self, nodes=1, devices_per_node=p, measured=measured)
-        return replace(self, nodes=p // self.devices_per_node, measured=measured)
+            return replace(
+                self, nodes=1, devices_per_node=p, measured=measured, flat_ring=flat_ring
+            )
+        return replace(
+            self, nodes=p // self.devices_per_node, measured=measured, flat_ring=flat_ring
+        )
 
 
 def _allreduce_args(nbytes: float, p: int, link: Link) -> None:
@@ -286,6 +305,13 @@ def slowest_link(topo: Topology) -> Link:
         return topo.inter
     intra, inter = topo.intra, topo.inter
     return Link(max(intra.alpha_s, inter.alpha_s), min(intra.beta_Bps, inter.beta_Bps))
+
+
+def ring_step_link(topo: Topology) -> Link:
+    """The link one step of a ring over all of `topo`'s devices is priced at: the step
+    measured on that ring (`Topology.flat_ring`), else `slowest_link`'s rule."""
+    validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
+    return slowest_link(topo) if topo.flat_ring is None else topo.flat_ring
 
 
 def butterfly_time(nbytes: float, topo: Topology) -> float:
@@ -385,7 +411,7 @@ def collective_time(kind: CollectiveKind, nbytes: float, topo: Topology) -> floa
     * collective-permute (a ring's step): one send over the slowest link of the ring.
 
     With `topo.ring_only` (XLA:CPU over gloo, `Topology`), an all-reduce, all-gather or
-    all-to-all over all the devices is instead one flat algorithm over `slowest_link`: a ring
+    all-to-all over all the devices is instead one flat algorithm over `ring_step_link`: a ring
     of `2(p−1)` or `p−1` steps, or one round with every send posted at once.
     """
     validate.check_choice(kind, COLLECTIVE_KINDS, "kind")
@@ -423,13 +449,14 @@ def collective_time(kind: CollectiveKind, nbytes: float, topo: Topology) -> floa
 
 def _gloo_time(kind: CollectiveKind, nbytes: float, topo: Topology) -> float:
     """XLA:CPU's all-reduce, all-gather or all-to-all over all of `topo`'s p ranks in one
-    flat algorithm (`collective_time`): the rings wait for `slowest_link` at every step;
-    the all-to-all is one round at the slowest α, each rank's (dpn−1)/p·n bytes inside its
+    flat algorithm (`collective_time`): the rings wait for their slowest hop at every step
+    (`ring_step_link`: as measured on that ring, else `slowest_link`); the all-to-all is one
+    round at that step's α, each rank's (dpn−1)/p·n bytes inside its
     node and (p−dpn)/p·n across going at once, the latter on the node's shared uplinks."""
     p, dpn = topo.devices, topo.devices_per_node
     if p <= 1:
         return 0.0
-    link = slowest_link(topo)
+    link = ring_step_link(topo)
     if kind == "all-reduce":
         return ring_allreduce_time(nbytes, p, link)
     if kind == "all-gather":  # nbytes received; each rank contributes nbytes/p
