@@ -1408,6 +1408,7 @@ COST_CALLS = (
             flops=1e15,
             overhead_s=0.0,
             overlap=True,
+            ring_only=True,
             flat_ring=LINK,
         ),
     ),

@@ -785,6 +785,8 @@ def test_a_ring_measured_over_all_devices_prices_their_gloo_collectives():
     assert ring.with_devices(4).flat_ring is None  # measured on 8 devices, not 4
     with pytest.raises(TypeError, match="flat_ring"):
         dataclasses.replace(GLOO, flat_ring=(a, b))
+    with pytest.raises(ValueError, match="ring_only=True"):
+        dataclasses.replace(ring, ring_only=False)  # only gloo's rings are priced at it
     # The cluster's view: the flat tree's topology is one node of p devices whose link is
     # the measured ring's step; without a measured ring (older records), the rule's.
     from tree_attention_edu.cluster import methods

@@ -72,28 +72,28 @@ def test_a_cell_that_reads_what_the_release_lacks_is_found():
     """notebook 9 at 269f42b: an ordinary cell read `source_count`, which a test binds from
     the student's function, so the release raised there and CI's grading failed."""
     marks = {"schema_version": 3, "locked": True, "points": 1, "task": False}
+    test_f = "before = 1\nafter = f(3)\nassert after == 3\nalso = 4"
 
-    def cells(later: str) -> list:
-        return [
-            nbformat.v4.new_code_cell("def f(x):\n    return 0  # the stub"),
+    def problems(later: str, pre: str = "import math", test: str = test_f) -> list[str]:
+        cells = [
+            nbformat.v4.new_code_cell("import math\n\ndef f(x):\n    return 0  # the stub"),
+            nbformat.v4.new_code_cell(pre),
             nbformat.v4.new_code_cell(
-                "def f(x):\n    return x\nhelper = 2",
+                "import math\n\ndef f(x):\n    return x\nhelper = 2",
                 metadata={
                     "tags": ["solution"],
                     "nbgrader": {"grade": False, "grade_id": "f", "solution": True, **marks},
                 },
             ),
             nbformat.v4.new_code_cell(
-                "before = 1\nafter = f(3)\nassert after == 3\nalso = 4",
+                test,
                 metadata={
                     "nbgrader": {"grade": True, "grade_id": "test_f", "solution": False, **marks}
                 },
             ),
             nbformat.v4.new_code_cell(later),
         ]
-
-    def problems(later: str) -> list[str]:
-        nb = nbformat.v4.new_notebook(cells=cells(later))
+        nb = nbformat.v4.new_notebook(cells=cells)
         found = release.unbound_in_release(nb)
         assert release.mark_problems(nb) == found  # the marks are right, and it runs there
         return found
@@ -104,7 +104,18 @@ def test_a_cell_that_reads_what_the_release_lacks_is_found():
     assert problems("print(before, [after for after in range(3)], (lambda also: also)(1))") == []
     assert problems("after = 5\nprint(after)") == []  # bound again in the cell
     assert problems('print(also if "also" in globals() else None)') == []
-    assert problems("print(f(2))") != []  # a cell that uses the answer is one of its tests
+    assert problems("print(math.pi)") == []  # the answer rebinds it; the earlier one stays
+    assert problems("also += 1") != [] and problems("del helper") != []  # need it bound
+    assert problems("%timeit math.pi") == []  # a magic is IPython's, not a syntax error
+    # The exercise's function is the stub in the release, and so is what is made from it.
+    assert "uses 'f'" in problems("print(f(2))")[0]
+    assert "uses 'g'" in problems("g = f\nprint(g(2))")[0]
+    wrapped = "def g(x):\n    return f(x)"
+    assert "uses 'g'" in problems("print(g(2))", pre=wrapped)[0]
+    # a test that reaches the answer through such a function stops there too
+    test_g = "before = 1\nr = g(3)\nassert r == 3\nalso = 4"
+    assert "reads 'also'" in problems("print(also)", pre=wrapped, test=test_g)[0]
+    assert problems("print(before)", pre=wrapped, test=test_g) == []
 
 
 # --- what the release carries (static, all nine) ------------------------------------------

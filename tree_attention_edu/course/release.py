@@ -138,13 +138,25 @@ def mark_problems(nb: Any) -> list[str]:
     return problems + unbound_in_release(nb)
 
 
-def _free_names(source: str) -> set[str]:
-    """The global names a cell's code reads and does not bind itself (anywhere in the cell:
-    the order inside a cell is not checked), by `symtable`, so that a parameter or a
-    comprehension's variable in a nested scope is not taken for a global."""
+def _python(source: str) -> str:
+    """A cell's code as Python: IPython's own transform turns magics (`%timeit`, `!ls`) into
+    calls, where IPython is installed (it is wherever the notebooks run)."""
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+    except ImportError:  # pragma: no cover - IPython comes with the notebook extra
+        return source
+    return TransformerManager().transform_cell(source)
+
+
+def _free_names(code: str) -> set[str]:
+    """The global names a piece of code reads and does not bind itself (anywhere in it: the
+    order inside a cell is not checked), by `symtable`, so that a parameter or a
+    comprehension's variable in a nested scope is not taken for a global. `x += 1` and
+    `del x` read `x` (and neither binds it for a later reader)."""
+    import ast
     import symtable
 
-    top = symtable.symtable(source, "<cell>", "exec")
+    top = symtable.symtable(code, "<cell>", "exec")
     read: set[str] = set()
     bound: set[str] = set()
     tables = [top]
@@ -156,31 +168,56 @@ def _free_names(source: str) -> set[str]:
                 bound.add(sym.get_name())
             if sym.is_referenced() and (table is top or sym.is_global()):
                 read.add(sym.get_name())
-    return read - bound
+    return (read - bound) | _updated(ast.parse(code))
 
 
-def _statements(source: str) -> list[tuple[set[str], set[str]]]:
-    """Per top-level statement of a cell: (the names it binds, the global names it reads
-    and does not bind)."""
+def _updated(tree: Any) -> set[str]:
+    """Top-level names that `x += ...` or `del x` needs bound already."""
+    import ast
+
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue  # their own scope (ast.walk still visits inside: acceptable, rare)
+        targets = (
+            [node.target]
+            if isinstance(node, ast.AugAssign)
+            else node.targets
+            if isinstance(node, ast.Delete)
+            else []
+        )
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _statements(code: str) -> list[tuple[set[str], set[str], bool]]:
+    """Per top-level statement of a cell's code: (the names it binds, the global names it
+    reads and does not bind, whether it only defines a function or class, or gives a
+    name another name: `stub_f = f`)."""
     import ast
     import symtable
 
     rows = []
-    for stmt in ast.parse(source).body:
-        code = ast.unparse(stmt)
-        top = symtable.symtable(code, "<statement>", "exec")
+    for stmt in ast.parse(code).body:
+        text = ast.unparse(stmt)
+        top = symtable.symtable(text, "<statement>", "exec")
         binds = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
-        rows.append((binds, _free_names(code)))
+        if isinstance(stmt, ast.Delete):
+            binds = set()
+        defines = isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) or (
+            isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name)
+        )
+        rows.append((binds, _free_names(text), defines))
     return rows
 
 
-def _guarded(source: str) -> set[str]:
+def _guarded(code: str) -> set[str]:
     """The names a cell tests for with `"name" in globals()`: it reads them only if bound."""
     import ast
 
     return {
         node.left.value
-        for node in ast.walk(ast.parse(source))
+        for node in ast.walk(ast.parse(code))
         if isinstance(node, ast.Compare)
         and isinstance(node.left, ast.Constant)
         and isinstance(node.left.value, str)
@@ -192,50 +229,75 @@ def _guarded(source: str) -> set[str]:
 
 
 def unbound_in_release(nb: Any) -> list[str]:
-    """Names that a cell outside the graded ones reads and that, in the release, nothing
-    binds ([] when none). In the release an answer cell is empty, and a test cell stops at
-    its first statement that uses a student's answer (or a name that answer made) with the
-    stub's wrong result; so what an answer cell binds, and what a test cell binds from that
-    statement on, is not there for a later cell. Such a cell would raise in the release
-    too, and only tests may (`check_release`; CI grades the release, `make test` does not).
-    A later ordinary cell that binds the name again makes it safe, and one that reads it
-    only under `"name" in globals()` is safe; a cell that uses an exercise's function is
-    meant to be one of its tests."""
+    """What an ordinary cell (neither answer nor test) reads that the release does not give
+    it ([] when nothing). In the release an answer cell is empty, and a test cell stops at
+    its first statement that uses a student's answer with the stub's wrong result. So:
+
+    * a name that only an answer cell binds, or only a test cell from that statement on,
+      is missing for a later cell (a name bound before by another cell is still there);
+    * an exercise's function (an answer cell's grade_id) is the stub in the release, and
+      so is anything defined from it: a cell that uses either is meant to be one of the
+      exercise's tests (only tests may fail in the release, `check_release`).
+
+    Such a cell raises in the release, which CI grades and `make test` does not. A later
+    ordinary cell that binds a name again makes it safe, and one that reads it only under
+    `"name" in globals()` is safe. Limits: the order of statements inside one cell is not
+    checked (a cell that binds a name anywhere is taken to bind it before it reads it),
+    and a `"name" in globals()` anywhere in a cell covers every read of that name there."""
     problems: list[str] = []
-    unsafe: dict[str, str] = {}  # name -> the graded cell that makes it missing
+    bound: set[str] = set()  # bound in the release so far
+    missing: dict[str, str] = {}  # name -> the graded cell that alone binds it
+    # exercise function, or one defined from it -> its exercise: the stub in the release
+    exercise = {str(grade_id(c)) for c in nb["cells"] if is_answer(c)}
+    stub: dict[str, str] = {n: n for n in exercise}
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "code":
             continue
-        source = "".join(cell["source"])
+        code = _python("".join(cell["source"]))
         try:
-            statements = _statements(source)
+            statements = _statements(code)
+            free = _free_names(code) - _guarded(code)
         except SyntaxError as err:
-            problems.append(f"cell {i}: not Python ({err.msg}, line {err.lineno})")
+            where = "" if err.lineno is None else f", line {err.lineno}"
+            problems.append(f"cell {i}: not Python ({err.msg}{where})")
             continue
-        gid = grade_id(cell)
+        gid = str(grade_id(cell))
         if is_answer(cell):
-            for binds, _ in statements:
-                unsafe.update(dict.fromkeys(binds, str(gid)))
+            for binds, _, _ in statements:
+                missing.update({n: gid for n in binds - bound - exercise})
         elif is_test(cell):
             stopped = False
-            for binds, reads in statements:
-                stopped = stopped or bool(reads & unsafe.keys())
-                for name in binds:
-                    if stopped:
-                        unsafe[name] = str(gid)
-                    else:
-                        unsafe.pop(name, None)
+            for binds, reads, _ in statements:
+                stopped = stopped or bool(reads & (missing.keys() | stub.keys()))
+                if stopped:
+                    missing.update({n: gid for n in binds - bound})
+                else:
+                    bound |= binds
+                    for name in binds:
+                        missing.pop(name, None)
         else:
-            missing = sorted((_free_names(source) - _guarded(source)) & unsafe.keys())
             problems += [
-                f"cell {i}: reads {name!r}, which the release lacks: {unsafe[name]!r} binds it "
-                "(an answer cell, or a test after its first use of the answer); bind it "
+                f"cell {i}: reads {name!r}, which the release lacks: {missing[name]!r} binds "
+                "it (an answer cell, or a test after its first use of the answer); bind it "
                 "before that, or compute it here from the package"
-                for name in missing
+                for name in sorted(free & missing.keys())
             ]
-            for binds, _ in statements:
+            for binds, reads, defines in statements:
+                uses = reads & stub.keys()
+                if uses and defines:  # defined from the answer: the stub in the release
+                    stub.update(dict.fromkeys(binds - exercise, stub[min(uses)]))
+                    bound |= binds
+                    continue
+                problems += [
+                    f"cell {i}: uses {name!r}, which is exercise {stub[name]!r}'s stub in the "
+                    f"release: make the cell a test of it (test_{stub[name]}_N)"
+                    for name in sorted(uses)
+                ]
+                bound |= binds
                 for name in binds:
-                    unsafe.pop(name, None)
+                    missing.pop(name, None)
+                    if name not in exercise:  # the stub's own cell binds the stub
+                        stub.pop(name, None)
     return problems
 
 

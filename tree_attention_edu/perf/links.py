@@ -138,9 +138,10 @@ class Topology:
     on that ring (`cluster.levels` times all-reduces over every device at other sizes than
     a decode's): all-reduces, all-gathers and all-to-alls over all the devices are priced
     at it (`ring_step_link`). None prices such a step at `slowest_link`, the rule from the
-    levels' own 2-device rings, whose fitted α also carries each call's fixed cost spread
-    over its 2 steps, which a ring of 2(p−1) steps pays once. Measured on exactly these
-    devices: `with_devices` drops it for another count, as it drops `measured`.
+    levels' own rings, whose fitted α carries each call's fixed cost spread over their
+    2(g−1) steps, more thickly than a ring of 2(p−1) steps spreads it. Measured on exactly
+    these devices: `with_devices` drops it for another count, as it drops `measured`;
+    only with `ring_only` (else a `ValueError`).
 
     `kernel_fixed_s`: the fixed part of one local kernel call, paid whatever the shard's
     length (the kernel's loop set-up and, on simulated devices, the device threads taking
@@ -175,6 +176,11 @@ class Topology:
             validate.check_instance(
                 self.flat_ring, Link, "flat_ring", "pass Link(alpha_s, beta_Bps) or None"
             )
+            if not self.ring_only:
+                raise ValueError(
+                    "`flat_ring` is a step of a gloo ring over all devices, which only a "
+                    "`ring_only=True` topology prices: pass ring_only=True, or flat_ring=None"
+                )
         for name, link in (
             ("intra", self.intra),
             ("inter", self.inter),
