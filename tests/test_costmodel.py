@@ -801,6 +801,19 @@ def test_a_ring_measured_over_all_devices_prices_their_gloo_collectives():
     assert two.flat_ring == cm.Link(a, b) and flat.intra == cm.Link(a, b)
     assert (flat.nodes, flat.devices_per_node, flat.flat_ring) == (1, 8, None)
     assert methods.topologies(SimpleNamespace(s=s), fit, local)[1].intra == cm.Link(20e-3, 100e6)
+    # The ring over all 8 devices is measured with large all-reduces 4x a level's, so that
+    # its steps (n/8) carry what a 2-device ring's do (n/2), above the tbf bucket.
+    from tree_attention_edu.cluster import levels
+
+    eight = SimpleNamespace(flat=SimpleNamespace(size=8))
+    node, flat_sizes = levels.sizes(eight, "node"), levels.sizes(eight, "flat")
+    assert node == list(levels.LEVEL_SIZES)
+    assert [f // 8 for f, n in zip(flat_sizes, node, strict=True) if n > 16384] == [
+        n // 2 for n in node if n > 16384
+    ]
+    assert [f for f, n in zip(flat_sizes, node, strict=True) if n <= 16384] == [
+        n for n in node if n <= 16384
+    ]
 
 
 def test_operands_apart_lists_one_all_reduce_per_operand():

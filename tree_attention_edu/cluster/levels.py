@@ -40,13 +40,22 @@ above the tbf bucket of 128 kB, which lets its first bytes through unshaped)."""
 # The links
 
 
+def sizes(ctx: Context, axis: Level) -> list[int]:
+    """Bytes per device of the all-reduces that measure `axis`: `LEVEL_SIZES`, except that
+    over "flat" the large ones are p/2 times larger, so that a step of its ring carries
+    what a 2-device ring's does (n/2 bytes, MBs: far above the tbf bucket)."""
+    from ..perf import calibrate
+
+    scale = max(1, ctx.flat.size // 2) if axis == "flat" else 1
+    return [n if n <= calibrate.SMALL_MESSAGE else n * scale for n in LEVEL_SIZES]
+
+
 def level_calls(ctx: Context) -> Calls:
     """The programs that measure the links, every device taking part (as the tree's own
     all-reduces do): on the 2-level mesh an all-reduce over "node" and one over "gpu", on
-    the flat mesh one over all devices (one ring of 2(p−1) steps: what a step of it costs
-    is not what a 2-device ring's steps cost, which spread each call's fixed cost over 2),
-    each of `LEVEL_SIZES` bytes per device, and the 2-level program with no collective
-    (the per-call overhead)."""
+    the flat mesh one over all devices (one ring of 2(p−1) steps, over which each call's
+    fixed cost spreads more thinly than over a level's ring of 2(g−1)), each of `sizes`
+    bytes per device, and the 2-level program with no collective (the per-call overhead)."""
     import jax
     from jax import lax
     from jax.sharding import NamedSharding
@@ -67,9 +76,9 @@ def level_calls(ctx: Context) -> Calls:
         "noop": (two, program(two, lambda x: x + 1)),
     }
     calls: Calls = {}
-    for n in LEVEL_SIZES:
-        ones = np.ones(ctx.two.size * (n // 4), np.float32)
-        for name, ((mesh, spec), fn) in fns.items():
+    for name, ((mesh, spec), fn) in fns.items():
+        for n in sizes(ctx, "flat" if name == "flat" else "node"):
+            ones = np.ones(ctx.two.size * (n // 4), np.float32)
             calls[f"{name} {n}"] = (fn, (jax.device_put(ones, NamedSharding(mesh, spec)),))
     return calls
 
@@ -98,7 +107,7 @@ def fit_level(ctx: Context, axis: Level, times: Times, overhead: float) -> dict[
     steps = 2 * (g - 1)
     points = [
         (share * n / g, max(t - overhead, 0.0) / steps)
-        for n in LEVEL_SIZES
+        for n in sizes(ctx, axis)
         for t in times[f"{axis} {n}"]
     ]
     alpha = float(np.mean([t for n, t in points if n <= calibrate.SMALL_MESSAGE]))
@@ -110,7 +119,9 @@ def fit_level(ctx: Context, axis: Level, times: Times, overhead: float) -> dict[
         "steps": steps,
         "link_bytes_per_step_per_device_byte": share / g,
         "points": [[n, t] for n, t in points],
-        "allreduce_median_s": [[n, statistics.median(times[f"{axis} {n}"])] for n in LEVEL_SIZES],
+        "allreduce_median_s": [
+            [n, statistics.median(times[f"{axis} {n}"])] for n in sizes(ctx, axis)
+        ],
     }
 
 
