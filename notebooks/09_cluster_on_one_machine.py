@@ -396,19 +396,19 @@ print(f"n = {n:,} B; ring block = {block:,} B; o = {o:,} B; the ring puts "
 # priced as three rings over all devices (one per operand of its Allreduces, §9.8), each
 # step at the α and β of a step of that ring, measured on it: all-reduces over all $p$
 # devices at the same sizes as the levels', in the same rounds (the record's
-# `links["flat"]`; `Topology.flat_ring`). The levels' fits cannot stand in for it: a
-# level's ring spreads each call's fixed cost over its $2(g-1)$ steps, the ring over all
-# devices over $2(p-1)$, and its step fits below the larger of the two levels' α in every
-# run and rate (printed below; in the 8-device run the ring inside a node, over 4 devices,
-# fits a step lower still, so the spreading is not the whole story). An
+# `links["flat"]`; `Topology.flat_ring`). The levels' fits cannot stand in for it: its step
+# fits below the larger of the two levels' α in every run and rate (printed below). A
+# likely part of the reason, not measured: a level's ring spreads each call's fixed cost
+# over its $2(g-1)$ steps, the ring over all devices over $2(p-1)$. Not the whole of it:
+# in the 8-device run the ring inside a node, over 4 devices, fits a lower step still. An
 # earlier version of the model priced each step at the larger of the two levels' α; from
 # these records' own fits, that rule over-predicts the flat tree in every row, each time
 # by more than the measured ring's step misses it (both printed below). One fitted β of
 # that ring, the 8-device run's at 1 Gbit/s, is above the rate set (printed below): its
-# largest steps were 128 kB, the tbf bucket, which lets that much through unshaped. The
-# runs now time this ring with larger messages; refitted without those steps, no
-# prediction here moves by more than 0.2% (`results/cluster/README.md`), since the states
-# are a few kB.
+# large steps were 128–512 kB, and the 128 kB one sits at the tbf bucket, which lets that
+# much through unshaped. The runs now time this ring with larger messages; refitted
+# without those steps, no prediction here moves by more than 0.2%
+# (`results/cluster/README.md`), since the states are a few kB.
 
 # %%
 def prediction_rows(runs):
@@ -503,8 +503,9 @@ display(Markdown(
 # per decode, while a decode issues several collectives; how long each of them waits was
 # not measured. That is a hypothesis, not a measurement; it does not say why the flat
 # tree, whose ring fit is made without a kernel too, is predicted well in that run, and
-# the one measurement of such a wait counts against it: `sync_s` reads 0 in the 8-device
-# run at 1 Gbit/s, where the under-prediction is worst (both printed above). On a
+# the one measurement of such a wait cannot decide it: `sync_s` (a median of per-round
+# differences, floored at 0) reads 0 in the 8-device run at 1 Gbit/s, where the
+# under-prediction is worst, and 2.47 ms at 0.5 Gbit/s (both printed above). On a
 # cluster of real GPUs with their own cores, α is expected to be the network's, and these
 # terms the microseconds of notebook 6 (notebook 6's model; no GPU cluster was measured
 # here).
@@ -906,7 +907,8 @@ display(Markdown(
 #
 # Everything below is **a record read back**: runs made as root on this project's 2-core
 # machine and stored in `results/cluster/` (the probe while another heavy job ran, its
-# load average printed; the collectives and the sweep with nothing else running). nbval checks that
+# load average printed; the collectives and the sweep with no other job running, the
+# sweep right after the rate runs, its load average printed below). nbval checks that
 # this notebook reads them the same way each time, not that a new run would measure the
 # same; each assertion checks a claim of the prose against the record.
 #
@@ -1291,7 +1293,7 @@ display(Markdown(f"With a delay on the link, the course's 2-level schedule beats
 # %% [markdown]
 # The idea behind the paper's topology argument (paper §5.3) holds here once the link is slow in
 # latency. But on this transport the 2-level tree is still a set of rings, and the butterfly, a tree written as point-to-point
-# exchanges, beats it by far (about 6× at every delay above 0: the line printed above).
+# exchanges, beats it by far (6.1× to 6.8× at every delay above 0: the line printed above).
 #
 # ### The cost model against the record
 #
@@ -1354,7 +1356,7 @@ display(Markdown(
 # then every ring over all devices at the slower level's α rather than at the step
 # measured on that ring, and every butterfly round across nodes. An earlier sweep of this layout, made while
 # another test suite loaded the machine, had fitted about four rings' worth of delays for
-# the trees (48.6 and 17.7 δ per step, in the README), which no program or source explained; on an idle machine the slopes are the
+# the trees (48.6 and 17.7 δ per step, in the README), which no program or source explained; with no other job running the slopes are the
 # three rings the source gives (`results/cluster/README.md` has both). Why the loaded
 # sweep's trees paid more per delay is not known. Reading XLA:CPU's
 # `AllReduceThunk` and timing the merge alone (the table of collectives above) fixed the
