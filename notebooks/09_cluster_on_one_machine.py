@@ -1125,8 +1125,7 @@ print("one_way_delays == the record's source counts, in every layout   ✓")
 # The rings follow their counts within 10% in every layout, and grow with $p$; the
 # one-message collectives stay near 2 whatever $p$. Reduce-scatter follows its source least
 # well: it pays at or above its count in every layout, 20% or more above in three of four
-# (printed; more notices or rounds one after another than the source count assumes; the
-# record does not say which). The butterfly's
+# (printed; why it pays more than its count was not measured). The butterfly's
 # exchange across nodes pays its 2 in every layout.
 #
 # A `psum` of two arrays is one XLA all-reduce with two operands, and it pays two rings'
@@ -1139,7 +1138,8 @@ print("one_way_delays == the record's source counts, in every layout   ✓")
 # (two layouts' steps here fall below that range, two inside it). The comparison is loose: separate runs over different paths (the
 # forwarder's TUN devices here, veth and a bridge in §9.3), tiny arrays here and messages
 # of up to 16 KiB per step there, and a median of calls here against a mean of small
-# messages there (§9.3 prints how far the mean of a step sits above its median).
+# messages there (§9.3 prints the pooled mean and median; within one fit the mean can lie
+# above or below the median).
 #
 # So an XLA:CPU `psum` over $p$ devices pays $4(p-1)$ one-way delays per operand on this
 # transport:
