@@ -17,19 +17,13 @@ import shlex
 import sys
 from typing import Any
 
+from tree_attention_edu.cli import plumbing
 from tree_attention_edu.cluster import collectives
-
-
-def _layout(text: str) -> tuple[int, int, int]:
-    parts = [int(x) for x in text.split("x")]
-    if len(parts) != 3 or min(parts) < 1 or parts[0] < 2:
-        raise argparse.ArgumentTypeError(f"expected NODESxPROCESSESxDEVICES, got {text!r}")
-    return parts[0], parts[1], parts[2]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--layout", type=_layout, required=True, help="e.g. 2x2x1")
+    ap.add_argument("--layout", type=plumbing.layout(min_nodes=2), required=True, help="e.g. 2x2x1")
     ap.add_argument("--delays", default="0,5,10", help="one-way delays in ms")
     ap.add_argument("--rate-gbit", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=15)

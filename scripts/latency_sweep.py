@@ -25,16 +25,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tree_attention_edu.cli import plumbing
 from tree_attention_edu.cluster import collectives
 
 METHODS = "tree,tree_2level,butterfly,ring,ring_pass_q"
-
-
-def _layout(text: str) -> list[str]:
-    parts = text.split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) >= 1 for p in parts):
-        raise argparse.ArgumentTypeError(f"expected NODESxPROCESSESxDEVICES, got {text!r}")
-    return parts
 
 
 def _delays(text: str) -> list[float]:
@@ -55,7 +49,7 @@ def _delays(text: str) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--layout", type=_layout, default=_layout("2x2x1"))
+    ap.add_argument("--layout", type=plumbing.layout(), default=(2, 2, 1))
     ap.add_argument("--delays", type=_delays, default="0,2,5,10,20", help="one-way delays in ms")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--seq-len", type=int, default=1024)
@@ -64,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", required=True)
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
-    nodes, ppn, dpp = args.layout
+    nodes, ppn, dpp = map(str, args.layout)
     cli = str(Path(sys.executable).with_name("tree-attention-edu"))
     reports, loads = [], []
     with tempfile.TemporaryDirectory(prefix="tae-sweep-") as tmp:
@@ -89,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = collectives.delay_sweep(reports)
     worst = max(max(pair) for pair in loads)
     doc |= {
-        "layout": "x".join(args.layout),
+        "layout": "x".join(map(str, args.layout)),
         "command": " ".join(shlex.quote(a) for a in ["scripts/latency_sweep.py", *argv]),
         "load_average_1min_before_after": loads,
         "note": f"median of {args.repeats} interleaved rounds per point, one run per D on a "

@@ -109,3 +109,18 @@ def test_latency_sweep_runs_one_cluster_per_delay_and_fits_the_slopes(tmp_path, 
         with pytest.raises(SystemExit) as exit_:
             sweep.main(["--delays", bad, "--json", str(out)])
         assert exit_.value.code == 2
+    for bad in ("2x2", "2x0x1", "axbxc"):  # the layout, parsed by cli.plumbing.layout
+        with pytest.raises(SystemExit) as exit_:
+            sweep.main(["--layout", bad, "--json", str(out)])
+        assert exit_.value.code == 2
+    seen.clear()
+    assert sweep.main(["--layout", "4x1x1", "--delays", "0,5", "--json", str(out)]) == 0
+    cmd = json.loads(out.read_text())["reports"]["5.0"]["config"]["command"].split()
+    assert cmd[cmd.index("--nodes") + 1 : cmd.index("--nodes") + 6] == [
+        "4", "--processes-per-node", "1", "--devices-per-process", "1"
+    ]  # fmt: skip
+    assert json.loads(out.read_text())["layout"] == "4x1x1"
+    collectives = _load("latency_collectives")
+    with pytest.raises(SystemExit) as exit_:  # one node: nothing crosses a link
+        collectives.main(["--layout", "1x2x2", "--json", str(out)])
+    assert exit_.value.code == 2

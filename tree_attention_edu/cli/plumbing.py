@@ -175,6 +175,22 @@ def names(known: tuple[str, ...], allow_empty: bool = False) -> Callable[[str], 
     return parse
 
 
+def layout(min_nodes: int = 1) -> Callable[[str], tuple[int, int, int]]:
+    """A cluster layout "NODESxPROCESSESxDEVICES" (e.g. 2x2x1): three positive ints, at
+    least `min_nodes` nodes."""
+
+    def parse(text: str) -> tuple[int, int, int]:
+        parts = text.split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+            raise argparse.ArgumentTypeError(f"expected NODESxPROCESSESxDEVICES, got {text!r}")
+        nodes, procs, devs = (int(p) for p in parts)
+        if nodes < min_nodes:
+            raise argparse.ArgumentTypeError(f"needs at least {min_nodes} nodes, got {text!r}")
+        return nodes, procs, devs
+
+    return parse
+
+
 # ---------------------------------------------------------------------------------------
 # Output paths, checked after parsing and before any work
 

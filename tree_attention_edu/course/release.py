@@ -172,13 +172,12 @@ def _free_names(code: str) -> set[str]:
 
 
 def _updated(tree: Any) -> set[str]:
-    """Top-level names that `x += ...` or `del x` needs bound already."""
+    """Names that `x += ...` or `del x` needs bound already (anywhere in the code, nested
+    functions included: a conservative reading, rare in notebooks)."""
     import ast
 
     names = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
-            continue  # their own scope (ast.walk still visits inside: acceptable, rare)
         targets = (
             [node.target]
             if isinstance(node, ast.AugAssign)

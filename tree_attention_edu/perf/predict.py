@@ -287,14 +287,12 @@ def _merge_comm_time(collectives: list[Collective], topo: Topology) -> float:
     measured = dict(topo.measured)
     total = 0.0
     for kind, nbytes, count in collectives:
-        if kind in measured:
+        if kind in measured or kind not in ("all-reduce", "collective-permute"):
             total += count * collective_time(kind, nbytes, topo)
         elif kind == "all-reduce":
             total += count * hierarchical_allreduce_time(nbytes, topo)
-        elif kind == "collective-permute":  # only the butterfly permutes in a merge
-            total += butterfly_time(nbytes, topo)  # count == butterfly_rounds(p)
-        else:
-            total += count * collective_time(kind, nbytes, topo)
+        else:  # only the butterfly permutes in a merge: count == butterfly_rounds(p)
+            total += butterfly_time(nbytes, topo)
     return total
 
 
