@@ -638,19 +638,30 @@ def forwarders_of(prefix: str) -> list[int]:
 
 @needs_root
 def test_delayed_link_round_trip_follows_the_set_delay():
-    """2 nodes joined through the forwarder: a small message's round trip is 2D within
-    ±20% at D = 5 and 20 ms; afterwards no forwarder, namespace or TUN is left."""
+    """2 nodes joined through the forwarder, D = 5 and 20 ms: no round trip is shorter than
+    2D, and the shortest is 2D within +20%; afterwards no forwarder, namespace or TUN is left.
+
+    The delay is a floor that load only adds to: on a busy machine (CI runs this beside
+    another test worker on 2 cores) single round trips came out up to 3.6 times 2D and moved
+    the median 38% above it. So the test asserts the floor on every sample, which fails a
+    forwarder that holds a packet one way only, or not at all, and bounds the shortest,
+    which fails one that holds it twice or in the wrong unit; the median, a measure of the
+    machine's load as much as of the link, is reported (the probe's records use it, taken on
+    an idle machine)."""
     links_before = root_links()
     for ms in (5, 20):
         with netns.network(2, 1e9, prefix=PREFIX, delay_s=ms / 1e3) as net:
             assert forwarders_of(net.base) and net.forwarder_exit() is None
             times = probe.round_trip(net, budget_s=0.3, min_count=10)
-        median = statistics.median(times)
+        want = 2 * ms / 1e3
         MEASURED.append(
-            f"delayed link, D = {ms} ms: round trip {median * 1e3:.2f} ms over "
-            f"{len(times)} messages (2D = {2 * ms} ms)"
+            f"delayed link, D = {ms} ms: round trip min {min(times) * 1e3:.2f} ms, median "
+            f"{statistics.median(times) * 1e3:.2f} ms over {len(times)} messages (2D = {2 * ms} ms)"
         )
-        assert median == pytest.approx(2 * ms / 1e3, rel=probe.TOLERANCE), times
+        # perf_counter and the forwarder's monotonic clock are the same clock on Linux; 1 us
+        # covers their rounding, nothing a real early release could hide in
+        assert min(times) >= want - 1e-6, times
+        assert min(times) <= want * (1 + probe.TOLERANCE), times
         assert forwarders_of(PREFIX) == [] and owned_anything() == []
     assert root_links() == links_before  # the TUNs went with their namespaces
 
