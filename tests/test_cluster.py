@@ -344,6 +344,14 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
             )
             assert m["max_abs_err"] <= 2e-5
             assert m["median_s"] > 0 and m["predicted_s"] > 0
+        # Every process's rounds of every call: process 0's are the record's own, and a
+        # method's time is the slowest process's median.
+        rounds = rate["round_s_by_process"]
+        assert {"local kernel", "local both", "noop 256", "node 256", "flat 256"} <= set(rounds)
+        assert all(np.shape(r) == (2, rep["config"]["repeats"]) for r in rounds.values())
+        for name, m in rate["methods"].items():
+            assert rounds[name][0] == m["round_s"]
+            assert m["median_s"] == max(statistics.median(r) for r in rounds[name])
     m = rep["methods"]
     # Bytes per level, from the compiled program: the tree's states are B·Tq·Hq·(Dv+1)·4
     # (sum) and B·Tq·Hq·4 (max); a ring of 2 sends each once, a ring of 4 2·3/4 of it.

@@ -144,6 +144,16 @@ def fit_links(ctx: Context, times: Times, rate_bps: float) -> dict[str, Any]:
     return {"inter": inter, "intra": intra, "flat": flat, "overhead_s": overhead}
 
 
+def rounds_by_process(times: Times) -> dict[str, list[list[float]]]:
+    """Every process's round times of every call, `name -> [process][round]` (a
+    collective: every process calls it, with the same calls and rounds)."""
+    from .methods import allgather
+
+    names = sorted(times)
+    everyone = allgather(np.array([times[n] for n in names], dtype=np.float64))
+    return {n: everyone[:, i, :].tolist() for i, n in enumerate(names)}
+
+
 # ---------------------------------------------------------------------------------------
 # The local work
 

@@ -358,6 +358,7 @@ def report(
                 "links": links_of(ph),
                 "local": ph["local"],
                 "methods": methods_of(ph),
+                "round_s_by_process": ph["round_s_by_process"],
             }
             for ph in phases
         ],

@@ -106,6 +106,7 @@ def _phase(
     topo = methods.topologies(ctx, links, local)
     records = methods.method_records(ctx, names, s.seq_len, times, static, topo, label)
     phase: dict[str, Any] = {"set_Bps": rate / 8, "links": links, "local": local}
+    phase["round_s_by_process"] = levels.rounds_by_process(times)
     phase["methods"] = records
     if first and s.sweep:
         phase["crossover"] = crossover_sweep(ctx, topo, records, label)
