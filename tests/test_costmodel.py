@@ -816,6 +816,50 @@ def test_a_ring_measured_over_all_devices_prices_their_gloo_collectives():
     ]
 
 
+@pytest.mark.parametrize(("nodes", "per_node"), [(3, 2), (3, 1), (1, 1)])
+def test_a_measured_ring_prices_odd_counts_and_one_device(nodes, per_node):
+    """The measured ring's closed forms hold at device counts that are not powers of two
+    (6 and 3), where the ring still has p−1 hops per pass; one device has no collective to
+    price (0 s, measured ring or not); the cluster's flat topology and the ring's
+    measuring sizes follow the count (`levels.sizes`: ⌊p/2⌋ times a level's large ones)."""
+    from tree_attention_edu.cluster import levels, methods
+
+    n, a, b = 6000.0, 3e-3, 50e6
+    base = dataclasses.replace(GLOO, nodes=nodes, devices_per_node=per_node)
+    topo = dataclasses.replace(base, flat_ring=cm.Link(a, b))
+    p = nodes * per_node
+    if p == 1:
+        for kind in ("all-reduce", "all-gather", "all-to-all"):
+            assert cm.collective_time(kind, n, topo) == 0.0 == cm.collective_time(kind, n, base)
+    else:
+        step = a + n / p / b
+        assert cm.collective_time("all-reduce", n, topo) == pytest.approx(2 * (p - 1) * step)
+        assert cm.collective_time("all-gather", n, topo) == pytest.approx((p - 1) * step)
+        inside = (per_node - 1) / p * n / GLOO.intra.beta_Bps
+        across = (p - per_node) / p * n / (GLOO.inter.beta_Bps / per_node)  # shared uplink
+        assert cm.collective_time("all-to-all", n, topo) == pytest.approx(a + max(inside, across))
+        # Without the measured step, the rule: one-device nodes' ring steps are all `inter`.
+        rule = GLOO.inter if per_node == 1 else cm.slowest_link(base)
+        assert cm.collective_time("all-gather", n, base) == pytest.approx(
+            (p - 1) * rule.send(n / p)
+        )
+    assert topo.with_devices(p).flat_ring == cm.Link(a, b)
+    s = SimpleNamespace(nodes=nodes, processes_per_node=per_node, devices_per_process=1, devices=p)
+    fit = {
+        "inter": {"alpha_s": 20e-3, "beta_Bps": 100e6},
+        "intra": {"alpha_s": 1e-3, "beta_Bps": 400e6},
+        "flat": {"alpha_s": a, "beta_Bps": b},
+        "overhead_s": 0.0,
+    }
+    local = {"mem_Bps": 1e9, "sync_s": 0.0, "copy_Bps": 1e9}
+    two, flat = methods.topologies(SimpleNamespace(s=s), fit, local)
+    assert (flat.nodes, flat.devices_per_node, flat.intra) == (1, p, cm.Link(a, b))
+    assert two.devices == p and two.flat_ring == cm.Link(a, b)
+    mesh = SimpleNamespace(flat=SimpleNamespace(size=p))
+    big = [f for f in levels.sizes(mesh, "flat") if f > 16384]
+    assert big == [x * max(1, p // 2) for x in levels.LEVEL_SIZES if x > 16384]
+
+
 def test_operands_apart_lists_one_all_reduce_per_operand():
     """XLA:CPU's AllReduceThunk reduces the operands of one all-reduce one at a time, so the
     tree's merge runs three gloo rings: the max, the numerator, the denominator."""

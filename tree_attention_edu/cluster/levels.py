@@ -42,8 +42,9 @@ above the tbf bucket of 128 kB, which lets its first bytes through unshaped)."""
 
 def sizes(ctx: Context, axis: Level) -> list[int]:
     """Bytes per device of the all-reduces that measure `axis`: `LEVEL_SIZES`, except that
-    over "flat" the large ones are p/2 times larger, so that a step of its ring carries
-    what a 2-device ring's does (n/2 bytes, MBs: far above the tbf bucket)."""
+    over "flat" the large ones are ⌊p/2⌋ times larger (at least 1), so that a step of its
+    ring carries about what a 2-device ring's does (n/2 bytes; n/3 at p = 3: MBs either
+    way, far above the tbf bucket)."""
     from ..perf import calibrate
 
     scale = max(1, ctx.flat.size // 2) if axis == "flat" else 1
