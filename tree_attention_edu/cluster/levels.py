@@ -43,8 +43,8 @@ above the tbf bucket of 128 kB, which lets its first bytes through unshaped)."""
 def sizes(ctx: Context, axis: Level) -> list[int]:
     """Bytes per device of the all-reduces that measure `axis`: `LEVEL_SIZES`, except that
     over "flat" the large ones are ⌊p/2⌋ times larger (at least 1), so that a step of its
-    ring carries about what a 2-device ring's does (n/2 bytes; n/3 at p = 3: MBs either
-    way, far above the tbf bucket)."""
+    ring carries about what a 2-device ring's does: n/2 bytes at even p, n/3 at p = 3
+    (from about 350 kB, above the tbf bucket of 128 kB)."""
     from ..perf import calibrate
 
     scale = max(1, ctx.flat.size // 2) if axis == "flat" else 1
@@ -143,16 +143,6 @@ def fit_links(ctx: Context, times: Times, rate_bps: float) -> dict[str, Any]:
         f"beta {flat['beta_Bps'] / 1e6:.1f} MB/s"
     )
     return {"inter": inter, "intra": intra, "flat": flat, "overhead_s": overhead}
-
-
-def rounds_by_process(times: Times) -> dict[str, list[list[float]]]:
-    """Every process's round times of every call, `name -> [process][round]` (a
-    collective: every process calls it, with the same calls and rounds)."""
-    from .methods import allgather
-
-    names = sorted(times)
-    everyone = allgather(np.array([times[n] for n in names], dtype=np.float64))
-    return {n: everyone[:, i, :].tolist() for i, n in enumerate(names)}
 
 
 # ---------------------------------------------------------------------------------------

@@ -175,6 +175,14 @@ def allgather(x: np.ndarray) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=False))
 
 
+def rounds_by_process(times: Times) -> dict[str, list[list[float]]]:
+    """Every process's round times of every call, `name -> [process][round]` (a
+    collective: every process calls it, with the same calls and rounds)."""
+    names = sorted(times)
+    everyone = allgather(np.array([times[n] for n in names], dtype=np.float64))
+    return {n: everyone[:, i, :].tolist() for i, n in enumerate(names)}
+
+
 # ---------------------------------------------------------------------------------------
 # The cost model's view
 

@@ -106,7 +106,7 @@ def _phase(
     topo = methods.topologies(ctx, links, local)
     records = methods.method_records(ctx, names, s.seq_len, times, static, topo, label)
     phase: dict[str, Any] = {"set_Bps": rate / 8, "links": links, "local": local}
-    phase["round_s_by_process"] = levels.rounds_by_process(times)
+    phase["round_s_by_process"] = methods.rounds_by_process(times)
     phase["methods"] = records
     if first and s.sweep:
         phase["crossover"] = crossover_sweep(ctx, topo, records, label)
@@ -127,6 +127,7 @@ def _reduce_scatter_last(ctx: Context, phases: list[dict[str, Any]]) -> None:
     label = f"[{s.rates_bps[0] / 1e9:g} Gbit/s, last]"
     rec = methods.method_records(ctx, ["reduce_scatter"], s.seq_len, times, static, topo, label)
     rec["reduce_scatter"]["note"] = "measured last: " + methods.POISON
+    phases[0]["round_s_by_process"].update(methods.rounds_by_process(times))
     merged = {**phases[0]["methods"], **rec}
     phases[0]["methods"] = {m: merged[m] for m in s.methods if m in merged}
 
