@@ -165,7 +165,8 @@ assert len(rep["process_lines"]) == rep["config"]["processes"]
 # ranks, each moving $n/g$ bytes; across nodes, the $k$ devices of a node share its
 # uplink, so a step puts $k\,n/g$ bytes on the link. Per step,
 # $t = \alpha + \text{bytes}/\beta$: α is the **mean** over the small messages, β the inverse
-# slope over the large ones (the link's own rate, comparable with the rate set). Notebook 6
+# slope over the large ones (the link's own rate, comparable with the rate set where the
+# $k\,n/g$ count holds; the text after the figure says where it did not). Notebook 6
 # (Exercise 2) and `calibrate.fit_link` differ in both: α is the **median** of the small
 # messages, and β the median of $n/(t - \alpha)$ over the large ones, not a slope. The
 # reason for the difference in α, and its size here, follow the figure.
@@ -516,7 +517,8 @@ display(Markdown(
 # interleaved rounds as every method but `reduce_scatter` (timed after them), so that both
 # saw the same load. The flat tree, priced
 # at its own ring's measured step, is now predicted within 20% (the ring within 10%) in these
-# records, not in every later run (`results/cluster/README.md`, "Re-runs"). The 8-device
+# records, not in every later run (`results/cluster/README.md`, "Re-runs of the
+# inter-node fit"). The 8-device
 # run's under-prediction of everything else is not explained: its 4 processes of 2
 # devices each share 2 cores, and a collective issued after a kernel must wait until all
 # of them reach it, which the levels' fits (calls after a program with no kernel) do not
