@@ -253,7 +253,7 @@ assert all(0.4 < x < 0.6 for x in inter_drop)  # the rate set halved: β about h
 # records the inter-node β is within ±20% of the rate set (asserted above), every fit
 # below it, by 3% to 10% (the table's "of set"). That is one run per layout, and for the
 # 8-device layout not a property of it: six later runs of that layout, with the same fit,
-# put it above the rate set, from 108% to 194% of it (four of them more than 20% above),
+# put it above the rate set, from 108% to 193% of it (four of them more than 20% above),
 # which a link shaped to that rate cannot carry (`results/cluster/README.md`, "Re-runs of
 # the inter-node fit"). The fit counts the bytes of a node's 4 devices as crossing its
 # link at once, which holds only if their rings overlap in time. With 2 processes per
