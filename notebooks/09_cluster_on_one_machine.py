@@ -166,7 +166,8 @@ assert len(rep["process_lines"]) == rep["config"]["processes"]
 # uplink, so a step puts $k\,n/g$ bytes on the link. Per step,
 # $t = \alpha + \text{bytes}/\beta$: α is the **mean** over the small messages, β the inverse
 # slope over the large ones (the link's own rate, comparable with the rate set where the
-# $k\,n/g$ count holds; the text after the figure says where it did not). Notebook 6
+# $k\,n/g$ count holds; the text after the figure gives runs where the fit came out above
+# the rate set, and why that count is the likely cause). Notebook 6
 # (Exercise 2) and `calibrate.fit_link` differ in both: α is the **median** of the small
 # messages, and β the median of $n/(t - \alpha)$ over the large ones, not a slope. The
 # reason for the difference in α, and its size here, follow the figure.
