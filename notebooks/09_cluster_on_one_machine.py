@@ -252,16 +252,17 @@ assert all(0.4 < x < 0.6 for x in inter_drop)  # the rate set halved: β about h
 # their mean, what a sum of many steps pays; the median, notebook 6's α, is a typical single
 # step, and with this spread the two differ (both are printed below). In these two
 # records the inter-node β is within ±20% of the rate set (asserted above), every fit
-# below it, by 3% to 10% (the table's "of set"). That is one run per layout, and for the
-# 8-device layout not a property of it: six later runs of that layout, with the same fit,
-# put it above the rate set, from 108% to 193% of it (four of them more than 20% above),
-# which a link shaped to that rate cannot carry (`results/cluster/README.md`, "Re-runs of
-# the inter-node fit"). The fit counts the bytes of a node's 4 devices as crossing its
-# link at once, which holds only if their rings overlap in time. With 2 processes per
-# node they need not (the likely reason, not measured); if they do not, fewer bytes cross
+# below it, by 3% to 10% (the table's "of set"). That is one run per layout: six later
+# runs of the 8-device layout, with the same fit (though later code, whose rounds time
+# other calls and in another order), put it above the rate set, from 108% to 193% of it
+# (four of them more than 20% above), which a link shaped to that rate cannot carry
+# (`results/cluster/README.md`, "Re-runs of the inter-node fit"). The fit counts the
+# bytes of a node's 4 devices as crossing its link at once, which holds only if their
+# rings overlap in time. With 2 processes per node they need not (a likely reason, not
+# measured; nor was the effect of the changed rounds); if they do not, fewer bytes cross
 # in a step than the fit counts, so each step looks fast for its bytes and β comes out
 # too high. The 4-device layout, one process per node, stayed below the rate set in its
-# re-runs.
+# re-runs, which had the same changes.
 
 # %%
 small = np.array([t for _, inter, intra in level_rows(rep) for f in (inter, intra)
