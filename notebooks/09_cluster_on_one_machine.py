@@ -521,7 +521,8 @@ display(Markdown(
 # at its own ring's measured step, is now predicted within 20% (the ring within 10%) in these
 # records, not in every later run (`results/cluster/README.md`, "Re-runs of the
 # inter-node fit"). The 8-device
-# run's under-prediction of everything else is not explained: its 4 processes of 2
+# record's under-prediction of everything else (this record's: not every later run showed
+# it) is not explained: its 4 processes of 2
 # devices each share 2 cores, and a collective issued after a kernel must wait until all
 # of them reach it, which the levels' fits (calls after a program with no kernel) do not
 # include. The one term that prices such a wait, `sync_s` (printed above), is charged once
@@ -1470,9 +1471,9 @@ else:
 #   delay the test is inconclusive (§9.5). Priced at a step measured on its own ring over all
 #   devices, the flat tree is predicted within 20% in both records at every rate at
 #   Tk = 16,384 (§9.4), though about 2× over at Tk ≤ 256 in both (§9.7); priced at
-#   the larger of the levels' fitted α, it is over-predicted in all four. In the 8-device run the model
-#   under-predicts every other method but the ring, at every rate each was timed at,
-#   which is not explained. The course's 2-level schedule (the idea behind the paper's
+#   the larger of the levels' fitted α, it is over-predicted in all four. In the 8-device
+#   record the model under-predicts every other method but the ring, at every rate each
+#   was timed at, which is not explained. The course's 2-level schedule (the idea behind the paper's
 #   §5.3 topology argument) wins at every delay above 0 once the link is slow in latency
 #   (§9.8's sweep, 2 nodes × 2 processes × 1 device; at δ = 0 no measurable difference).
 # * Measured, both trees beat the ring from Tk = 256 on in both runs; in the 4-device run
