@@ -1347,7 +1347,9 @@ print(f"adding payloads instead would put the crossover at Tq = {tq_payload:,}")
 # Notebook 6 calibrated the alpha-beta model on this machine's simulated devices. Here the
 # same calibration covers every collective the patterns use (`measure_topology` with every
 # kind of `calibrate.COLLECTIVE_FNS`, each timed at message sizes spanning the patterns'
-# and the ring's own messages), and `calibrate.validate_patterns` then times every pattern
+# and the ring's own messages, and a fold of a block inside a compiled loop, the rings'
+# work at every step, timed at a tiny block and at 3/4 of the length checked:
+# `calibrate.fold_problems`), and `calibrate.validate_patterns` then times every pattern
 # and both rings at one cache length that the calibration did not use. It is kept short:
 # one length, few repeats, and a small problem. The cell asserts nothing about the timings:
 # they are this machine's, under whatever else runs on it.
@@ -1364,7 +1366,8 @@ messages += [b for _, b, _ in costmodel.ring_collectives(
 cal = calibrate.measure_topology(
     mesh, kernel_problem=benchmark.Problem(seq_len=6144, q_heads=8, kv_heads=8, head_dim=64),
     sizes=calibrate.message_sizes(messages, points=2), repeats=3,
-    kinds=tuple(calibrate.COLLECTIVE_FNS))
+    kinds=tuple(calibrate.COLLECTIVE_FNS),
+    fold_problems=calibrate.fold_problems(PROB, p, (PROB.seq_len,)))
 cal, rows = calibrate.validate_patterns(mesh, seq_lens=(PROB.seq_len,), problem=PROB,
                                         calibration=cal, repeats=3)
 table = calibrate.patterns_table(cal, rows)
@@ -1375,8 +1378,8 @@ assert f"worst |rel err| {worst_err:.0%}" in table  # the sentence below reads t
 over = sum(e > 0 for e in errors)
 by_name = {r["name"]: r for r in rows}
 ring_pred = calibrate.predict("ring", PROB.seq_len, cal.topology, PROB)
-block = costmodel.local_decode_time(1, PROB.seq_len // p, PROB.kv_heads, PROB.head_dim,
-                                    PROB.head_dim, PROB.q_heads, cal.topology, 4)
+block = costmodel.fold_time(1, PROB.seq_len // p, PROB.kv_heads, PROB.head_dim,
+                            PROB.head_dim, PROB.q_heads, cal.topology, 4)
 ring_err = by_name["ring"]["rel_err"]
 within = sum(abs(e) <= calibrate.BAND for e in errors)
 merge_ms = {n: by_name[n]["median_s"] * 1e3 for n in costmodel.MERGES}
@@ -1403,9 +1406,10 @@ display(Markdown(
     f"The pass-KV ring's prediction is "
     f"{ring_err:+.0%} off its measurement "
     f"({'inside' if abs(ring_err) <= calibrate.BAND else 'outside'} the ±{calibrate.BAND:.0%} target). Its "
-    f"{ring_pred.total_s * 1e3:.1f} ms predicted are {p} local kernels over {PROB.seq_len // p:,} "
-    f"keys ({p * block * 1e3:.1f} ms, {p * block / ring_pred.total_s:.0%} of the prediction: "
-    f"every device folds the whole cache), "
+    f"{ring_pred.total_s * 1e3:.1f} ms predicted are {p} folds of a block of "
+    f"{PROB.seq_len // p:,} keys inside the ring's loop ({p * block * 1e3:.1f} ms, "
+    f"{p * block / ring_pred.total_s:.0%} of the prediction: every device folds the whole "
+    f"cache), "
     f"{p - 1} copies of a block ({(ring_pred.compute_s - p * block) * 1e3:.1f} ms), the "
     f"transfers and the broadcast ({ring_pred.comm_s * 1e3:.1f} ms) and the call overhead "
     f"({ring_pred.overhead_s * 1e3:.1f} ms). The ring took "
@@ -1448,7 +1452,7 @@ plt.show()
 # notebook 6 aims at: the sentence above the figure gives this run's range of errors, how
 # many fell within ±30%, and whether the model over- or under-predicted. The notebook goes
 # on regardless, and that should be said plainly: the model prices each part of a method
-# (the kernel, the ring's block copies, each collective) at rates measured alone, at
+# (the kernel, the ring's folds and block copies, each collective) by micro-benchmarks, at
 # message sizes and under loads that differ from the method's own, while the 8 simulated
 # devices share two CPU cores with everything else on the machine. A miss beyond the target
 # says that those parts do not add up here; this notebook does not isolate which one is

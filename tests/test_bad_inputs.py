@@ -1435,6 +1435,21 @@ COST_CALLS = (
         ),
     ),
     (
+        costmodel.fold_time,
+        dict(
+            batch=1,
+            kv_len=64,
+            kv_heads=2,
+            head_dim=4,
+            v_dim=4,
+            q_heads=4,
+            topo=TOPO,
+            itemsize=2,
+            q_len=1,
+            resident=True,
+        ),
+    ),
+    (
         costmodel.predict_tree,
         dict(
             seq_len=1024,
@@ -2344,6 +2359,7 @@ NOT_VALIDATED = {
     },  # sizes of validated shapes
     "introspect": {"Collective", "CollectiveStats", "MemoryStats"},  # results, not inputs
     "predict": {"Prediction"},  # a result
+    "links": {"read_curve"},  # Link.send's and fold_time's reading, of checked curves
     "paper": {"Microbenchmark"},  # a result
     "config": {"check_config", "check_params"},  # the checks themselves
     "layers": {"swiglu", "project_qkv"},  # blocks of forward, on the model's own activations

@@ -240,3 +240,147 @@ def test_a_time_within_the_overhead_gives_no_absurd_rate():
     # fit_local's fallback (no slope) uses the same rule.
     mem, fixed = microbench.fit_local((2**20, 2**24), (2e-3, 1.9e-3), 1.9e-3)
     assert fixed == 0.0 and mem == pytest.approx(2**24 / 1.9e-3)
+
+
+def test_a_link_with_points_reads_its_curve():
+    """Closed forms: between two measured sizes the time is the straight line through them;
+    below the smallest, the smallest's time; above the largest, its time plus the rest at β.
+    Without points, Hockney's α + n/β. A bug that read the nearest point, or fell back to
+    α + n/β inside the range, gives other numbers."""
+    from tree_attention_edu.perf import links
+
+    curve = ((1000.0, 1e-4), (3000.0, 5e-4), (7000.0, 6e-4))
+    link = links.Link(50e-6, 1e7, points=curve)
+    assert link.send(2000) == pytest.approx(3e-4, rel=1e-12)  # halfway: (1e-4 + 5e-4) / 2
+    assert link.send(6000) == pytest.approx(5e-4 + 0.75 * 1e-4, rel=1e-12)
+    assert link.send(3000) == pytest.approx(5e-4, rel=1e-12)  # on a point: its time
+    assert link.send(10) == 1e-4 and link.send(0) == 1e-4
+    assert link.send(9000) == pytest.approx(6e-4 + 2000 / 1e7, rel=1e-12)
+    assert links.Link(50e-6, 1e7).send(2000) == pytest.approx(50e-6 + 2000 / 1e7, rel=1e-12)
+    # The curve changes nothing the step formulas read.
+    assert links.ring_allreduce_time(8000, 4, link) == links.ring_allreduce_time(
+        8000, 4, links.Link(50e-6, 1e7)
+    )
+
+
+@pytest.mark.parametrize(
+    ("points", "error", "match"),
+    [
+        (((1000.0, 1e-4),), TypeError, "at least two"),
+        ([(1000.0, 1e-4), (2000.0, 2e-4)], TypeError, "a tuple"),
+        (((2000.0, 1e-4), (1000.0, 2e-4)), ValueError, "sizes must increase"),
+        (((1000.0, 1e-4), (1000.0, 2e-4)), ValueError, "sizes must increase"),
+        (((1000.0, -1e-4), (2000.0, 2e-4)), ValueError, r"points\[0\]\[1\]"),
+        (((1000.0, 1e-4), (2000.0,)), TypeError, r"points\[1\]"),
+    ],
+)
+def test_a_link_refuses_a_bad_curve(points, error, match):
+    from tree_attention_edu.perf import links
+
+    with pytest.raises(error, match=match):
+        links.Link(1e-4, 1e9, points=points)
+
+
+def test_a_curve_is_read_at_numbers_only():
+    import sympy
+
+    from tree_attention_edu.perf import links
+
+    link = links.Link(1e-4, 1e9, points=((1000.0, 1e-4), (2000.0, 2e-4)))
+    with pytest.raises(TypeError, match=r"`nbytes` is a sympy"):
+        link.send(sympy.Symbol("n"))
+
+
+def test_fit_link_keeps_one_time_per_size_when_asked():
+    """The curve is the points sorted by size, a size timed twice kept at its median; α and β
+    are the same as without the curve."""
+    pts = [(2**20, 4e-4), (1024, 1e-4), (16384, 1.2e-4), (2**20, 2e-4), (2**20, 3e-4)]
+    plain, kept = calibrate.fit_link(pts), calibrate.fit_link(pts, keep_points=True)
+    assert plain.points == () and (kept.alpha_s, kept.beta_Bps) == (plain.alpha_s, plain.beta_Bps)
+    assert kept.points == ((1024, 1e-4), (16384, 1.2e-4), (2**20, 3e-4))
+    with pytest.raises(TypeError, match="keep_points"):
+        calibrate.fit_link(pts, keep_points=1)
+
+
+def test_rings_fold_off_the_measured_in_loop_curve():
+    """Closed forms with `fold_points`: the pass-KV ring's p folds are read off the curve at a
+    block's K+V bytes (a block just received), the pass-Q ring's p steps cost the curve's
+    time at no bytes plus the window's bytes at `mem_Bps` (a window of a shard read from
+    memory); a merge pattern's one kernel call is not a fold and is priced as before."""
+    from dataclasses import replace
+
+    from tree_attention_edu.perf import links, predict
+
+    link = links.Link(100e-6, 1e9)
+    base = links.Topology(1, 8, link, link, mem_Bps=2e9, flops=float("inf"), overlap=False)
+    # Block of 4096/8 keys, 8 heads, 64 + 64 dims, float32: 2,097,152 bytes.
+    curve = ((2048.0, 30e-6), (1_000_000.0, 400e-6), (3_000_000.0, 1e-3))
+    folded = replace(base, fold_points=curve)
+    shape = dict(batch=1, q_heads=8, kv_heads=8, head_dim=64, itemsize=4)
+    block = 2_097_152
+    on_curve = 400e-6 + (block - 1_000_000) / 2_000_000 * 600e-6
+    assert predict.fold_time(1, 512, 8, 64, 64, 8, folded, 4) == pytest.approx(on_curve)
+    assert predict.fold_time(1, 512, 8, 64, 64, 8, base, 4) == pytest.approx(block / 2e9)
+    ring = predict.predict_ring(4096, folded, **shape)
+    assert ring.compute_s == pytest.approx(8 * on_curve, rel=1e-12)
+    assert ring.comm_s == predict.predict_ring(4096, base, **shape).comm_s
+    # Pass-Q: each step reads one kv head of the block, 2,097,152 / 8 bytes, from memory.
+    window = block // 8
+    step = predict.fold_time(1, 512, 1, 64, 64, 1, folded, 4, resident=False)
+    assert step == pytest.approx(30e-6 + window / 2e9, rel=1e-12)
+    pass_q = predict.predict_pass_q_ring(4096, folded, **shape)
+    assert pass_q.compute_s == pytest.approx(8 * step, rel=1e-12)
+    for m in MERGE_NAMES:
+        assert predict.predict_merge(m, 4096, folded, **shape) == predict.predict_merge(
+            m, 4096, base, **shape
+        )
+    # With a window curve (measured with the step's query-block permute), the pass-Q ring's
+    # steps are read off it and its p - 1 permutes are not priced again.
+    windowed = replace(folded, window_points=((0.0, 10e-6), (500_000.0, 110e-6)))
+    step = 10e-6 + 100e-6 * (window / 500_000)
+    assert predict.fold_time(1, 512, 1, 64, 64, 1, windowed, 4, resident=False) == pytest.approx(
+        step, rel=1e-12
+    )
+    w = predict.predict_pass_q_ring(4096, windowed, **shape)
+    assert w.compute_s == pytest.approx(8 * step, rel=1e-12)
+    after = predict.collectives_time(
+        predict.pass_q_collectives(
+            batch=1, q_len=1, q_heads=8, kv_heads=8, head_dim=64, v_dim=64, p=8, itemsize=4,
+            stat_itemsize=4,
+        )[1:],
+        windowed,
+    )  # fmt: skip
+    assert w.comm_s == pytest.approx(after, rel=1e-12) and pass_q.comm_s > after
+    # Past the largest block: its time plus the rest at mem_Bps.
+    big = predict.fold_time(1, 4096, 8, 64, 64, 8, folded, 4)
+    assert big == pytest.approx(1e-3 + (8 * block - 3_000_000) / 2e9, rel=1e-12)
+    with pytest.raises(ValueError, match="fold_points"):
+        replace(base, fold_points=((2.0, 1.0), (1.0, 2.0)))
+    with pytest.raises(TypeError, match="resident"):
+        predict.fold_time(1, 512, 8, 64, 64, 8, folded, 4, resident="yes")
+
+
+def test_fold_problems_are_a_tiny_block_and_three_quarters_of_each_length():
+    prob = benchmark.Problem(seq_len=4096, q_heads=8, kv_heads=8, head_dim=64)
+    got = calibrate.fold_problems(prob, 8, (4096, 16384, 65536))
+    assert [p.seq_len for p in got] == [64, 3072, 12288, 49152]
+    assert all(p.q_heads == 8 and p.head_dim == 64 for p in got)
+    # Lengths that round to the same multiple of p are timed once.
+    assert [p.seq_len for p in calibrate.fold_problems(prob, 8, (4096, 4100))] == [64, 3072]
+
+
+def test_fold_loop_times_one_fold_per_shard_on_every_device(mesh8):
+    """On the 8 simulated devices: one (shard bytes, seconds) pair per problem, the shard a
+    device's K+V bytes; the time is a difference of two loops, never negative."""
+    from tree_attention_edu.core.devices import make_mesh
+    from tree_attention_edu.perf import microbench
+
+    probs = [benchmark.Problem(seq_len=n, q_heads=2, kv_heads=2, head_dim=16) for n in (64, 256)]
+    got = microbench.fold_loop_times(mesh8, probs, repeats=1)
+    assert [n for n, _ in got] == [p.kv_bytes // 8 for p in probs]
+    assert all(t >= 0.0 for _, t in got)
+    # A window is ceil(2/8) = 1 of the 2 kv heads: half a shard.
+    got = microbench.fold_loop_times(mesh8, probs, repeats=1, windows=True)
+    assert [n for n, _ in got] == [p.kv_bytes // 16 for p in probs]
+    with pytest.raises(ValueError, match="at least 2 devices"):
+        microbench.fold_loop_times(make_mesh(1, "x"), probs, repeats=1)

@@ -178,7 +178,7 @@ def _calibration(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _patterns(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from ..perf import benchmark, calibrate
+    from ..perf import benchmark, calibrate, patternbench
 
     print(
         f"\nPatterns: every merge pattern of tree_decode and both rings on {args.devices} "
@@ -187,7 +187,9 @@ def _patterns(args: argparse.Namespace) -> list[dict[str, Any]]:
         f"conditional branch)"
     )
     mesh = common.mesh(args)
-    steps = 2 + len(args.seq_lens) * (len(benchmark.PATTERNS) + 1)
+    # pattern_calibration's three steps (collectives, local kernel, folds in a loop), then
+    # bench_patterns' compile per method and one timing per length.
+    steps = 3 + len(args.seq_lens) * (len(benchmark.PATTERNS) + 1)
     with tqdm(total=steps, desc="patterns", unit="step", file=sys.stderr, disable=None) as bar:
         progress = _progress(bar)
         cal = calibrate.pattern_calibration(
@@ -199,12 +201,12 @@ def _patterns(args: argparse.Namespace) -> list[dict[str, Any]]:
         )
         records = []
         for seq_len in args.seq_lens:
-            records += calibrate.bench_patterns(
+            records += patternbench.bench_patterns(
                 mesh,
                 common.problem(args, seq_len),
                 calibration=cal,
                 repeats=args.repeats,
                 progress=progress,
             )
-    print(calibrate.pattern_records_table(records))
+    print(patternbench.pattern_records_table(records))
     return [r.as_json() for r in records]

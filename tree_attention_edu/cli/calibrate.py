@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--meshes", type=_meshes, default="8,2x4", help="meshes of the checked cells, e.g. 8,2x4"
     )
-    p.add_argument("--repeats", type=cl.positive, default=3, help="interleaved timed rounds")
+    p.add_argument("--repeats", type=cl.positive, default=7, help="interleaved timed rounds")
     p.add_argument("--band", type=_band, default=None, help="relative error allowed (0.3)")
     p.add_argument("--json", default=None, help="write the cells and auto's rows here")
 

@@ -20,7 +20,7 @@ Methods:
   sequence `NamedSharding` and no `shard_map`: what XLA's partitioner does on its own.
 
 Patterns (`PATTERNS`): each merge pattern of `tree_decode` (`core.names.MERGE_NAMES`) and both
-rings, by name; `calibrate.bench_patterns` measures them in one run, next to the cost
+rings, by name; `patternbench.bench_patterns` measures them in one run, next to the cost
 model's prediction. `method_fns` builds every method and pattern: the one registry.
 
 `median_times` interleaves the repeats of several methods, so that noise hits them alike;
@@ -79,7 +79,7 @@ sequence-sharded and no `shard_map`: what XLA's partitioner does on its own)."""
 ONE_DEVICE: tuple[BenchMethod, ...] = ("single", "single_kernel")
 """The one-device baselines: a speedup is stated against the faster of them (`best_single`)."""
 PATTERNS: tuple[MergeName | RingName, ...] = (*MERGE_NAMES, *RINGS)
-"""What `calibrate.bench_patterns` and `validate_patterns` measure: each
+"""What `patternbench.bench_patterns` and `validate_patterns` measure: each
 `tree_decode(merge=...)` (`core.names.MERGE_NAMES`), then both rings."""
 
 

@@ -13,7 +13,7 @@ Three measurements, each a median of timed calls after a warm-up:
   put together by `measure_topology`); then `costmodel.predict_tree` / `predict_ring` with
   those parameters, against `benchmark.run` at several sequence lengths.
 
-`validate_patterns` and `bench_patterns` do the same for every merge pattern of
+`validate_patterns` (and `patternbench.bench_patterns`) do the same for every merge pattern of
 `tree_decode` and both rings. Nothing is fitted to the decode timings being predicted: the
 parameters come from micro-benchmarks at other sizes.
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import jax
@@ -40,16 +40,16 @@ from ..core import kernels, validate
 from ..core.decode import kv_spec, tree_decode
 from ..core.names import LAYOUTS, MERGE_NAMES, Layout, MergeName
 from ..core.numerics import accum_dtype
-from ..core.reference import attention
 from ..core.states import local_state
 from . import benchmark
-from .introspect import collective_stats, memory_stats
+from .introspect import memory_stats
 from .links import Link, Topology
 from .microbench import (
     COLLECTIVE_FNS,
     COLLECTIVE_KIND,
     collective_times,
     fit_link,
+    fold_loop_times,
     measure_local,
     measure_local_affine,
     message_sizes,
@@ -223,6 +223,7 @@ def measure_topology(
     progress: Progress = None,
     kinds: Iterable[str] = ("psum",),
     short_kernel_problem: benchmark.Problem | None = None,
+    fold_problems: Iterable[benchmark.Problem] = (),
 ) -> Calibration:
     """Measure α, β, the per-call overhead and the per-device decode bandwidth of `mesh`.
 
@@ -239,23 +240,19 @@ def measure_topology(
     both sizes and the line through the two times gives the bandwidth (its slope) and the
     fixed part of a kernel call (its intercept, `Topology.kernel_fixed_s`); without it the
     kernel's whole time is charged to bandwidth.
+
+    With `fold_problems` (at least two, at lengths that will not be predicted), one fold
+    inside a compiled loop is timed at each of their shards (`fold_loop_times`), over the
+    whole shard and over one head window of it: the curves the rings' folds are priced
+    from (`Topology.fold_points`, `Topology.window_points`).
     """
     if progress:
         progress("collectives")
     sizes = tuple(sizes)
     prob = kernel_problem or benchmark.Problem(seq_len=49152)
     kinds = tuple(dict.fromkeys(("psum", *kinds)))
-    pts = collective_times(mesh, sizes, repeats=repeats, kinds=kinds)
-    overhead = min(pts["noop"])[1]  # the smallest message: dispatch, not the `x + 1`
-    links = {
-        COLLECTIVE_KIND[k]: fit_link([(n, max(t - overhead, 0.0)) for n, t in pts[k]])
-        for k in kinds
-    }
+    overhead, links, link, pts = _links(mesh, prob, sizes, kinds, repeats)
     psum_link = links["all-reduce"]
-    # One program per size holds 2(p-1) messages: its dispatch is spread over them.
-    share = overhead / (2 * max(mesh.size - 1, 1))
-    pts["ppermute"] = ring_pass_times(mesh, prob, sizes, repeats=repeats)
-    link = fit_link([(n, max(t - share, 0.0)) for n, t in pts["ppermute"]])
 
     if progress:
         progress("local kernel")
@@ -267,6 +264,16 @@ def measure_topology(
             mesh, (short_kernel_problem, prob), overhead_s=overhead, repeats=repeats
         )
 
+    fold_problems = tuple(fold_problems)
+    folds: tuple[tuple[float, float], ...] = ()
+    windows: tuple[tuple[float, float], ...] = ()
+    if fold_problems:
+        if progress:
+            progress("folds in a loop")
+        folds, windows = (
+            tuple(sorted(fold_loop_times(mesh, fold_problems, repeats=repeats, windows=w)))
+            for w in (False, True)
+        )
     topo = Topology(
         nodes=1,
         devices_per_node=mesh.size,
@@ -281,10 +288,40 @@ def measure_topology(
         measured=tuple(links.items()) if len(kinds) > 1 else (),
         copy_Bps=copy_Bps,
         kernel_fixed_s=fixed,
+        fold_points=folds,
+        window_points=windows,
     )
     return Calibration(
         overhead, link, psum_link, mem_Bps, topo, pts, {**links, "collective-permute": link}
     )
+
+
+def _links(
+    mesh: Mesh,
+    prob: benchmark.Problem,
+    sizes: tuple[int, ...],
+    kinds: tuple[str, ...],
+    repeats: int,
+) -> tuple[float, dict[str, Link], Link, dict]:
+    """`measure_topology`'s links: `(overhead, {kind: Link}, ring-pass Link, points)`, each
+    link keeping its measured points (`Link.points`)."""
+    pts = collective_times(mesh, sizes, repeats=repeats, kinds=kinds)
+    # The bare call's time at the small sizes (dispatch, not the `x + 1`): their median, as
+    # one size's median of a few calls varies by several times between runs on 2 cores.
+    overhead = statistics.median(
+        [t for n, t in pts["noop"] if n <= SMALL_MESSAGE] or [min(pts["noop"])[1]]
+    )
+    links = {
+        COLLECTIVE_KIND[k]: fit_link(
+            [(n, max(t - overhead, 0.0)) for n, t in pts[k]], keep_points=True
+        )
+        for k in kinds
+    }
+    # One program per size holds 2(p-1) messages: its dispatch is spread over them.
+    share = overhead / (2 * max(mesh.size - 1, 1))
+    pts["ppermute"] = ring_pass_times(mesh, prob, sizes, repeats=repeats)
+    link = fit_link([(n, max(t - share, 0.0)) for n, t in pts["ppermute"]], keep_points=True)
+    return overhead, links, link, pts
 
 
 def problem_sizes(problem: benchmark.Problem) -> dict[str, Any]:
@@ -433,6 +470,22 @@ def _pattern_payloads(problem: benchmark.Problem, p: int, seq_lens: Iterable[int
     return sizes
 
 
+FOLD_TINY_KEYS = 8
+"""Keys per device of the smallest block `fold_problems` times: a fold's cost with next to
+nothing to read (the loop step's own operations), for the pass-Q ring's small blocks."""
+
+
+def fold_problems(
+    problem: benchmark.Problem, p: int, seq_lens: Iterable[int]
+) -> list[benchmark.Problem]:
+    """The problems whose shards `measure_topology` times one in-loop fold at: a block of
+    `FOLD_TINY_KEYS` keys per device, and 3/4 of each of `seq_lens` (rounded to a multiple
+    of `p`; none of them a length that is predicted, each `p` blocks of the ring's size
+    there), without repeats."""
+    lens = {FOLD_TINY_KEYS * p} | {max(p, (3 * n // 4) // p * p) for n in seq_lens}
+    return [replace(problem, seq_len=n) for n in sorted(lens)]
+
+
 def pattern_calibration(
     mesh: Mesh,
     seq_lens: Iterable[int],
@@ -454,6 +507,7 @@ def pattern_calibration(
     short_len = max(p, (3 * min(seq_lens) // 4) // p * p)
     return measure_topology(
         mesh,
+        fold_problems=fold_problems(base, p, seq_lens),
         kernel_problem=benchmark.Problem(**{**asdict(base), "seq_len": cal_len}),
         short_kernel_problem=(
             benchmark.Problem(**{**asdict(base), "seq_len": short_len})
@@ -483,8 +537,9 @@ def validate_patterns(
     ring-shaped ppermute, the all-reduce, all-gather, reduce-scatter and all-to-all over
     sizes spanning the messages the methods will send, and the per-device decode bandwidth at
     a length that is not validated (`measure_topology`). Nothing is fitted to the timings
-    being predicted. Then, at each `seq_len`, every method of `methods` runs on the same
-    inputs, the repeats interleaved (`benchmark.median_times`), and is predicted by `predict`.
+    being predicted. Then every method of `methods` runs at every `seq_len` (at each, on the
+    same inputs), all of them in the same interleaved rounds (`benchmark.median_times`), and
+    is predicted by `predict`.
 
     Returns the calibration and rows `{"name", "devices", "seq_len", "median_s",
     "predicted_s", "rel_err"}` (`rel_err = predicted / measured − 1`).
@@ -503,17 +558,25 @@ def validate_patterns(
             mesh, seq_lens, problem=base, repeats=repeats, progress=progress
         )
     rows = []
+    # Every (method, length) in the same interleaved rounds: a slow spell of the shared
+    # machine (on the 2-core machine, seconds long, seen as every cell of one length off
+    # by the same factor) then falls on a few rounds of every cell, and the medians pass
+    # over it, instead of on every round of the one length timed during it.
+    calls = {}
     for n in seq_lens:
         prob = benchmark.Problem(**{**asdict(base), "seq_len": n})
         q, _, _, k, v, kv_len = benchmark.sharded_inputs(mesh, prob)
         fns = benchmark.method_fns(mesh, kv_len, methods)
         shardings = next(iter(fns.values()))[1]
         args = tuple(jax.device_put(x, s) for x, s in zip((q, k, v), shardings, strict=True))
-        if progress:
-            progress(f"Tk={n}: {len(methods)} methods, repeats interleaved")
-        seconds = benchmark.median_times({m: (fns[m][0], args) for m in methods}, repeats=repeats)
+        calls.update({(m, n): (fns[m][0], args) for m in methods})
+    if progress:
+        progress(f"{len(methods)} methods at {len(seq_lens)} lengths, {repeats} rounds interleaved")
+    seconds = benchmark.median_times(calls, repeats=repeats)
+    for n in seq_lens:
+        prob = benchmark.Problem(**{**asdict(base), "seq_len": n})
         for name in methods:
-            measured = seconds[name]
+            measured = seconds[(name, n)]
             predicted = predict(name, n, calibration.topology, prob).total_s
             rows.append(
                 dict(
@@ -525,7 +588,6 @@ def validate_patterns(
                     rel_err=predicted / measured - 1,
                 )
             )
-        del args
     return calibration, rows
 
 
@@ -564,127 +626,3 @@ def patterns_table(cal: Calibration, rows: list[dict]) -> str:
         f"{worst['seq_len']}; target: within {BAND:.0%})"
     )
     return "\n".join(lines)
-
-
-# --- merge patterns and rings side by side, for `bench --sections patterns` ----------------
-
-
-@dataclass
-class PatternRecord:
-    """One merge pattern or ring at one size. Field names are the bench JSON's `"patterns"`.
-
-    `collectives`: kind -> how many times it runs, read from the compiled program (loops
-    counted with their trip counts); `collective_bytes` their payload per device. For
-    `one_pass` both count the fast path only (`CollectiveStats.fast_path`): its exact
-    fallback sits in a `conditional` branch that runs only when a device's lse leaves the
-    safe window, and `fast_path` is True to say so. `predicted_s` is the cost model's
-    latency on the topology measured on this mesh.
-    """
-
-    name: str
-    devices: int
-    seq_len: int
-    collectives: dict
-    collective_bytes: int
-    temp_bytes: int
-    median_s: float
-    predicted_s: float
-    max_abs_err: float
-    fast_path: bool = False
-
-    def as_json(self) -> dict:
-        return asdict(self)
-
-
-def bench_patterns(
-    mesh: Mesh,
-    problem: benchmark.Problem,
-    *,
-    calibration: Calibration | None = None,
-    methods: Iterable[MergeName | RingName] = benchmark.PATTERNS,
-    repeats: int = 5,
-    seed: int = 0,
-    progress: Callable[[str], None] | None = None,
-) -> list[PatternRecord]:
-    """Every merge pattern and both rings on the same inputs, measured in one run.
-
-    Per method: the collectives and their bytes (`collective_stats`; the fast path for
-    `one_pass`), temp memory (`memory_stats`), the error against float64 `attention`, and
-    the median latency over `repeats` interleaved rounds (`median_times`). `calibration`
-    is a `Calibration` (default: `pattern_calibration` at this size,
-    which measures the mesh's links and decode bandwidth first); `predicted_s` is
-    `predict` with its topology.
-    """
-    methods = list(methods)
-    for i, m in enumerate(methods):
-        validate.check_str_choice(m, benchmark.PATTERNS, f"methods[{i}]")
-    if calibration is None:
-        calibration = pattern_calibration(
-            mesh, [problem.seq_len], problem=problem, repeats=repeats, progress=progress
-        )
-    q, k0, v0, k, v, kv_len = benchmark.sharded_inputs(mesh, problem, seed)
-    want = np.asarray(attention(*(jnp.asarray(x, jnp.float64) for x in (q, k0, v0))))
-    built = benchmark.method_fns(mesh, kv_len, methods)
-    fns = {n: fn for n, (fn, _) in built.items()}
-    shardings = next(iter(built.values()))[1]
-    args = tuple(jax.device_put(x, s) for x, s in zip((q, k, v), shardings, strict=True))
-    structs = [
-        jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
-        for x, s in zip((q, k, v), shardings, strict=True)
-    ]
-    static = {}
-    for name in methods:
-        if progress:
-            progress(f"Tk={problem.seq_len} {name}: compile")
-        stats = collective_stats(fns[name], *structs)
-        if name == "one_pass":
-            stats = stats.fast_path()
-        counts: dict[str, int] = {}
-        for c in stats.collectives:
-            counts[c.kind] = counts.get(c.kind, 0) + c.count
-        got = np.asarray(fns[name](*args), np.float64)
-        static[name] = (
-            dict(sorted(counts.items())),
-            stats.total_bytes,
-            memory_stats(fns[name], *structs).temp_bytes,
-            float(np.abs(got - want).max()),
-        )
-    if progress:
-        progress(f"Tk={problem.seq_len}: timing {len(methods)} methods interleaved")
-    seconds = benchmark.median_times({n: (fns[n], args) for n in methods}, repeats=repeats)
-    records = []
-    for name in methods:
-        counts, nbytes, temp, err = static[name]
-        records.append(
-            PatternRecord(
-                name=name,
-                devices=mesh.size,
-                seq_len=problem.seq_len,
-                collectives=counts,
-                collective_bytes=nbytes,
-                temp_bytes=temp,
-                median_s=seconds[name],
-                predicted_s=predict(name, problem.seq_len, calibration.topology, problem).total_s,
-                max_abs_err=err,
-                fast_path=name == "one_pass",
-            )
-        )
-    return records
-
-
-def pattern_records_table(records: list[PatternRecord]) -> str:
-    """A fixed-width table of pattern records, with predicted/measured − 1 per row."""
-    head = (
-        f"{'name':<16}{'devices':>8}{'seq_len':>9}{'median ms':>11}{'predicted':>11}"
-        f"{'rel err':>9}{'bytes/dev':>12}{'temp MB/dev':>13}{'max |err|':>11}  collectives"
-    )
-    rows = [head, "-" * len(head)]
-    for r in records:
-        kinds = ", ".join(f"{k} x{n}" for k, n in r.collectives.items()) or "none"
-        rows.append(
-            f"{r.name:<16}{r.devices:>8}{r.seq_len:>9}{r.median_s * 1e3:>11.2f}"
-            f"{r.predicted_s * 1e3:>11.2f}{r.predicted_s / r.median_s - 1:>+9.0%}"
-            f"{r.collective_bytes:>12,}{r.temp_bytes / 1e6:>13.2f}"
-            f"{r.max_abs_err:>11.1e}  {kinds}" + (" (fast path)" if r.fast_path else "")
-        )
-    return "\n".join(rows)

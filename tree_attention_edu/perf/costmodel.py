@@ -69,6 +69,7 @@ from .links import (
     collective_time,
     collectives_time,
     hierarchical_allreduce_time,
+    read_curve,
     reduce_scatter_time,
     ring_allreduce_time,
     ring_step_link,
@@ -103,6 +104,7 @@ from .patterns import (
 )
 from .predict import (
     Prediction,
+    fold_time,
     local_decode_time,
     predict_all,
     predict_merge,
@@ -148,6 +150,7 @@ __all__ = [
     "crossover_map",
     "decode_flops",
     "decode_intensity",
+    "fold_time",
     "generation_time",
     "hierarchical_allreduce_time",
     "kv_read_bytes",
@@ -170,6 +173,7 @@ __all__ = [
     "predict_pass_q_ring",
     "predict_ring",
     "predict_tree",
+    "read_curve",
     "reduce_scatter_time",
     "reduction_steps",
     "ring_allreduce_time",

@@ -29,6 +29,7 @@ nodes, or as measured on it (`Topology.measured`).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -60,10 +61,20 @@ Collective = tuple[CollectiveKind, int, int]
 @dataclass(frozen=True)
 class Link:
     """One level of interconnect: per-message latency `alpha_s` and bandwidth `beta_Bps`
-    (bytes per second, one direction)."""
+    (bytes per second, one direction).
+
+    `points`: where the link was measured, `(bytes, seconds)` of one message at each size
+    (`calibrate.measure_topology` keeps them for the simulated devices). With them, `send`
+    reads a message's time off the measured curve, linear between the two sizes around it,
+    instead of off the line `alpha + n/beta`: on the host's caches the time per byte of a
+    1 MB message and of a 32 MB one differ by more than the model's band, and one β cannot
+    price both. Below the smallest size `send` takes the smallest's time; above the largest,
+    the largest's plus the rest at `beta_Bps`. The formulas that price an algorithm by steps
+    (`ring_allreduce_time`, ...) still read `alpha_s` and `beta_Bps`."""
 
     alpha_s: float
     beta_Bps: float
+    points: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self):
         check_real(
@@ -79,10 +90,58 @@ class Link:
             hint="bytes per second, e.g. 50e9 (float('inf'): no bandwidth limit)",
         )
 
+        if self.points:
+            _check_curve(self.points)
+
     def send(self, nbytes: float) -> float:
-        """Seconds to send one message of `nbytes`."""
+        """Seconds to send one message of `nbytes`: `alpha_s + nbytes / beta_Bps`, or read
+        off `points` where the link has them (numbers only, then)."""
         check_nbytes(nbytes)
-        return self.alpha_s + nbytes / self.beta_Bps
+        if not self.points:
+            return self.alpha_s + nbytes / self.beta_Bps
+        check_no_symbols("a measured link's curve is read at a number", nbytes=nbytes)
+        return read_curve(self.points, nbytes, self.beta_Bps)
+
+
+def read_curve(points: tuple[tuple[float, float], ...], nbytes: float, rate_after: float) -> float:
+    """Seconds at `nbytes` on a measured curve of `(bytes, seconds)` points (increasing
+    sizes, `_check_curve`): linear between the two points around `nbytes`; below the
+    smallest size, that size's time; above the largest, its time plus the bytes beyond it
+    at `rate_after` (bytes per second). `Link.send` and `predict.fold_time` read theirs so."""
+    sizes = [n for n, _ in points]
+    i = bisect.bisect_left(sizes, nbytes)
+    if i == 0:
+        return points[0][1]
+    if i == len(sizes):
+        n_last, t_last = points[-1]
+        return t_last + (nbytes - n_last) / rate_after
+    (n0, t0), (n1, t1) = points[i - 1], points[i]
+    return t0 + (t1 - t0) * (nbytes - n0) / (n1 - n0)
+
+
+def _check_curve(points: object, name: str = "points") -> None:
+    """A measured curve (`Link.points`, `Topology.fold_points`): a tuple of at least two
+    `(bytes, seconds)` pairs of numbers, the sizes increasing and the times >= 0, else an
+    error naming the entry."""
+    eg = "((1024, 1.2e-4), (2**20, 9e-4))"
+    if not isinstance(points, tuple) or len(points) < 2:
+        raise TypeError(
+            f"`{name}` must be a tuple of at least two (bytes, seconds) pairs, e.g. {eg}, "
+            f"or () for none, got {validate.describe(points)}."
+        )
+    for i, pair in enumerate(points):
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise TypeError(
+                f"`{name}[{i}]` must be a (bytes, seconds) pair, e.g. {eg}, got "
+                f"{validate.describe(pair)}."
+            )
+        check_real(pair[0], f"{name}[{i}][0]", low=0.0, hint="bytes")
+        check_real(pair[1], f"{name}[{i}][1]", low=0.0, hint="seconds, a measured time")
+        if i and not pair[0] > points[i - 1][0]:
+            raise ValueError(
+                f"`{name}` sizes must increase, got {points[i - 1][0]} then {pair[0]} at "
+                f"entries {i - 1} and {i}; sort them and keep one time per size."
+            )
 
 
 def _link_fields(link: Link, name: str = "link") -> dict[str, float]:
@@ -148,6 +207,20 @@ class Topology:
     their turns on the host's shared cores); a tree decode pays it once, a ring once per
     block. `calibrate` measures it as the intercept of the kernel's time at two shard
     lengths; 0 for the published topologies, whose sources give no such figure.
+
+    `fold_points`: the time of one fold of a block into a running state inside a compiled
+    loop, `(block K+V bytes per device, seconds)`, measured on every device at once
+    (`calibrate` times `microbench.fold_loop_times` at other lengths than it predicts).
+    The rings fold their blocks one after another in one program (`predict.fold_time`):
+    where every device's block fits the host's last-level cache, a fold in that loop costs
+    well under the same kernel called on its own (`results/calibrate/README.md` has the
+    figures), and neither the kernel's fixed part nor one rate for all sizes prices it.
+    Empty: a fold costs `local_decode_time` (the published topologies, whose sources give
+    no such curve).
+
+    `window_points`: the same for a step that reads one head window of a shard the loop
+    has not just touched, `(window K+V bytes per device, seconds)`, as the pass-Q ring's
+    steps do (`microbench.fold_loop_times(windows=True)`): a strided read from memory.
     """
 
     nodes: int
@@ -166,6 +239,8 @@ class Topology:
     uplinks: int | None = None
     kernel_fixed_s: float = 0.0
     flat_ring: Link | None = None
+    fold_points: tuple[tuple[float, float], ...] = ()
+    window_points: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self):
         check_size(self.nodes, "nodes")
@@ -213,6 +288,10 @@ class Topology:
         )
         check_real(self.overhead_s, "overhead_s", low=0.0)
         check_real(self.kernel_fixed_s, "kernel_fixed_s", low=0.0, hint="seconds per call")
+        if self.fold_points:
+            _check_curve(self.fold_points, "fold_points")
+        if self.window_points:
+            _check_curve(self.window_points, "window_points")
         validate.check_bool(self.overlap, "overlap")
         validate.check_bool(self.ring_only, "ring_only")
         if self.uplinks is not None:

@@ -30,7 +30,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..core import kernels, validate
-from ..core.decode import kv_spec
+from ..core.decode import kv_spec, pass_q_blocks
+from ..core.devices import ring_permutation
+from ..core.numerics import accum_dtype
+from ..core.states import combine_core, identity_core
 from . import benchmark
 from .links import CollectiveKind, Link
 
@@ -138,14 +141,17 @@ SMALL_MESSAGE = 16 * 1024
 """Messages up to this size measure latency (α); larger ones measure bandwidth (β)."""
 
 
-def fit_link(points: Iterable[tuple[int, float]]) -> Link:
+def fit_link(points: Iterable[tuple[int, float]], *, keep_points: bool = False) -> Link:
     """Hockney parameters from `(bytes, seconds)` points, the way ping-pong benchmarks
     read them: α is the median time of the small messages (≤ `SMALL_MESSAGE`), β the median
     of `n / (t − α)` over the larger ones that took longer than α (inf if none did). A
     least-squares line through all points would let
     the largest messages set α (often to a negative value) and misprice everything else.
 
-    Each point is a pair of numbers, bytes and seconds, both finite and >= 0."""
+    Each point is a pair of numbers, bytes and seconds, both finite and >= 0. With
+    `keep_points`, the link also keeps them (`Link.points`, one time per size: the median
+    of a size's times), so that `Link.send` reads a message's time off the measured curve."""
+    validate.check_bool(keep_points, "keep_points")
     pts = _points(points)
     small = [t for n, t in pts if n <= SMALL_MESSAGE]
     big = [(n, t) for n, t in pts if n > SMALL_MESSAGE]
@@ -161,7 +167,13 @@ def fit_link(points: Iterable[tuple[int, float]]) -> Link:
     # to see at this size); if none is slower, the transfer is unresolved: β = inf.
     rates = [n / (t - alpha) for n, t in big if t > alpha]
     beta = statistics.median(rates) if rates else float("inf")
-    return Link(alpha_s=alpha, beta_Bps=beta)
+    if not keep_points:
+        return Link(alpha_s=alpha, beta_Bps=beta)
+    by_size: dict[float, list[float]] = {}
+    for n, t in pts:
+        by_size.setdefault(n, []).append(t)
+    curve = tuple((n, statistics.median(ts)) for n, ts in sorted(by_size.items()))
+    return Link(alpha_s=alpha, beta_Bps=beta, points=curve)
 
 
 def _points(points: Any) -> list[tuple[float, float]]:
@@ -229,6 +241,91 @@ def local_calls(
         jax.shard_map(lambda k: k.at[:, :1].set(0), mesh=mesh, in_specs=(spec,), out_specs=spec)
     )
     return {"kernel": (local, args), "copy": (copy, args[1:2])}
+
+
+def _fold_loop(mesh: Mesh, steps: int, kv_heads: int, windows: bool) -> Callable:
+    """`fold_loop_times`' program: `steps` folds in one `lax.scan` on every device."""
+    axes = tuple(mesh.axis_names)
+    spec = kv_spec(axes)
+    perm = ring_permutation(mesh, axes)
+    hs, start, _, _ = pass_q_blocks(kv_heads, mesh.size)
+    starts = jnp.asarray(start, jnp.int32)
+
+    def body(q, k, v):
+        B, Tq, Hq, _ = q.shape
+        heads = hs * (Hq // kv_heads) if windows else Hq
+        q = q[:, :, :heads]
+
+        def step(carry, i):
+            state, q_blk = carry
+            scaled = q_blk * (1 + i).astype(q.dtype)
+            if windows:
+                q_next = lax.ppermute(q_blk, axes, perm)
+                block = kernels.xla_state(scaled, k, v, kv_head_window=(starts[i], hs))
+            else:
+                q_next = q_blk
+                block = kernels.xla_state(scaled, k, v)
+            return (combine_core(state, block), q_next), None
+
+        state = identity_core(B, Tq, heads, v.shape[-1], accum_dtype(q.dtype))
+        (state, _), _ = lax.scan(step, (state, q), jnp.arange(steps))
+        return state.out
+
+    return jax.jit(
+        jax.shard_map(
+            body, mesh=mesh, in_specs=(P(), spec, spec), out_specs=P(axes), check_vma=False
+        )
+    )
+
+
+def fold_loop_times(
+    mesh: Mesh,
+    problems: Iterable[benchmark.Problem],
+    *,
+    repeats: int = 5,
+    windows: bool = False,
+) -> list[tuple[int, float]]:
+    """`(bytes read per device, seconds)` of one fold inside a compiled loop, for each
+    problem's shard (sharded along the sequence over all of `mesh`'s axes), every device
+    folding at once: the rings' local work (`predict.fold_time`).
+
+    Each device runs a `lax.scan` that folds into a running state (the xla kernel and
+    `combine_core`), p = `mesh.size` times in one program and once in another; a fold costs
+    `(t_p − t_1)/(p − 1)`, which leaves out the call's dispatch and the loop's set-up. Each
+    step scales the queries by its index, so that no step is the same computation as
+    another and XLA cannot hoist the fold out of the loop. No collective: the rings'
+    transfers are `ring_pass_times`'.
+
+    * `windows=False` (`Topology.fold_points`): every step folds the whole shard, a block
+      the loop touched the step before, as the pass-KV ring folds the block it has just
+      received; the bytes are the shard's K and V.
+    * `windows=True` (`Topology.window_points`): the pass-Q ring's step without its
+      all-to-all and all-gather: step i reads the i-th head window of the shard with a
+      query block (`decode.pass_q_blocks`: `ceil(Hkv/p)` kv heads, the kernel reading the
+      window in place) and sends that block on to the ring's next device (`ppermute`), the
+      block received being the next step's; the bytes are a window's K and V. The permute
+      is part of the step because it makes every device wait for the slowest at each step,
+      which a loop of folds alone does not (timed without it, the window folds priced the
+      pass-Q ring below its measured time at every length: `results/calibrate/README.md`).
+    """
+    validate.check_bool(windows, "windows")
+    p = mesh.size
+    if p < 2:
+        raise ValueError(
+            f"`mesh` has {p} device; a fold loop is timed as the difference of p folds and "
+            f"one, so it needs at least 2 devices (a ring of one device has no steps)."
+        )
+
+    out = []
+    for problem in problems:
+        one, many = (_fold_loop(mesh, n, problem.kv_heads, windows) for n in (1, p))
+        _, (q, k, v) = local_calls(mesh, problem)["kernel"]
+        t = benchmark.median_times({"1": (one, (q, k, v)), "p": (many, (q, k, v))}, repeats)
+        nbytes = problem.kv_bytes // p
+        if windows:
+            nbytes = nbytes * pass_q_blocks(problem.kv_heads, p)[0] // problem.kv_heads
+        out.append((nbytes, max(t["p"] - t["1"], 0.0) / (p - 1)))
+    return out
 
 
 RESOLVED_SHARE = 0.1

@@ -10,7 +10,8 @@ Nothing is fitted to the timings being predicted.
 
 `auto`'s regret in a cell is `measured[picked] / measured[best] - 1`, where `picked` is what
 `best_merge` picks on the calibrated topology among `core.merges.AUTO_MERGES` (the patterns
-"auto" chooses from) and `best` is the fastest of them as measured.
+"auto" chooses from) and `best` is the fastest of them as measured, in `AUTO_REPEATS`
+interleaved rounds of those patterns alone (after the cells' rounds).
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ BAND = calibrate.BAND
 """A cell passes when `|predicted / measured - 1| <= BAND` (`calibrate.BAND`, ±30%)."""
 REGRET_BAND = 0.10
 """`auto` passes a cell when its pick is at most this much slower than the best."""
+AUTO_REPEATS = 21
+"""Interleaved rounds of the patterns `auto` picks among, timed again for its regret: the
+model prices them within a few percent of each other at these sizes, less than the
+run-to-run spread of a median of the cells' rounds on the 2-core machine
+(`results/calibrate/README.md`), and the fastest of four noisy medians is biased low by
+that noise."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,8 @@ class Report:
                     mem_Bps=cal.mem_Bps,
                     kernel_fixed_s=cal.topology.kernel_fixed_s,
                     copy_Bps=cal.topology.copy_Bps,
+                    fold_points=cal.topology.fold_points,
+                    window_points=cal.topology.window_points,
                     links={k: asdict(v) for k, v in cal.links.items()},
                 )
                 for mesh, cal in self.calibrations.items()
@@ -179,11 +188,14 @@ def run(
     *,
     problem: benchmark.Problem = PROBLEM,
     auto_problems: Iterable[benchmark.Problem] = AUTO_PROBLEMS,
-    repeats: int = 3,
+    repeats: int = 7,
+    auto_repeats: int = AUTO_REPEATS,
     progress: Callable[[str], None] | None = None,
 ) -> Report:
     """Calibrate each mesh, then measure and predict every method at each length (`Cell`s),
-    and `auto`'s regret there and on `auto_problems` at the shortest length (`AutoRow`s)."""
+    and `auto`'s regret there and on `auto_problems` at the shortest length (`AutoRow`s),
+    from `auto_repeats` interleaved rounds of the patterns it picks among."""
+    validate.check_int(auto_repeats, "auto_repeats", example="`auto_repeats=21`")
     seq_lens = validate.check_sizes_list(seq_lens, "seq_lens", "(4096, 16384, 65536)")
     meshes = [str(m) for m in meshes]
     for m in meshes:
@@ -204,16 +216,15 @@ def run(
             Cell(r["name"], name, r["seq_len"], r["predicted_s"], r["median_s"], r["rel_err"])
             for r in rows
         ]
-        autos += _auto_rows(name, problem, rows, cal.topology)
-        for extra in auto_problems:
-            extra = replace(extra, seq_len=min(seq_lens))
+        for extra, lens in ((problem, seq_lens), *((x, [min(seq_lens)]) for x in auto_problems)):
+            extra = replace(extra, seq_len=min(lens))
             _, rows = calibrate.validate_patterns(
                 mesh,
-                (extra.seq_len,),
+                lens,
                 problem=extra,
                 methods=merges.AUTO_MERGES,
                 calibration=cal,
-                repeats=repeats,
+                repeats=auto_repeats,
                 progress=progress,
             )
             autos += _auto_rows(name, extra, rows, cal.topology)

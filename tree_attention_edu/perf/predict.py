@@ -27,6 +27,7 @@ from .links import (
     collective_time,
     collectives_time,
     hierarchical_allreduce_time,
+    read_curve,
 )
 from .patterns import (
     RingName,
@@ -78,6 +79,51 @@ def local_decode_time(
     nbytes = kv_read_bytes(batch, kv_len, kv_heads, head_dim, v_dim, itemsize)
     flops = decode_flops(batch, kv_len, q_heads, head_dim, v_dim, q_len)
     return topo.kernel_fixed_s + max(nbytes / topo.mem_Bps, flops / topo.flops)
+
+
+def fold_time(
+    batch: int,
+    kv_len: int,
+    kv_heads: int,
+    head_dim: int,
+    v_dim: int,
+    q_heads: int,
+    topo: Topology,
+    itemsize: int = 2,
+    q_len: int = 1,
+    *,
+    resident: bool = True,
+) -> float:
+    """Time of one ring step's fold: the local kernel over a block of `kv_len` keys (and
+    `kv_heads` of the cache's heads) and its merge into the running state, inside the
+    ring's compiled loop. Without `topo.fold_points`, a kernel call on its own
+    (`local_decode_time`). With them:
+
+    * `resident=True`, a block the loop has just written (the pass-KV ring's, received by
+      the step before): read off the curve at the block's K+V bytes (`links.read_curve`;
+      beyond the largest measured block at `mem_Bps`), which was measured on such blocks;
+    * `resident=False`, a window of a shard the loop has not touched (the pass-Q ring's
+      heads of its own cache): read off `topo.window_points` at the window's K+V bytes,
+      measured on such windows with the step's query-block permute (which
+      `predict_pass_q_ring` then does not add again); without them, the fold curve at no
+      bytes (a loop step's own cost, its smallest block) plus the window's bytes at
+      `mem_Bps`.
+
+    Never less than the block's flops at `flops`."""
+    validate.check_bool(resident, "resident")
+    # local_decode_time checks the sizes for both paths.
+    alone = local_decode_time(
+        batch, kv_len, kv_heads, head_dim, v_dim, q_heads, topo, itemsize, q_len
+    )
+    if not topo.fold_points:
+        return alone
+    nbytes = kv_read_bytes(batch, kv_len, kv_heads, head_dim, v_dim, itemsize)
+    flops = decode_flops(batch, kv_len, q_heads, head_dim, v_dim, q_len) / topo.flops
+    if resident:
+        return max(read_curve(topo.fold_points, nbytes, topo.mem_Bps), flops)
+    if topo.window_points:
+        return max(read_curve(topo.window_points, nbytes, topo.mem_Bps), flops)
+    return read_curve(topo.fold_points, 0, topo.mem_Bps) + max(nbytes / topo.mem_Bps, flops)
 
 
 @dataclass(frozen=True)
@@ -188,6 +234,9 @@ def predict_ring(
     block's compute is never hidden. Then one all-reduce of the output makes the replicated
     result the same on every device. `comm_s` is the part not hidden behind compute.
 
+    Each fold is priced by `fold_time`: off the topology's measured in-loop curve where it
+    has one (`Topology.fold_points`), else as a kernel call on its own.
+
     Where `topo.copy_Bps` is set, each of the p−1 steps also reads and writes one K/V block
     at that rate (part of `compute_s`): XLA:CPU copies the loop-carried block before sending
     it, the permute's result taking the same loop slot (the compiled loop body shows the two
@@ -201,7 +250,7 @@ def predict_ring(
     overlap = topo.overlap if overlap is None else overlap
     p = topo.devices
     t = -(-seq_len // p)
-    block = local_decode_time(batch, t, kv_heads, head_dim, v_dim, q_heads, topo, itemsize, q_len)
+    block = fold_time(batch, t, kv_heads, head_dim, v_dim, q_heads, topo, itemsize, q_len)
     k_send, v_send, *broadcast = ring_collectives(
         batch=batch,
         kv_len=seq_len,
@@ -312,9 +361,10 @@ def predict_pass_q_ring(
 ) -> Prediction:
     """Pass-Q ring (`pass_q_collectives`): p steps, each the shard against one travelling
     query block of `Gs` heads, so a step reads the `ceil(Hkv/p)` kv heads of the shard
-    (≈ 1/p of it); p−1 query-block permutes, each overlapping a step's compute when the
-    topology overlaps; then the all-to-all of the partial states, their local merge
-    (`p·B·Tq·Gs·(Dv+2)·s` bytes read) and the all-gather of the outputs.
+    (≈ 1/p of it, priced by `fold_time` as a window read from memory); p−1 query-block
+    permutes, each overlapping a step's compute when the topology overlaps; then the
+    all-to-all of the partial states, their local merge (`p·B·Tq·Gs·(Dv+2)·s` bytes read)
+    and the all-gather of the outputs.
 
     Cheaper than pass-KV when `Tq·Hq ≪ Tk·Hkv`: what travels is the queries, not the cache.
     """
@@ -337,7 +387,7 @@ def predict_pass_q_ring(
     t = math.ceil(seq_len / p)
     gs = pass_q_heads(q_heads, kv_heads, p)
     hs = gs // (q_heads // kv_heads)
-    step = local_decode_time(batch, t, hs, head_dim, v_dim, gs, topo, itemsize, q_len)
+    step = fold_time(batch, t, hs, head_dim, v_dim, gs, topo, itemsize, q_len, resident=False)
     permute, *after = pass_q_collectives(
         batch=batch,
         q_len=q_len,
@@ -350,6 +400,8 @@ def predict_pass_q_ring(
         stat_itemsize=stat_itemsize,
     )
     send = collective_time(permute[0], permute[1], topo) if p > 1 else 0.0
+    if topo.window_points:  # measured with its permute (`fold_loop_times(windows=True)`)
+        send = 0.0
     hidden = min(step, send) if overlap else 0.0
     comm = (p - 1) * (send - hidden) + collectives_time(after, topo)
     merge = p * batch * q_len * gs * (v_dim + 2) * stat_itemsize / topo.mem_Bps
