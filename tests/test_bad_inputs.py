@@ -1434,6 +1434,7 @@ COST_CALLS = (
             q_len=1,
         ),
     ),
+    (costmodel.read_curve, dict(points=((1.0, 1e-4), (2.0, 2e-4)), nbytes=1.5, rate_after=1e9)),
     (
         costmodel.fold_time,
         dict(
@@ -2359,7 +2360,6 @@ NOT_VALIDATED = {
     },  # sizes of validated shapes
     "introspect": {"Collective", "CollectiveStats", "MemoryStats"},  # results, not inputs
     "predict": {"Prediction"},  # a result
-    "links": {"read_curve"},  # Link.send's and fold_time's reading, of checked curves
     "paper": {"Microbenchmark"},  # a result
     "config": {"check_config", "check_params"},  # the checks themselves
     "layers": {"swiglu", "project_qkv"},  # blocks of forward, on the model's own activations

@@ -292,12 +292,14 @@ def test_a_curve_is_read_at_numbers_only():
 
 
 def test_fit_link_keeps_one_time_per_size_when_asked():
-    """The curve is the points sorted by size, a size timed twice kept at its median; α and β
+    """The curve is α at `SMALL_MESSAGE` (the median of the small sizes, not one size's
+    time), then the larger sizes in order, a size timed twice kept at its median; α and β
     are the same as without the curve."""
     pts = [(2**20, 4e-4), (1024, 1e-4), (16384, 1.2e-4), (2**20, 2e-4), (2**20, 3e-4)]
     plain, kept = calibrate.fit_link(pts), calibrate.fit_link(pts, keep_points=True)
     assert plain.points == () and (kept.alpha_s, kept.beta_Bps) == (plain.alpha_s, plain.beta_Bps)
-    assert kept.points == ((1024, 1e-4), (16384, 1.2e-4), (2**20, 3e-4))
+    assert kept.points == ((16384, pytest.approx(1.1e-4)), (2**20, 3e-4))
+    assert kept.send(100) == kept.send(16384) == pytest.approx(1.1e-4)  # every small one: α
     with pytest.raises(TypeError, match="keep_points"):
         calibrate.fit_link(pts, keep_points=1)
 
@@ -356,6 +358,16 @@ def test_rings_fold_off_the_measured_in_loop_curve():
     assert big == pytest.approx(1e-3 + (8 * block - 3_000_000) / 2e9, rel=1e-12)
     with pytest.raises(ValueError, match="fold_points"):
         replace(base, fold_points=((2.0, 1.0), (1.0, 2.0)))
+    # A window curve alone would drop the permutes and price steps as kernel calls.
+    with pytest.raises(ValueError, match="`window_points` without `fold_points`"):
+        replace(base, window_points=((0.0, 1e-5), (1e5, 2e-5)))
+    # Curves measured with 8 devices sharing the host say nothing about 4.
+    four = windowed.with_devices(4)
+    assert (four.fold_points, four.window_points) == ((), ())
+    assert windowed.with_devices(8) == windowed
+    assert predict.predict_pass_q_ring(4096, four, **shape) == predict.predict_pass_q_ring(
+        4096, base.with_devices(4), **shape
+    )
     with pytest.raises(TypeError, match="resident"):
         predict.fold_time(1, 512, 8, 64, 64, 8, folded, 4, resident="yes")
 
@@ -367,6 +379,36 @@ def test_fold_problems_are_a_tiny_block_and_three_quarters_of_each_length():
     assert all(p.q_heads == 8 and p.head_dim == 64 for p in got)
     # Lengths that round to the same multiple of p are timed once.
     assert [p.seq_len for p in calibrate.fold_problems(prob, 8, (4096, 4100))] == [64, 3072]
+    # A predicted length is never a calibration length: 3/4 of 4096 is predicted here.
+    assert [p.seq_len for p in calibrate.fold_problems(prob, 8, (3072, 4096))] == [64, 2304]
+    # Fewer than two lengths left, or one device: no curve (the folds are kernel calls).
+    assert calibrate.fold_problems(prob, 8, (88,)) == []  # 3/4 of 88 rounds to 64
+    assert calibrate.fold_problems(prob, 1, (4096,)) == []
+    with pytest.raises(ValueError, match="`p`"):
+        calibrate.fold_problems(prob, 0, (4096,))
+    with pytest.raises(TypeError, match="`problem`"):
+        calibrate.fold_problems("4096", 8, (4096,))
+    with pytest.raises(TypeError, match="`seq_lens`"):
+        calibrate.fold_problems(prob, 8, "4096")
+
+
+def test_fold_problems_are_checked_before_anything_is_timed(mesh8):
+    from dataclasses import replace
+
+    from tree_attention_edu.perf import microbench
+
+    prob = benchmark.Problem(seq_len=4096, q_heads=8, kv_heads=8, head_dim=64)
+    for bad, error, match in (
+        ([prob], ValueError, "at least two shards"),
+        ([prob, prob], ValueError, "at least two shards"),
+        ([prob, replace(prob, seq_len=4100)], ValueError, r"`problems\[1\].seq_len` = 4100"),
+        (prob, TypeError, "sequence of benchmark.Problem"),
+        ([prob, "x"], TypeError, r"`problems\[1\]`"),
+    ):
+        with pytest.raises(error, match=match):
+            microbench.check_fold_problems(bad, 8)
+        with pytest.raises(error, match=match):  # raised at once: no collective is timed
+            calibrate.measure_topology(mesh8, fold_problems=bad, sizes=())
 
 
 def test_fold_loop_times_one_fold_per_shard_on_every_device(mesh8):
@@ -384,3 +426,18 @@ def test_fold_loop_times_one_fold_per_shard_on_every_device(mesh8):
     assert [n for n, _ in got] == [p.kv_bytes // 16 for p in probs]
     with pytest.raises(ValueError, match="at least 2 devices"):
         microbench.fold_loop_times(make_mesh(1, "x"), probs, repeats=1)
+
+
+@pytest.mark.parametrize("windows", [False, True])
+def test_a_fold_loop_keeps_its_permute_in_both_programs(mesh8, windows):
+    """With windows, the one-step program keeps its collective-permute too (the block it
+    receives is an output, so the permute is not dead code): else the difference of the
+    two programs would charge each step a permute and a half. Without windows, no program
+    has one. (Each step scales the queries by its index, so no fold can be hoisted.)"""
+    from tree_attention_edu.perf import microbench
+
+    prob = benchmark.Problem(seq_len=64, q_heads=2, kv_heads=2, head_dim=16)
+    _, args = microbench.local_calls(mesh8, prob)["kernel"]
+    for steps in (1, 8):
+        hlo = microbench._fold_loop(mesh8, steps, 2, windows).lower(*args).compile().as_text()
+        assert ("collective-permute" in hlo) == windows, steps

@@ -60,7 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--meshes", type=_meshes, default="8,2x4", help="meshes of the checked cells, e.g. 8,2x4"
     )
-    p.add_argument("--repeats", type=cl.positive, default=7, help="interleaved timed rounds")
+    p.add_argument(
+        "--repeats",
+        type=cl.positive,
+        default=7,
+        help="interleaved timed rounds of the cells (auto's regret takes 21 of its patterns)",
+    )
     p.add_argument("--band", type=_band, default=None, help="relative error allowed (0.3)")
     p.add_argument("--json", default=None, help="write the cells and auto's rows here")
 
@@ -74,8 +79,9 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         for flag, given in (("--json", args.json), ("--band", args.band)):
             if given is not None:
                 parser.error(f"{flag} is for --check; add --check or leave out {flag}")
-    longest = replace(modelcheck.PROBLEM, seq_len=max(args.seq_lens))
-    memory.check(parser, memory.decode(longest, "--seq-lens"))
+    # validate_patterns holds every length's cache at once: their sum is what must fit.
+    together = replace(modelcheck.PROBLEM, seq_len=sum(args.seq_lens))
+    memory.check(parser, memory.decode(together, "--seq-lens"))
     memory.check_positions(parser, "--seq-lens", max(args.seq_lens))
     sizes = {mesh: math.prod(modelcheck.parse_mesh(mesh)) for mesh in args.meshes}
     for mesh, devices in sizes.items():
@@ -100,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"mesh {args.meshes[0]}: {calibrate.measured_line(cal)}")
         return 0
-    steps = len(args.meshes) * (1 + len(args.seq_lens) + len(modelcheck.AUTO_PROBLEMS))
+    # Per mesh: calibrating, the cells' rounds, auto's rounds at every length, and at the
+    # shortest for each of AUTO_PROBLEMS.
+    steps = len(args.meshes) * (3 + len(modelcheck.AUTO_PROBLEMS))
     bar = tqdm(total=steps, desc="calibrate --check", unit="step", file=sys.stderr, disable=None)
 
     def progress(name: str) -> None:

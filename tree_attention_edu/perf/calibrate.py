@@ -47,6 +47,7 @@ from .links import Link, Topology
 from .microbench import (
     COLLECTIVE_FNS,
     COLLECTIVE_KIND,
+    check_fold_problems,
     collective_times,
     fit_link,
     fold_loop_times,
@@ -241,11 +242,11 @@ def measure_topology(
     fixed part of a kernel call (its intercept, `Topology.kernel_fixed_s`); without it the
     kernel's whole time is charged to bandwidth.
 
-    With `fold_problems` (at least two, at lengths that will not be predicted), one fold
-    inside a compiled loop is timed at each of their shards (`fold_loop_times`), over the
-    whole shard and over one head window of it: the curves the rings' folds are priced
-    from (`Topology.fold_points`, `Topology.window_points`).
-    """
+    With `fold_problems` (`fold_problems`: checked first, `check_fold_problems`), a fold in
+    a compiled loop is timed at each shard, whole and by head windows (`fold_loop_times`):
+    the rings' curves (`Topology.fold_points`, `Topology.window_points`)."""
+    if not (isinstance(fold_problems, tuple | list) and len(fold_problems) == 0):
+        fold_problems = check_fold_problems(fold_problems, mesh.size)  # before any timing
     if progress:
         progress("collectives")
     sizes = tuple(sizes)
@@ -264,7 +265,6 @@ def measure_topology(
             mesh, (short_kernel_problem, prob), overhead_s=overhead, repeats=repeats
         )
 
-    fold_problems = tuple(fold_problems)
     folds: tuple[tuple[float, float], ...] = ()
     windows: tuple[tuple[float, float], ...] = ()
     if fold_problems:
@@ -479,10 +479,17 @@ def fold_problems(
     problem: benchmark.Problem, p: int, seq_lens: Iterable[int]
 ) -> list[benchmark.Problem]:
     """The problems whose shards `measure_topology` times one in-loop fold at: a block of
-    `FOLD_TINY_KEYS` keys per device, and 3/4 of each of `seq_lens` (rounded to a multiple
-    of `p`; none of them a length that is predicted, each `p` blocks of the ring's size
-    there), without repeats."""
+    `FOLD_TINY_KEYS` keys per device, and 3/4 of each of `seq_lens` (rounded down to a
+    multiple of `p`), without repeats and without any of `seq_lens` themselves (the lengths
+    that are predicted). Empty where that leaves fewer than two, or on one device (a ring
+    of one device has no loop): the rings' folds are then priced as kernel calls."""
+    validate.check_instance(problem, benchmark.Problem, "problem", "modelcheck.PROBLEM")
+    validate.check_int(p, "p", example="`p=mesh.size`")
+    seq_lens = validate.check_sizes_list(seq_lens, "seq_lens", "(4096, 16384, 65536)")
     lens = {FOLD_TINY_KEYS * p} | {max(p, (3 * n // 4) // p * p) for n in seq_lens}
+    lens -= set(seq_lens)
+    if p < 2 or len(lens) < 2:
+        return []
     return [replace(problem, seq_len=n) for n in sorted(lens)]
 
 

@@ -69,8 +69,11 @@ class Link:
     instead of off the line `alpha + n/beta`: on the host's caches the time per byte of a
     1 MB message and of a 32 MB one differ by more than the model's band, and one β cannot
     price both. Below the smallest size `send` takes the smallest's time; above the largest,
-    the largest's plus the rest at `beta_Bps`. The formulas that price an algorithm by steps
-    (`ring_allreduce_time`, ...) still read `alpha_s` and `beta_Bps`."""
+    the largest's plus the rest at `beta_Bps`. So whatever prices one message through `send`
+    reads the curve (a measured collective, a collective-permute, a butterfly round, a hop of
+    `tree_allreduce_time`), while the formulas written in α and β (`ring_allreduce_time`,
+    `reduce_scatter_time`, `all_to_all_time`, ...) read those two. The points are stored as
+    floats."""
 
     alpha_s: float
     beta_Bps: float
@@ -90,8 +93,8 @@ class Link:
             hint="bytes per second, e.g. 50e9 (float('inf'): no bandwidth limit)",
         )
 
-        if self.points:
-            _check_curve(self.points)
+        if not (isinstance(self.points, tuple) and self.points == ()):
+            object.__setattr__(self, "points", _check_curve(self.points))
 
     def send(self, nbytes: float) -> float:
         """Seconds to send one message of `nbytes`: `alpha_s + nbytes / beta_Bps`, or read
@@ -104,10 +107,15 @@ class Link:
 
 
 def read_curve(points: tuple[tuple[float, float], ...], nbytes: float, rate_after: float) -> float:
-    """Seconds at `nbytes` on a measured curve of `(bytes, seconds)` points (increasing
-    sizes, `_check_curve`): linear between the two points around `nbytes`; below the
-    smallest size, that size's time; above the largest, its time plus the bytes beyond it
-    at `rate_after` (bytes per second). `Link.send` and `predict.fold_time` read theirs so."""
+    """Seconds at `nbytes` on a measured curve of `(bytes, seconds)` points (at least two,
+    sizes increasing): linear between the two points around `nbytes`; below the smallest
+    size, that size's time; above the largest, its time plus the bytes beyond it at
+    `rate_after` (bytes per second, > 0). `Link.send` and `predict.fold_time` read theirs
+    so. Numbers only."""
+    points = _check_curve(points)
+    check_nbytes(nbytes)
+    check_no_symbols("a measured curve is read at a number", nbytes=nbytes)
+    check_real(rate_after, "rate_after", low=0.0, low_open=True, finite=False, hint="bytes/s")
     sizes = [n for n, _ in points]
     i = bisect.bisect_left(sizes, nbytes)
     if i == 0:
@@ -119,10 +127,10 @@ def read_curve(points: tuple[tuple[float, float], ...], nbytes: float, rate_afte
     return t0 + (t1 - t0) * (nbytes - n0) / (n1 - n0)
 
 
-def _check_curve(points: object, name: str = "points") -> None:
+def _check_curve(points: object, name: str = "points") -> tuple[tuple[float, float], ...]:
     """A measured curve (`Link.points`, `Topology.fold_points`): a tuple of at least two
-    `(bytes, seconds)` pairs of numbers, the sizes increasing and the times >= 0, else an
-    error naming the entry."""
+    `(bytes, seconds)` pairs (tuples) of numbers, the sizes increasing and the times >= 0,
+    else an error naming the entry. Returns it with every number a float."""
     eg = "((1024, 1.2e-4), (2**20, 9e-4))"
     if not isinstance(points, tuple) or len(points) < 2:
         raise TypeError(
@@ -142,6 +150,7 @@ def _check_curve(points: object, name: str = "points") -> None:
                 f"`{name}` sizes must increase, got {points[i - 1][0]} then {pair[0]} at "
                 f"entries {i - 1} and {i}; sort them and keep one time per size."
             )
+    return tuple((float(n), float(t)) for n, t in points)
 
 
 def _link_fields(link: Link, name: str = "link") -> dict[str, float]:
@@ -159,8 +168,9 @@ class Topology:
     XLA:CPU's simulated devices run one op at a time).
 
     `measured` holds collectives timed on exactly these `devices` (`calibrate`): pairs
-    `(kind, Link)` where one call of that kind over all devices costs `alpha_s + n/beta_Bps`
-    for `n` bytes counted as `collective_stats` counts them. A measured kind replaces the
+    `(kind, Link)` where one call of that kind over all devices costs the link's `send(n)`
+    (`alpha_s + n/beta_Bps`, or read off its measured points) for `n` bytes counted as
+    `collective_stats` counts them. A measured kind replaces the
     alpha-beta algorithm formulas (`collective_time`): the simulated devices implement each
     collective their own way, with a cost no link model of a GPU describes.
 
@@ -220,7 +230,10 @@ class Topology:
 
     `window_points`: the same for a step that reads one head window of a shard the loop
     has not just touched, `(window K+V bytes per device, seconds)`, as the pass-Q ring's
-    steps do (`microbench.fold_loop_times(windows=True)`): a strided read from memory.
+    steps do (`microbench.fold_loop_times(windows=True)`): a strided read from memory,
+    timed with the step's query-block permute. Only beside `fold_points` (else a
+    `ValueError`). `with_devices` drops both curves for another device count, as it drops
+    `measured`.
     """
 
     nodes: int
@@ -288,10 +301,17 @@ class Topology:
         )
         check_real(self.overhead_s, "overhead_s", low=0.0)
         check_real(self.kernel_fixed_s, "kernel_fixed_s", low=0.0, hint="seconds per call")
-        if self.fold_points:
-            _check_curve(self.fold_points, "fold_points")
-        if self.window_points:
-            _check_curve(self.window_points, "window_points")
+        for name in ("fold_points", "window_points"):
+            curve = getattr(self, name)
+            if not (isinstance(curve, tuple) and curve == ()):
+                object.__setattr__(self, name, _check_curve(curve, name))
+        if self.window_points and not self.fold_points:
+            raise ValueError(
+                "`window_points` without `fold_points`: the pass-Q ring's steps would be "
+                "priced as kernel calls on their own while its permutes, which the window "
+                "curve holds, were left out; pass both curves (calibrate.measure_topology "
+                "measures both), or neither."
+            )
         validate.check_bool(self.overlap, "overlap")
         validate.check_bool(self.ring_only, "ring_only")
         if self.uplinks is not None:
@@ -329,16 +349,19 @@ class Topology:
         """The same hardware with `p` devices: whole nodes once `p` exceeds a node."""
         check_size(p, "p")
         check_whole_nodes(p, self.devices_per_node)
-        # Collectives measured on this many devices say nothing about another count.
+        # Collectives measured on this many devices say nothing about another count, nor do
+        # folds timed with this many devices sharing the host (the window curve holds a
+        # permute over all of them).
         same = p == self.devices
-        measured, flat_ring = (self.measured, self.flat_ring) if same else ((), None)
-        if p <= self.devices_per_node:
-            return replace(
-                self, nodes=1, devices_per_node=p, measured=measured, flat_ring=flat_ring
-            )
-        return replace(
-            self, nodes=p // self.devices_per_node, measured=measured, flat_ring=flat_ring
+        kept = dict(
+            measured=self.measured if same else (),
+            flat_ring=self.flat_ring if same else None,
+            fold_points=self.fold_points if same else (),
+            window_points=self.window_points if same else (),
         )
+        if p <= self.devices_per_node:
+            return replace(self, nodes=1, devices_per_node=p, **kept)
+        return replace(self, nodes=p // self.devices_per_node, **kept)
 
 
 def _allreduce_args(nbytes: float, p: int, link: Link) -> None:
@@ -479,7 +502,8 @@ def collective_time(kind: CollectiveKind, nbytes: float, topo: Topology) -> floa
     """Seconds of one collective of `kind` over all of `topo`'s devices, `nbytes` counted as
     `collective_stats` counts them (received for all-gather, contributed otherwise).
 
-    A kind in `topo.measured` costs `α + n/β` of its measured link. Otherwise, on one node
+    A kind in `topo.measured` costs its measured link's `send(n)` (α + n/β, or read off its
+    points). Otherwise, on one node
     the module docstring's formulas run over `intra`; across nodes (`nodes > 1`) in two
     stages, each carrying what it actually moves:
 

@@ -149,8 +149,10 @@ def fit_link(points: Iterable[tuple[int, float]], *, keep_points: bool = False) 
     the largest messages set α (often to a negative value) and misprice everything else.
 
     Each point is a pair of numbers, bytes and seconds, both finite and >= 0. With
-    `keep_points`, the link also keeps them (`Link.points`, one time per size: the median
-    of a size's times), so that `Link.send` reads a message's time off the measured curve."""
+    `keep_points`, the link also keeps a curve (`Link.points`), so that `Link.send` reads a
+    message's time off it: α at `SMALL_MESSAGE` (every smaller message costs α, the median
+    of the small ones, not one size's few noisy calls), then each larger size at the median
+    of its times."""
     validate.check_bool(keep_points, "keep_points")
     pts = _points(points)
     small = [t for n, t in pts if n <= SMALL_MESSAGE]
@@ -170,9 +172,10 @@ def fit_link(points: Iterable[tuple[int, float]], *, keep_points: bool = False) 
     if not keep_points:
         return Link(alpha_s=alpha, beta_Bps=beta)
     by_size: dict[float, list[float]] = {}
-    for n, t in pts:
+    for n, t in big:
         by_size.setdefault(n, []).append(t)
-    curve = tuple((n, statistics.median(ts)) for n, ts in sorted(by_size.items()))
+    larger = [(n, statistics.median(ts)) for n, ts in sorted(by_size.items())]
+    curve = ((SMALL_MESSAGE, alpha), *larger)
     return Link(alpha_s=alpha, beta_Bps=beta, points=curve)
 
 
@@ -191,11 +194,11 @@ def _points(points: Any) -> list[tuple[float, float]]:
                 f"`points[{i}]` must be a (bytes, seconds) pair, e.g. {eg}, got "
                 f"{validate.describe(point)}."
             )
-        validate.check_real(point[0], f"points[{i}][0]", low=0.0, hint="message bytes, e.g. 1024")
+        n = validate.check_real(point[0], f"points[{i}][0]", low=0.0, hint="message bytes")
         t = validate.check_real(
             point[1], f"points[{i}][1]", low=0.0, hint="seconds, a measured time"
         )
-        out.append((point[0], t))
+        out.append((n, t))
     return out
 
 
@@ -268,14 +271,47 @@ def _fold_loop(mesh: Mesh, steps: int, kv_heads: int, windows: bool) -> Callable
             return (combine_core(state, block), q_next), None
 
         state = identity_core(B, Tq, heads, v.shape[-1], accum_dtype(q.dtype))
-        (state, _), _ = lax.scan(step, (state, q), jnp.arange(steps))
-        return state.out
+        (state, q_last), _ = lax.scan(step, (state, q), jnp.arange(steps))
+        # The last block received is an output too: else, in the one-step program, the
+        # permute's result would be dead and XLA free to drop the permute.
+        return state.out, q_last
 
     return jax.jit(
         jax.shard_map(
-            body, mesh=mesh, in_specs=(P(), spec, spec), out_specs=P(axes), check_vma=False
+            body,
+            mesh=mesh,
+            in_specs=(P(), spec, spec),
+            out_specs=(P(axes), P(axes)),
+            check_vma=False,
         )
     )
+
+
+def check_fold_problems(problems: Any, p: int) -> tuple[benchmark.Problem, ...]:
+    """`problems` for a fold curve on `p` devices, as a tuple: at least two
+    `benchmark.Problem`s, each `seq_len` a multiple of `p`, their shards of different sizes
+    (a curve needs two points with increasing sizes); else an error naming the entry."""
+    eg = "calibrate.fold_problems(problem, p, seq_lens)"
+    if isinstance(problems, benchmark.Problem) or not isinstance(problems, Iterable):
+        raise TypeError(
+            f"`problems` must be a sequence of benchmark.Problem, e.g. {eg}, got "
+            f"{validate.describe(problems)}."
+        )
+    problems = tuple(problems)
+    for i, prob in enumerate(problems):
+        validate.check_instance(prob, benchmark.Problem, f"problems[{i}]", eg)
+        if prob.seq_len % p:
+            raise ValueError(
+                f"`problems[{i}].seq_len` = {prob.seq_len} is not a multiple of the {p} "
+                f"devices; give lengths that shard evenly, e.g. {eg}."
+            )
+    shards = [prob.kv_bytes // p for prob in problems]
+    if len(set(shards)) < 2 or len(set(shards)) < len(shards):
+        raise ValueError(
+            f"`problems` must hold at least two shards of different sizes (a curve of "
+            f"points), got shards of {shards} bytes; e.g. {eg}."
+        )
+    return problems
 
 
 def fold_loop_times(
@@ -309,12 +345,14 @@ def fold_loop_times(
       pass-Q ring below its measured time at every length: `results/calibrate/README.md`).
     """
     validate.check_bool(windows, "windows")
+    validate.check_int(repeats, "repeats", example="`repeats=5`")
     p = mesh.size
     if p < 2:
         raise ValueError(
             f"`mesh` has {p} device; a fold loop is timed as the difference of p folds and "
             f"one, so it needs at least 2 devices (a ring of one device has no steps)."
         )
+    problems = check_fold_problems(problems, p)
 
     out = []
     for problem in problems:

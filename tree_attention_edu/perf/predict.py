@@ -401,7 +401,7 @@ def predict_pass_q_ring(
     )
     send = collective_time(permute[0], permute[1], topo) if p > 1 else 0.0
     if topo.window_points:  # measured with its permute (`fold_loop_times(windows=True)`)
-        send = 0.0
+        send = 0.0  # (so p steps carry p permutes where the ring runs p - 1: one too many)
     hidden = min(step, send) if overlap else 0.0
     comm = (p - 1) * (send - hidden) + collectives_time(after, topo)
     merge = p * batch * q_len * gs * (v_dim + 2) * stat_itemsize / topo.mem_Bps
