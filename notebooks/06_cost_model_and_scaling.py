@@ -1306,11 +1306,9 @@ Markdown(
     f"{now['mesh']} at $T_k$ = {now['seq_len']:,}), less than half as far, and the runs "
     f"have {', '.join(map(str, inside['now']))} of "
     f"{len(checks['now']['check-run1.json']['cells'])} cells within ±"
-    f"{calibrate.BAND:.0%} (before: {', '.join(map(str, inside['before']))}). A model "
-    f"whose parts are measured on their own, at other sizes, predicts these decoders on "
-    f"this machine to about that band: what it is then filled with below are published "
-    f"figures, and it is those, not the model's form, that the paper's timings are set "
-    f"against.")
+    f"{calibrate.BAND:.0%} (before: {', '.join(map(str, inside['before']))}). The "
+    f"same sum of parts, filled with published figures instead of these measurements, is "
+    f"what the rest of this section sets beside the paper's timings.")
 
 # %% [markdown]
 # Filled with published GPU figures, it predicts much larger ring/tree gaps than the paper

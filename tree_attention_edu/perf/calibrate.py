@@ -383,6 +383,7 @@ def calibrate(
         kernel_problem=benchmark.Problem(**{**asdict(base), "seq_len": cal_len}),
         sizes=message_sizes(blocks),
         progress=progress,
+        fold_problems=fold_problems(base, mesh.size, seq_lens),
     )
     rows = []
     for n in seq_lens:
