@@ -1348,8 +1348,10 @@ print(f"adding payloads instead would put the crossover at Tq = {tq_payload:,}")
 # same calibration covers every collective the patterns use (`measure_topology` with every
 # kind of `calibrate.COLLECTIVE_FNS`, each timed at message sizes spanning the patterns'
 # and the ring's own messages, and a fold of a block inside a compiled loop, the rings'
-# work at every step, timed at a tiny block and at 3/4 of the length checked:
-# `calibrate.fold_problems`), and `calibrate.validate_patterns` then times every pattern
+# work at every step (for the pass-Q ring, one block of heads of its own shard with its
+# query-block permute),
+# timed at a tiny block and at 3/4 of the length checked: `calibrate.fold_problems`, the
+# curve printed below), and `calibrate.validate_patterns` then times every pattern
 # and both rings at one cache length that the calibration did not use. It is kept short:
 # one length, few repeats, and a small problem. The cell asserts nothing about the timings:
 # they are this machine's, under whatever else runs on it.
@@ -1372,6 +1374,9 @@ cal, rows = calibrate.validate_patterns(mesh, seq_lens=(PROB.seq_len,), problem=
                                         calibration=cal, repeats=3)
 table = calibrate.patterns_table(cal, rows)
 print(table)
+print("fold curve, keys per device -> ms per fold in the loop:",
+      ", ".join(f"{round(n / (PROB.kv_bytes / PROB.seq_len)):,} -> {t * 1e3:.2f}"
+                for n, t in cal.topology.fold_points))
 errors = [r["rel_err"] for r in rows]
 worst_err = max(abs(e) for e in errors)
 assert f"worst |rel err| {worst_err:.0%}" in table  # the sentence below reads the printed table
@@ -1381,6 +1386,8 @@ ring_pred = calibrate.predict("ring", PROB.seq_len, cal.topology, PROB)
 block = costmodel.fold_time(1, PROB.seq_len // p, PROB.kv_heads, PROB.head_dim,
                             PROB.head_dim, PROB.q_heads, cal.topology, 4)
 ring_err = by_name["ring"]["rel_err"]
+last_keys = round(cal.topology.fold_points[-1][0] / (PROB.kv_bytes / PROB.seq_len))
+assert last_keys == 3 * PROB.seq_len // 4 // p < PROB.seq_len // p  # "ends at", "the rest"
 within = sum(abs(e) <= calibrate.BAND for e in errors)
 merge_ms = {n: by_name[n]["median_s"] * 1e3 for n in costmodel.MERGES}
 merge_pred = [by_name[n]["predicted_s"] for n in costmodel.MERGES]
@@ -1407,7 +1414,9 @@ display(Markdown(
     f"{ring_err:+.0%} off its measurement "
     f"({'inside' if abs(ring_err) <= calibrate.BAND else 'outside'} the ±{calibrate.BAND:.0%} target). Its "
     f"{ring_pred.total_s * 1e3:.1f} ms predicted are {p} folds of a block of "
-    f"{PROB.seq_len // p:,} keys inside the ring's loop ({p * block * 1e3:.1f} ms, "
+    f"{PROB.seq_len // p:,} keys inside the ring's loop (read off the fold curve printed "
+    f"under the table, which ends at {last_keys:,} keys, the rest at the decode bandwidth; "
+    f"{p * block * 1e3:.1f} ms, "
     f"{p * block / ring_pred.total_s:.0%} of the prediction: every device folds the whole "
     f"cache), "
     f"{p - 1} copies of a block ({(ring_pred.compute_s - p * block) * 1e3:.1f} ms), the "

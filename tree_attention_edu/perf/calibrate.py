@@ -43,7 +43,7 @@ from ..core.numerics import accum_dtype
 from ..core.states import local_state
 from . import benchmark
 from .introspect import memory_stats
-from .links import Link, Topology
+from .links import CollectiveKind, Link, Topology
 from .microbench import (
     COLLECTIVE_FNS,
     COLLECTIVE_KIND,
@@ -302,7 +302,7 @@ def _links(
     sizes: tuple[int, ...],
     kinds: tuple[str, ...],
     repeats: int,
-) -> tuple[float, dict[str, Link], Link, dict]:
+) -> tuple[float, dict[CollectiveKind, Link], Link, dict]:
     """`measure_topology`'s links: `(overhead, {kind: Link}, ring-pass Link, points)`, each
     link keeping its measured points (`Link.points`)."""
     pts = collective_times(mesh, sizes, repeats=repeats, kinds=kinds)
@@ -577,14 +577,14 @@ def validate_patterns(
         fns = benchmark.method_fns(mesh, kv_len, methods)
         shardings = next(iter(fns.values()))[1]
         args = tuple(jax.device_put(x, s) for x, s in zip((q, k, v), shardings, strict=True))
-        calls.update({(m, n): (fns[m][0], args) for m in methods})
+        calls.update({f"{m}@{n}": (fns[m][0], args) for m in methods})
     if progress:
         progress(f"{len(methods)} methods at {len(seq_lens)} lengths, {repeats} rounds interleaved")
     seconds = benchmark.median_times(calls, repeats=repeats)
     for n in seq_lens:
         prob = benchmark.Problem(**{**asdict(base), "seq_len": n})
         for name in methods:
-            measured = seconds[(name, n)]
+            measured = seconds[f"{name}@{n}"]
             predicted = predict(name, n, calibration.topology, prob).total_s
             rows.append(
                 dict(

@@ -353,15 +353,16 @@ class Topology:
         # folds timed with this many devices sharing the host (the window curve holds a
         # permute over all of them).
         same = p == self.devices
-        kept = dict(
+        kept = replace(
+            self,
             measured=self.measured if same else (),
             flat_ring=self.flat_ring if same else None,
             fold_points=self.fold_points if same else (),
             window_points=self.window_points if same else (),
         )
         if p <= self.devices_per_node:
-            return replace(self, nodes=1, devices_per_node=p, **kept)
-        return replace(self, nodes=p // self.devices_per_node, **kept)
+            return replace(kept, nodes=1, devices_per_node=p)
+        return replace(kept, nodes=p // self.devices_per_node)
 
 
 def _allreduce_args(nbytes: float, p: int, link: Link) -> None:
