@@ -1278,16 +1278,18 @@ plt.show()
 # On this machine the model's sum of parts was set beside measured decode latencies
 # (section 6.3). The sentence under that table gives this run's errors, which vary from run
 # to run. The package's model check (`tree-attention-edu calibrate --check`: every merge
-# pattern and both rings at three lengths on two meshes, each mesh calibrated first at
+# pattern and both rings, `ring` (the pass-KV ring this notebook prices) and `ring_pass_q`
+# (notebook 5's pass-Q ring), at three lengths on two meshes, each mesh calibrated first at
 # other sizes) is recorded in `results/calibrate/`: three runs of the model as it is now,
 # and in `results/calibrate/before/` three runs made the day before, of the model before it
-# priced the rings' folds off the in-loop curve (section 6.3's third calibration bullet),
-# read links off their measured points and timed 7 interleaved rounds instead of 3. Each
+# priced the rings' folds off the in-loop curve (section 6.3's third calibration bullet)
+# and read links off their measured points, and timed, per that README, in 3 interleaved
+# rounds where the runs now take 7. Each
 # run also records the regret of `merge="auto"`: how much slower the merge pattern the
 # calibrated model picks measured than the fastest one, with a target of at most 10%.
 # (Notebook 8 introduces the merge patterns, six ways of combining the devices' partial
-# states of which `auto` picks among four, and the mesh `2x4`: the same 8 devices arranged
-# as 2 × 4.) Each file's `failures` field lists every cell outside the band and every regret
+# states of which `auto` picks among four; the meshes are `8`, the 8 devices in one row,
+# and `2x4`, the same 8 devices arranged as 2 × 4.) Each file's `failures` field lists every cell outside the band and every regret
 # over its target, and the README there summarises them. The next cell reads both sets
 # back: records, not tests. Notebook 8, §8.6, runs a shorter check live.
 
@@ -1300,6 +1302,10 @@ def read_checks(folder):
 checks = {"before": read_checks(ROOT / "results" / "calibrate" / "before"),
           "now": read_checks(ROOT / "results" / "calibrate")}
 assert [len(runs) for runs in checks.values()] == [3, 3]
+for runs in checks.values():  # "three lengths on two meshes"
+    for rec in runs.values():
+        assert {c["seq_len"] for c in rec["cells"]} == {4096, 16384, 65536}
+        assert {c["mesh"] for c in rec["cells"]} == {"8", "2x4"}
 worst, inside = {}, {}  # by model: the cell furthest off; cells within the band, per run
 for label, runs in checks.items():
     for name, rec in runs.items():
@@ -1333,8 +1339,8 @@ Markdown(
     f"Before, the worst cell of the three runs missed by {before['rel_err']:+.0%}: the "
     f"{before['method']} at the shortest length, whose $p$ folds the model priced as "
     f"kernel calls on their own. With the model as it is now (folds priced inside the loop, "
-    f"links read off their points), timed in 7 interleaved rounds instead of 3, the worst of "
-    f"the three runs misses by {now['rel_err']:+.0%} ({now['method']} on mesh "
+    f"links read off their points), timed in 7 interleaved rounds instead of 3 (per the "
+    f"README in `results/calibrate/`), the worst of the three runs misses by {now['rel_err']:+.0%} ({now['method']} on mesh "
     f"{now['mesh']} at $T_k$ = {now['seq_len']:,}), less than half as far, and the runs "
     f"have {', '.join(map(str, inside['now']))} of "
     f"{len(checks['now']['check-run1.json']['cells'])} cells within ±"
@@ -1343,8 +1349,9 @@ Markdown(
     f"at $T_k$ = 65,536 in each set's first run, measured {same['before'] * 1e3:.0f} ms "
     f"before and {same['now'] * 1e3:.0f} ms now, so these two sets alone cannot credit the "
     f"improvement to the model. The evidence for the model's change is within one run: the "
-    f"README in `results/calibrate/` sets a fold inside the loop beside the kernel called "
-    f"alone at the same block, from the same calibration. "
+    f"README in `results/calibrate/` sets a fold inside the loop beside the kernel's own "
+    f"time at that block size (the line through its two measured calls), from the same "
+    f"calibration. "
     f"`auto`'s worst regret was over its 10% target in every run of both sets (now "
     f"{', '.join(f'{g:.0%}' for g in regrets['now'])}), and one run of the three still has "
     f"cells outside the band: the check's targets are not met, so these records do not "

@@ -1467,7 +1467,7 @@ plt.show()
 # on regardless, and that should be said plainly: the model prices each part of a method
 # (the kernel, the ring's folds and block copies, each collective) by micro-benchmarks, at
 # message sizes and under loads that differ from the method's own, while the 8 simulated
-# devices share two CPU cores with everything else on the machine. A miss beyond the target
+# devices share this machine's CPU cores with everything else on it. A miss beyond the target
 # says that those parts do not add up here; this notebook does not isolate which one is
 # off. So nothing below rests on this calibration: §8.7 compares the merge patterns with
 # published DGX H100 figures, and every byte count above was read from a compiled program,
@@ -1478,7 +1478,8 @@ plt.show()
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>On simulated devices the merge patterns' measured times differ by up to the ratio
 # printed above the figure; the model's, from the same calibration, are printed beside
-# them (nearly the same time in the committed run, not in every run). The spread is
+# them (nearly the same time in the committed run, not necessarily in every run). The
+# spread is
 # not the network's (they move at most tens of kB per collective here, the figure printed
 # above, over memory copies). Beside it §8.6
 # prints how far the recorded runs of the model check moved one pattern from run to run: one
