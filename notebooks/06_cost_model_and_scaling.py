@@ -75,6 +75,7 @@ from matplotlib import ticker
 
 from tree_attention_edu import plots
 from tree_attention_edu.core import kernels
+from tree_attention_edu.core.merges import AUTO_MERGES
 from tree_attention_edu.course.printing import sci
 from tree_attention_edu.perf import benchmark, calibrate, links, microbench
 from tree_attention_edu.perf import costmodel as cm
@@ -1277,21 +1278,22 @@ plt.show()
 #
 # On this machine the model's sum of parts was set beside measured decode latencies
 # (section 6.3). The sentence under that table gives this run's errors, which vary from run
-# to run. The package's model check (`tree-attention-edu calibrate --check`: every merge
-# pattern and both rings, `ring` (the pass-KV ring this notebook prices) and `ring_pass_q`
-# (notebook 5's pass-Q ring), at three lengths on two meshes, each mesh calibrated first at
-# other sizes) is recorded in `results/calibrate/`: three runs of the model as it is now,
-# and in `results/calibrate/before/` three runs made the day before, of the model before it
-# priced the rings' folds off the in-loop curve (section 6.3's third calibration bullet)
-# and read links off their measured points, and timed, per that README, in 3 interleaved
-# rounds where the runs now take 7. Each
-# run also records the regret of `merge="auto"`: how much slower the merge pattern the
-# calibrated model picks measured than the fastest one, with a target of at most 10%.
-# (Notebook 8 introduces the merge patterns, six ways of combining the devices' partial
-# states of which `auto` picks among four; the meshes are `8`, the 8 devices in one row,
-# and `2x4`, the same 8 devices arranged as 2 × 4.) Each file's `failures` field lists every cell outside the band and every regret
-# over its target, and the README there summarises them. The next cell reads both sets
-# back: records, not tests. Notebook 8, §8.6, runs a shorter check live.
+# to run. The package's model check (`tree-attention-edu calibrate --check`) does the same
+# for every merge pattern (notebook 8 introduces them: six ways of combining the devices'
+# partial states, of which `merge="auto"` picks among four) and both rings, `ring` (the
+# pass-KV ring this notebook prices) and `ring_pass_q` (notebook 5's pass-Q ring), at three
+# lengths on two meshes (`8`, the 8 devices in one row, and `2x4`, the same 8 devices
+# arranged as 2 × 4): 48 cells, one per (method, mesh, length), each mesh calibrated first
+# at other sizes. It is recorded in `results/calibrate/`: three runs of the model as it is
+# now, and in `results/calibrate/before/` three runs made the day before, of the model
+# before it priced the rings' folds off the in-loop curve (section 6.3's third calibration
+# bullet) and read links off their measured points, and timed, per that README, in 3
+# interleaved rounds where the runs now take 7. Each run also records the regret of
+# `merge="auto"`: how much slower the merge pattern the calibrated model picks measured
+# than the fastest one, with a target of at most 10%. Each file's `failures` field lists
+# every cell outside the band and every regret over its target, and the README there
+# summarises them. The next cell reads both sets back: records, not tests. Notebook 8,
+# §8.6, runs a shorter check live.
 
 # %%
 def read_checks(folder):
@@ -1302,8 +1304,10 @@ def read_checks(folder):
 checks = {"before": read_checks(ROOT / "results" / "calibrate" / "before"),
           "now": read_checks(ROOT / "results" / "calibrate")}
 assert [len(runs) for runs in checks.values()] == [3, 3]
-for runs in checks.values():  # "three lengths on two meshes"
+assert len(cm.MERGES) == 6 and len(AUTO_MERGES) == 4  # "six ways", "among four"
+for runs in checks.values():  # "three lengths on two meshes", "48 cells"
     for rec in runs.values():
+        assert len(rec["cells"]) == 48
         assert {c["seq_len"] for c in rec["cells"]} == {4096, 16384, 65536}
         assert {c["mesh"] for c in rec["cells"]} == {"8", "2x4"}
 worst, inside = {}, {}  # by model: the cell furthest off; cells within the band, per run

@@ -222,9 +222,10 @@ class Topology:
     loop, `(block K+V bytes per device, seconds)`, measured on every device at once
     (`calibrate` times `microbench.fold_loop_times` at other lengths than it predicts).
     The rings fold their blocks one after another in one program (`predict.fold_time`):
-    where every device's block fits the host's last-level cache, a fold in that loop costs
-    well under the same kernel called on its own (`results/calibrate/README.md` has the
-    figures), and neither the kernel's fixed part nor one rate for all sizes prices it.
+    the smaller the block, the further a fold in that loop costs under the same kernel
+    called on its own (`results/calibrate/README.md` has the figures; the host's cache is
+    the likely reason, not measured), and neither the kernel's fixed part nor one rate for
+    all sizes prices it.
     Empty: a fold costs `local_decode_time` (the published topologies, whose sources give
     no such curve).
 

@@ -341,8 +341,8 @@ def fold_loop_times(
       window in place) and sends that block on to the ring's next device (`ppermute`), the
       block received being the next step's; the bytes are a window's K and V. The permute
       is part of the step because it makes every device wait for the slowest at each step,
-      which a loop of folds alone does not (timed without it, the window folds priced the
-      pass-Q ring below its measured time at every length: `results/calibrate/README.md`).
+      which a loop of folds alone does not (in exploratory runs, not kept, window folds
+      timed without it priced the pass-Q ring below its measured time at every length).
     """
     validate.check_bool(windows, "windows")
     validate.check_int(repeats, "repeats", example="`repeats=5`")
