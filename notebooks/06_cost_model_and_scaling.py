@@ -748,7 +748,10 @@ assert latency_s > 1000 * bytes_s and bytes_s < 1e-7  # "dominates", "well under
 # * **Ring decode** = $p$ block computations of $N/p$ keys (every device folds all $N$ keys:
 #   notebook 5's redundant compute) + $p-1$ transfers of a K and a V block over the slowest
 #   link of the ring, each hidden behind a block's compute only where the device can
-#   overlap, + the broadcast of the output (notebook 5, §5.4) + the same per-call overhead.
+#   overlap, + $p-1$ copies of a block, read and written at the measured local-copy rate
+#   (XLA:CPU's compiled ring copies its block at every step; a GPU ring receives into its
+#   second buffer instead, and the published topologies price no copy) + the broadcast of
+#   the output (notebook 5, §5.4) + the same per-call overhead.
 #
 # `calibrate.measure_topology` measures on the 8 simulated devices:
 #
@@ -756,8 +759,8 @@ assert latency_s > 1000 * bytes_s and bytes_s < 1e-7  # "dominates", "well under
 # * `ppermute`, used the way a ring uses it, at message sizes spanning the K/V blocks the
 #   ring will send (printed below): the model reads a message's time off a curve of these
 #   points (`Link.points`, linear between the two sizes around it), whose first point is α
-#   at 16 KiB, standing for every smaller message; β prices only messages beyond the
-#   largest size;
+#   at 16 KiB, standing for every smaller message; β prices a single message only beyond
+#   the largest size (the ring all-reduce's formula still uses α and β at every size);
 # * one fold of a block into a running state inside a compiled loop, the ring's work at
 #   every step, at a tiny block and at 3/4 of each length (`calibrate.fold_problems`, its
 #   lengths printed below): the ring's $p$ block computations are priced off that curve
@@ -884,7 +887,8 @@ plt.show()
 # the predictions miss, and in which direction, varies from run to run (the sentence under
 # the table gives this run's). The model prices each part of a decoder (a fixed overhead,
 # each link's time read off its measured points, a roofline for the tree's local work, the
-# ring's $p$ folds off the in-loop curve) by micro-benchmarks at other sizes. A prediction within the band says that those parts add up to the
+# ring's $p$ folds off the in-loop curve and its $p-1$ block copies at the copy rate) by
+# micro-benchmarks at other sizes. A prediction within the band says that those parts add up to the
 # measured time in that run; a miss beyond it says they do not, and this notebook does not
 # isolate which part is off. It says nothing about the GPU figures of the next section,
 # which are published figures, not measurements.
@@ -963,7 +967,8 @@ print(f"this run's ppermute, fitted as in Exercise 2 after subtracting each step
       f"beta {fitted.beta_Bps / 1e9:.2f} GB/s: the summary of the link the model prices "
       f"the ring with; it reads each message's time off a curve of "
       f"{len(cal.ppermute.points)} points (alpha at 16 KiB for every smaller message, then "
-      f"the larger sizes), and beta only beyond the largest")
+      f"the larger sizes), and beta prices a single message only beyond the largest (the "
+      f"ring all-reduce's formula still uses alpha and beta)")
 print("fold curve, MB per device -> ms per fold in the loop:",
       ", ".join(f"{n / 1e6:.2f} -> {t * 1e3:.2f}" for n, t in cal.topology.fold_points))
 
@@ -972,8 +977,8 @@ print("fold curve, MB per device -> ms per fold in the loop:",
 # <p>A collective's cost is its schedule of messages, each α + n/β in Hockney's model (here
 # read off the measured points). Measurements give the
 # model its rates on this machine: a per-call overhead, a link's time at each measured
-# size (α and β summarise them), the decode bandwidth, and a fold's time inside the ring's
-# loop. How close its sum of parts comes to both decoders' measured latencies
+# size (α and β summarise them), the decode bandwidth, a local copy's rate, and a fold's
+# time inside the ring's loop. How close its sum of parts comes to both decoders' measured latencies
 # varies from run to run (the sentence under the table gives this run's errors): a
 # comparison on XLA:CPU, not a validation, and not of the GPU figures it is filled with
 # next.</p></div>

@@ -66,8 +66,9 @@ class Link:
     `points`: where the link was measured, `(bytes, seconds)` of one message at each size
     (`calibrate.measure_topology` keeps them for the simulated devices). With them, `send`
     reads a message's time off the measured curve, linear between the two sizes around it,
-    instead of off the line `alpha + n/beta`: on the host's caches the time per byte of a
-    1 MB message and of a 32 MB one differ by more than the model's band, and one β cannot
+    instead of off the line `alpha + n/beta`: on the 2-core machine the time per byte of a
+    2 MB message and of a 34 MB one differ by more than the model's band (the host's
+    caches are the likely reason, not measured), and one β cannot
     price both. Below the smallest size `send` takes the smallest's time; above the largest,
     the largest's plus the rest at `beta_Bps`. So whatever prices one message through `send`
     reads the curve (a measured collective, a collective-permute, a butterfly round, a hop of

@@ -362,7 +362,9 @@ def predict_pass_q_ring(
     """Pass-Q ring (`pass_q_collectives`): p steps, each the shard against one travelling
     query block of `Gs` heads, so a step reads the `ceil(Hkv/p)` kv heads of the shard
     (≈ 1/p of it, priced by `fold_time` as a window read from memory); p−1 query-block
-    permutes, each overlapping a step's compute when the topology overlaps; then the
+    permutes, each overlapping a step's compute when the topology overlaps (with
+    `topo.window_points` they are not priced on their own but inside each of the p steps'
+    measured time: p, one more than the ring runs); then the
     all-to-all of the partial states, their local merge (`p·B·Tq·Gs·(Dv+2)·s` bytes read)
     and the all-gather of the outputs.
 
