@@ -744,7 +744,9 @@ assert latency_s > 1000 * bytes_s and bytes_s < 1e-7  # "dominates", "well under
 # With the collectives priced, the model of one decode step:
 #
 # * **Tree decode** = local roofline time over $N/p$ keys + Allreduce(max) of $B H_q$ floats
-#   + Allreduce(sum) of $B H_q (D_v + 1)$ floats + a fixed per-call overhead.
+#   + Allreduce(sum) of $B H_q (D_v + 1)$ floats + the local merge (the summed numerator
+#   divided by the denominator: $B H_q (D_v + 1)$ floats read at the decode bandwidth) + a
+#   fixed per-call overhead.
 # * **Ring decode** = $p$ block computations of $N/p$ keys (every device folds all $N$ keys:
 #   notebook 5's redundant compute) + $p-1$ transfers of a K and a V block over the slowest
 #   link of the ring, each hidden behind a block's compute only where the device can

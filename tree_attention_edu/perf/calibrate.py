@@ -8,8 +8,9 @@ Three measurements, each a median of timed calls after a warm-up:
 * `bandwidth`: each local kernel's effective bandwidth, `(K + V bytes) / time`, and its
   fraction of the machine's, with its compiled temp memory;
 * `calibrate`: latency α (small messages) and bandwidth β (messages of the sizes the ring
-  will send) of the simulated devices' `ppermute`, the per-device decode bandwidth with
-  all devices busy, and a fixed per-call overhead (the micro-benchmarks of `microbench`,
+  will send) of the simulated devices' `ppermute` with its measured curve, the per-device
+  decode bandwidth with all devices busy, a fixed per-call overhead, and one fold inside a
+  compiled loop at other lengths (the micro-benchmarks of `microbench`,
   put together by `measure_topology`); then `costmodel.predict_tree` / `predict_ring` with
   those parameters, against `benchmark.run` at several sequence lengths.
 
@@ -507,7 +508,8 @@ def pattern_calibration(
     spanning what they will send at `seq_lens`, and the decode bandwidth at 3/4 of the
     longest length and at 3/4 of the shortest (each rounded to a multiple of the device
     count: not validated lengths), the line through the two giving the bandwidth and the
-    fixed part of a kernel call."""
+    fixed part of a kernel call, and one fold inside a compiled loop, whole shard and head
+    window, at a tiny block and at 3/4 of each length (`fold_problems`)."""
     base = problem or benchmark.Problem()
     p = mesh.size
     seq_lens = list(seq_lens)

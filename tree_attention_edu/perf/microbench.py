@@ -7,9 +7,12 @@
   cache;
 * `local_calls`, `measure_local`: the xla kernel and a copy of a shard on every device at
   once (the simulated devices share one memory bus), as per-device rates (`local_rates`);
+* `fold_loop_times`: one fold inside a compiled loop, over a whole shard or a head window
+  with its query-block permute (the rings' curves, `Topology.fold_points` and
+  `window_points`), its problems checked by `check_fold_problems`;
 * `fit_link`: the Hockney parameters α and β of a link from `(bytes, seconds)` points, at
   the sizes `message_sizes` picks (small messages for α, the transfers to be predicted
-  for β).
+  for β), and with `keep_points` the measured curve `Link.send` reads.
 
 Each time is a median of timed calls after a warm-up (`benchmark.median_time`).
 `calibrate.measure_topology` puts them together into a `Topology`.
@@ -329,8 +332,8 @@ def fold_loop_times(
     `combine_core`), p = `mesh.size` times in one program and once in another; a fold costs
     `(t_p − t_1)/(p − 1)`, which leaves out the call's dispatch and the loop's set-up. Each
     step scales the queries by its index, so that no step is the same computation as
-    another and XLA cannot hoist the fold out of the loop. No collective: the rings'
-    transfers are `ring_pass_times`'.
+    another and XLA cannot hoist the fold out of the loop. No K/V transfer: those are
+    `ring_pass_times`' (with `windows=True` each step permutes its query block, below).
 
     * `windows=False` (`Topology.fold_points`): every step folds the whole shard, a block
       the loop touched the step before, as the pass-KV ring folds the block it has just

@@ -3,9 +3,11 @@ both rings, over meshes and cache lengths, and the regret of `merge="auto"` with
 calibrated model. `tree-attention-edu calibrate --check` (and `make calibrate`) runs it.
 
 Per mesh, `calibrate.pattern_calibration` measures the machine first (the per-call overhead,
-every collective kind at message sizes around the ones the methods send, and the local
-kernel at two lengths that are not checked), then `calibrate.validate_patterns` times every
-method at each length, the repeats interleaved, and predicts it with that calibration.
+every collective kind at message sizes around the ones the methods send, the local kernel
+at two lengths that are not checked, and a fold inside a compiled loop at a tiny block and
+at 3/4 of each length), then `calibrate.validate_patterns` times every method at every
+length in the same interleaved rounds (7 by default), and predicts it with that
+calibration.
 Nothing is fitted to the timings being predicted.
 
 `auto`'s regret in a cell is `measured[picked] / measured[best] - 1`, where `picked` is what

@@ -101,7 +101,8 @@ def fold_time(
 
     * `resident=True`, a block the loop has just written (the pass-KV ring's, received by
       the step before): read off the curve at the block's K+V bytes (`links.read_curve`;
-      beyond the largest measured block at `mem_Bps`), which was measured on such blocks;
+      beyond the largest measured block at `mem_Bps`), measured on a block the loop reads
+      again at every step (which it does not write: the nearest stand-in);
     * `resident=False`, a window of a shard the loop has not touched (the pass-Q ring's
       heads of its own cache): read off `topo.window_points` at the window's K+V bytes,
       measured on such windows with the step's query-block permute (which
