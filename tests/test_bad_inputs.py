@@ -1375,6 +1375,10 @@ def model_family() -> list[Case]:
 
 LINK = costmodel.Link(1e-6, 1e9)
 TOPO = costmodel.Topology(2, 4, LINK, LINK, mem_Bps=1e12, flops=1e15)
+LOCAL_DECODE = dict(
+    batch=1, kv_len=64, kv_heads=2, head_dim=4, v_dim=4, q_heads=4, topo=TOPO, itemsize=2, q_len=1
+)
+"""Valid arguments of one device's local decode (`local_decode_time`, `fold_time`)."""
 SHAPE = costmodel.ModelShape(2, 16, 4, 2, 4, 32, 64)
 
 COST_CALLS = (
@@ -1420,36 +1424,9 @@ COST_CALLS = (
     (costmodel.slowest_link, dict(topo=TOPO)),
     (costmodel.ring_step_link, dict(topo=TOPO)),
     (costmodel.butterfly_time, dict(nbytes=1e3, topo=TOPO)),
-    (
-        costmodel.local_decode_time,
-        dict(
-            batch=1,
-            kv_len=64,
-            kv_heads=2,
-            head_dim=4,
-            v_dim=4,
-            q_heads=4,
-            topo=TOPO,
-            itemsize=2,
-            q_len=1,
-        ),
-    ),
+    (costmodel.local_decode_time, LOCAL_DECODE),
     (costmodel.read_curve, dict(points=((1.0, 1e-4), (2.0, 2e-4)), nbytes=1.5, rate_after=1e9)),
-    (
-        costmodel.fold_time,
-        dict(
-            batch=1,
-            kv_len=64,
-            kv_heads=2,
-            head_dim=4,
-            v_dim=4,
-            q_heads=4,
-            topo=TOPO,
-            itemsize=2,
-            q_len=1,
-            resident=True,
-        ),
-    ),
+    (costmodel.fold_time, {**LOCAL_DECODE, "resident": True}),
     (
         costmodel.predict_tree,
         dict(

@@ -104,7 +104,7 @@ class Link:
         if not self.points:
             return self.alpha_s + nbytes / self.beta_Bps
         check_no_symbols("a measured link's curve is read at a number", nbytes=nbytes)
-        return read_curve(self.points, nbytes, self.beta_Bps)
+        return _on_curve(self.points, nbytes, self.beta_Bps)  # points checked at __init__
 
 
 def read_curve(points: tuple[tuple[float, float], ...], nbytes: float, rate_after: float) -> float:
@@ -117,6 +117,11 @@ def read_curve(points: tuple[tuple[float, float], ...], nbytes: float, rate_afte
     check_nbytes(nbytes)
     check_no_symbols("a measured curve is read at a number", nbytes=nbytes)
     check_real(rate_after, "rate_after", low=0.0, low_open=True, finite=False, hint="bytes/s")
+    return _on_curve(points, nbytes, rate_after)
+
+
+def _on_curve(points: tuple[tuple[float, float], ...], nbytes: float, rate_after: float) -> float:
+    """`read_curve` without its checks, for a curve checked when it was stored."""
     sizes = [n for n, _ in points]
     i = bisect.bisect_left(sizes, nbytes)
     if i == 0:
