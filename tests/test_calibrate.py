@@ -441,3 +441,75 @@ def test_a_fold_loop_keeps_its_permute_in_both_programs(mesh8, windows):
     for steps in (1, 8):
         hlo = microbench._fold_loop(mesh8, steps, 2, windows).lower(*args).compile().as_text()
         assert ("collective-permute" in hlo) == windows, steps
+
+
+def test_a_chain_latency_is_the_slope_in_the_number_of_collectives():
+    """Closed form: `(chain_s − one_s)/(chain − 1)`, and 0 when the longer program was not
+    slower (noise must not give a negative latency)."""
+    from tree_attention_edu.perf import microbench
+
+    assert microbench.chain_latency(1e-3, 4e-3, 4) == pytest.approx(1e-3, rel=1e-12)
+    assert microbench.chain_latency(2e-4, 5e-4, 2) == pytest.approx(3e-4, rel=1e-12)
+    assert microbench.chain_latency(5e-4, 4e-4, 4) == 0.0
+
+
+@pytest.mark.parametrize("kind", ["psum", "all_gather", "psum_scatter", "all_to_all"])
+def test_a_chain_runs_one_collective_per_step(mesh8, kind):
+    """Each chain program compiles to exactly `count` collectives of its kind (XLA folded
+    none into another and reused none), and computes them: on ones, each step of a sum
+    multiplies by p = 8 (the gathered buffer summed over devices, the scattered one tiled
+    back), an all-to-all by 1, and every step by its scale 1.0001."""
+    import numpy as np
+
+    from tree_attention_edu.perf import microbench
+    from tree_attention_edu.perf.introspect import collective_stats
+
+    hlo_kind = microbench.COLLECTIVE_KIND[kind]
+    x = microbench._sharded(mesh8, 4 * 8 * 4)  # 32 words per device
+    factor = 1.0 if kind == "all_to_all" else 8.0
+    for count in (1, microbench.CHAIN):
+        fn = microbench._chain_program(mesh8, kind, count)
+        kinds = [c.kind for c in collective_stats(fn, x).collectives]
+        assert kinds == [hlo_kind] * count, (count, kinds)
+        np.testing.assert_allclose(np.asarray(fn(x)), (factor * 1.0001) ** count, rtol=1e-6)
+
+
+def test_collective_chain_times_times_every_program_in_one_call(mesh8):
+    """A no-op's time, and each kind's one- and chain-collective programs' times, all
+    positive; bad arguments are named before anything is timed."""
+    from tree_attention_edu.perf import microbench
+
+    noop, chains = microbench.collective_chain_times(mesh8, kinds=("psum",), repeats=1)
+    assert noop > 0 and list(chains) == ["psum"]
+    assert all(t > 0 for t in chains["psum"]) and len(chains["psum"]) == 2
+    with pytest.raises(ValueError, match="kinds"):
+        microbench.collective_chain_times(mesh8, kinds=("broadcast",), repeats=1)
+    with pytest.raises(ValueError, match="chain"):
+        microbench.collective_chain_times(mesh8, chain=1, repeats=1)
+    with pytest.raises(ValueError, match="nbytes"):
+        microbench.collective_chain_times(mesh8, nbytes=0, repeats=1)
+
+
+def test_operands_apart_prices_each_operand_of_an_all_reduce_as_one_collective():
+    """Closed forms, with a measured all-reduce link (α, β): the allreduce merge's sum of
+    numerator and denominator costs one α more when its operands run apart (the bytes are the
+    same), one_pass's sum of three operands two α more; the other patterns hold no
+    multi-operand all-reduce and are priced the same. `ring_only` implies it."""
+    from dataclasses import replace
+
+    from tree_attention_edu.perf import links, predict
+
+    alpha = 150e-6
+    link = links.Link(alpha, 1e9)
+    base = links.Topology(
+        1, 8, link, link, mem_Bps=2e9, flops=float("inf"), measured=(("all-reduce", link),)
+    )
+    apart = replace(base, operands_apart=True)
+    shape = dict(batch=1, q_heads=8, kv_heads=8, head_dim=64, itemsize=4)
+    extra = {"allreduce": alpha, "one_pass": 2 * alpha}
+    for m in MERGE_NAMES:
+        a, b = (predict.predict_merge(m, 4096, t, **shape) for t in (base, apart))
+        assert b.comm_s - a.comm_s == pytest.approx(extra.get(m, 0.0), rel=1e-9, abs=1e-15), m
+        assert (b.compute_s, b.merge_s) == (a.compute_s, a.merge_s), m
+    with pytest.raises(TypeError, match="operands_apart"):
+        replace(base, operands_apart=1)

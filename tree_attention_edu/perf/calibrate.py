@@ -46,9 +46,12 @@ from . import benchmark
 from .introspect import memory_stats
 from .links import CollectiveKind, Link, Topology
 from .microbench import (
+    CHAIN,
     COLLECTIVE_FNS,
     COLLECTIVE_KIND,
+    chain_latency,
     check_fold_problems,
+    collective_chain_times,
     collective_times,
     fit_link,
     fold_loop_times,
@@ -284,6 +287,7 @@ def measure_topology(
         flops=float("inf"),
         overhead_s=overhead,
         overlap=False,
+        operands_apart=True,
         name=f"{mesh.size} simulated CPU devices (this machine)",
         sources=("measured by tree_attention_edu.perf.calibrate.measure_topology",),
         measured=tuple(links.items()) if len(kinds) > 1 else (),
@@ -305,16 +309,27 @@ def _links(
     repeats: int,
 ) -> tuple[float, dict[CollectiveKind, Link], Link, dict]:
     """`measure_topology`'s links: `(overhead, {kind: Link}, ring-pass Link, points)`, each
-    link keeping its measured points (`Link.points`)."""
-    pts = collective_times(mesh, sizes, repeats=repeats, kinds=kinds)
-    # The bare call's time at the small sizes (dispatch, not the `x + 1`): their median, as
-    # one size's median of a few calls varies by several times between runs on 2 cores.
-    overhead = statistics.median(
-        [t for n, t in pts["noop"] if n <= SMALL_MESSAGE] or [min(pts["noop"])[1]]
+    link keeping its measured points (`Link.points`). Each kind's α (its point at
+    `SMALL_MESSAGE`) is its `chain_latency`, and the overhead the chains' no-op call
+    (`collective_chain_times`); `points` holds, besides each size's times, each kind's chain
+    as `"<kind> chain": [(1, seconds), (CHAIN, seconds)]`."""
+    # The call overhead and each kind's latency α come from programs of 1 and CHAIN
+    # dependent collectives timed in the same rounds: α is what one more collective adds.
+    # A lone collective minus a no-op timed apart gave α = 5 µs for the all-reduce in one
+    # run (the no-op's median 276 µs) where the chain's slope is about 150 µs on the same
+    # 2-core host; a merge of three all-reduces was then priced 0.3 ms short.
+    overhead, chains = collective_chain_times(mesh, kinds=kinds, repeats=3 * repeats)
+    pts = collective_times(
+        mesh, [n for n in sizes if n > SMALL_MESSAGE], repeats=repeats, kinds=kinds
     )
+    pts.update({f"{k} chain": [(1, one), (CHAIN, many)] for k, (one, many) in chains.items()})
     links = {
         COLLECTIVE_KIND[k]: fit_link(
-            [(n, max(t - overhead, 0.0)) for n, t in pts[k]], keep_points=True
+            [
+                (SMALL_MESSAGE, chain_latency(*chains[k])),
+                *((n, max(t - overhead, 0.0)) for n, t in pts[k]),
+            ],
+            keep_points=True,
         )
         for k in kinds
     }

@@ -241,6 +241,12 @@ class Topology:
     timed with the step's query-block permute. Only beside `fold_points` (else a
     `ValueError`). `with_devices` drops both curves for another device count, as it drops
     `measured`.
+
+    `operands_apart`: an all-reduce of several operands (a merge's numerator and
+    denominator) costs one collective per operand, one after the other, as XLA:CPU's
+    `AllReduceThunk` runs them on the simulated devices too; `calibrate.measure_topology`
+    sets it. `ring_only` implies it. False: one collective per all-reduce op, as
+    `collective_stats` counts them (the published topologies).
     """
 
     nodes: int
@@ -261,6 +267,7 @@ class Topology:
     flat_ring: Link | None = None
     fold_points: tuple[tuple[float, float], ...] = ()
     window_points: tuple[tuple[float, float], ...] = ()
+    operands_apart: bool = False
 
     def __post_init__(self):
         check_size(self.nodes, "nodes")
@@ -321,6 +328,7 @@ class Topology:
             )
         validate.check_bool(self.overlap, "overlap")
         validate.check_bool(self.ring_only, "ring_only")
+        validate.check_bool(self.operands_apart, "operands_apart")
         if self.uplinks is not None:
             check_size(self.uplinks, "uplinks")
         check_kind_links(self.measured, "measured", COLLECTIVE_KINDS, Link)

@@ -1,8 +1,10 @@
 """Micro-benchmarks of this machine, the pieces the cost model is calibrated from.
 
 * `collective_times`: each collective over the mesh (`COLLECTIVE_FNS`: all-reduce,
-  all-gather, reduce-scatter, all-to-all) at a range of message sizes, and the fixed cost
-  of calling a program on the mesh;
+  all-gather, reduce-scatter, all-to-all) at a range of message sizes;
+* `collective_chain_times`: programs of one and of `CHAIN` dependent collectives of each
+  kind, and the fixed cost of calling a program on the mesh, in the same rounds: each
+  collective's latency (`chain_latency`) and the call overhead;
 * `ring_pass_times`: `ppermute` used the way the ring uses it, on blocks shaped like the
   cache;
 * `local_calls`, `measure_local`: the xla kernel and a copy of a shard on every device at
@@ -99,6 +101,77 @@ COLLECTIVE_KIND: dict[str, CollectiveKind] = {
     "all_to_all": "all-to-all",
 }
 """The `collective_stats` name of each micro-benchmarked collective."""
+
+
+CHAIN = 4
+"""Dependent collectives in `collective_chain_times`' longer program."""
+
+CHAIN_BYTES = 4096
+"""Bytes per device of each collective in `collective_chain_times`: a merge's size (a few
+KiB at batch 1), well under `SMALL_MESSAGE`."""
+
+
+def _chain_program(mesh: Mesh, kind: str, count: int) -> Callable:
+    """A program of `count` collectives `CHAIN_STEPS[kind]` over all of `mesh`, each on the
+    last one's result, scaled, so that XLA can neither fold two into one nor reuse one."""
+    step = CHAIN_STEPS[kind](tuple(mesh.axis_names), mesh.size)
+
+    def body(x):
+        for _ in range(count):
+            x = step(x) * 1.0001
+        return x
+
+    return _smap(mesh, body)
+
+
+CHAIN_STEPS: dict[str, Callable] = {
+    "psum": lambda axes, p: lambda x: lax.psum(x, axes),
+    "all_gather": lambda axes, p: (
+        lambda x: lax.all_gather(x, axes, tiled=True).reshape(p, -1).sum(0)
+    ),
+    "psum_scatter": lambda axes, p: lambda x: jnp.tile(lax.psum_scatter(x, axes, tiled=True), p),
+    "all_to_all": COLLECTIVE_FNS["all_to_all"],
+}
+"""Each `COLLECTIVE_FNS` kind as a step whose result has its argument's shape: the gathered
+buffer summed over devices, the scattered one tiled back."""
+
+
+def collective_chain_times(
+    mesh: Mesh,
+    *,
+    kinds: Iterable[str] = ("psum",),
+    nbytes: int = CHAIN_BYTES,
+    chain: int = CHAIN,
+    repeats: int = 21,
+) -> tuple[float, dict[str, tuple[float, float]]]:
+    """Median seconds of a no-op call on the mesh (`x + 1`), and of one program of 1 and one
+    of `chain` dependent collectives of each kind at `nbytes` per device, all timed in the
+    same interleaved rounds (`benchmark.median_times`): `(noop_s, {kind: (one_s, chain_s)})`.
+
+    `chain_latency` reads a collective's latency off them: what one more collective adds to a
+    program, its dispatch and the wake-up of every device thread. A lone collective's time
+    minus a no-op's, each timed on its own, does not give it on simulated devices sharing a
+    few cores: the two medians vary between runs by more than their difference.
+    """
+    kinds = tuple(kinds)
+    for kind in kinds:
+        validate.check_choice(kind, tuple(CHAIN_STEPS), "kinds")
+    validate.check_int(nbytes, "nbytes", example="`nbytes=4096`")
+    validate.check_int(chain, "chain", minimum=2, example="`chain=4`")
+    p = mesh.size
+    x = _sharded(mesh, max(nbytes // 4 // p, 1) * p * 4)  # whole float32 words, p | words
+    calls: dict[str, tuple[Callable, tuple]] = {"noop": (_smap(mesh, lambda x: x + 1), (x,))}
+    for kind in kinds:
+        for count in (1, chain):
+            calls[f"{kind}x{count}"] = (_chain_program(mesh, kind, count), (x,))
+    t = benchmark.median_times(calls, repeats=repeats)
+    return t["noop"], {k: (t[f"{k}x1"], t[f"{k}x{chain}"]) for k in kinds}
+
+
+def chain_latency(one_s: float, chain_s: float, chain: int = CHAIN) -> float:
+    """One collective's latency from `collective_chain_times`: `(chain_s − one_s)/(chain − 1)`,
+    the slope of a program's time in its number of dependent collectives (0 if negative)."""
+    return max((chain_s - one_s) / (chain - 1), 0.0)
 
 
 def ring_pass_times(

@@ -294,11 +294,12 @@ def predict_merge(
 
     `compute_s`: the local kernel over the shard of `ceil(N/p)` keys (roofline,
     `local_decode_time`); `comm_s`: `merge_collectives` (each operand of an all-reduce
-    apart where `topo.ring_only`), one after the other: all-reduces one mesh level at a time
-    (`hierarchical_allreduce_time`), butterfly rounds by level (`butterfly_time`), the rest
-    by `collective_time`, a kind in `topo.measured` as measured; `merge_s`: `merge_read_bytes` at
-    `mem_Bps`; `overhead_s`: `topo.overhead_s`. For "one_pass" the fast path is predicted;
-    `fallback=True` adds the exact merge that runs when the shared shift does not fit.
+    apart where `topo.ring_only` or `topo.operands_apart`), one after the other:
+    all-reduces one mesh level at a time (`hierarchical_allreduce_time`), butterfly rounds
+    by level (`butterfly_time`), the rest by `collective_time`, a kind in `topo.measured` as
+    measured; `merge_s`: `merge_read_bytes` at `mem_Bps`; `overhead_s`: `topo.overhead_s`.
+    For "one_pass" the fast path is predicted; `fallback=True` adds the exact merge that
+    runs when the shared shift does not fit.
     """
     check_pattern(pattern)
     kv_heads = _predict_args(
@@ -321,7 +322,11 @@ def predict_merge(
         batch=batch, q_len=q_len, q_heads=q_heads, v_dim=v_dim, p=p, stat_itemsize=stat_itemsize
     )
     collectives = merge_collectives(
-        pattern, **shape, fallback=fallback, out_itemsize=itemsize, operands_apart=topo.ring_only
+        pattern,
+        **shape,
+        fallback=fallback,
+        out_itemsize=itemsize,
+        operands_apart=topo.ring_only or topo.operands_apart,
     )
     comm = _merge_comm_time(collectives, topo)
     merge = merge_read_bytes(pattern, **shape) / topo.mem_Bps
