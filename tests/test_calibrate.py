@@ -1,5 +1,7 @@
 """The calibration's fitting rules, on synthetic timings (no clock involved)."""
 
+from dataclasses import replace
+
 import pytest
 
 from tree_attention_edu.core.names import MERGE_NAMES
@@ -513,3 +515,153 @@ def test_operands_apart_prices_each_operand_of_an_all_reduce_as_one_collective()
         assert (b.compute_s, b.merge_s) == (a.compute_s, a.merge_s), m
     with pytest.raises(TypeError, match="operands_apart"):
         replace(base, operands_apart=1)
+
+
+def _local_seconds(kernel, folds, p, *, overhead, bw, fixed, copy_bw, fold_s, window_s):
+    """Synthetic medians of `localfit.local_round_calls`' programs: the kernel on the line
+    `overhead + fixed + shard / bw`, the copy at `copy_bw`, and the i-th fold loop taking
+    `a + steps · fold_s[i]` (`window_s[i]` with windows)."""
+    shard = [k.kv_bytes / p for k in kernel]
+    first = 2 - len(kernel)  # "kernel0" is the shorter of two; one problem is "kernel1"
+    out = {f"local kernel{first + i}": overhead + fixed + b / bw for i, b in enumerate(shard)}
+    out["local copy1"] = overhead + shard[-1] / copy_bw
+    for tag, per in (("fold", fold_s), ("window", window_s)):
+        for i in range(len(folds)):
+            out[f"local {tag} {i} x1"] = 1e-3 + per[i]
+            out[f"local {tag} {i} xp"] = 1e-3 + p * per[i]
+    return out
+
+
+def test_refit_local_fits_the_rounds_times_as_measure_topology_does():
+    """Closed forms, no clock: the kernel's two times on a line give back its rate and
+    fixed part, the copy its rate, each fold loop pair `(t_p − t_1)/(p − 1)`; names that are
+    not the local programs' are ignored, and every other field of the topology is kept. With
+    one kernel problem, no fixed part; without folds, the curves are left as they were."""
+    from tree_attention_edu.perf import links, localfit
+
+    prob = benchmark.Problem(seq_len=4096, q_heads=8, kv_heads=8, head_dim=64)
+    lens = (4096, 16384, 65536)
+    kernel = localfit.kernel_problems(prob, 8, lens)
+    folds = tuple(localfit.fold_problems(prob, 8, lens))
+    assert [k.seq_len for k in kernel] == [3072, 49152]
+    link = links.Link(1e-4, 1e9)
+    old_curve = ((1e3, 1e-5), (1e6, 1e-3))
+    topo = links.Topology(
+        1,
+        8,
+        link,
+        link,
+        mem_Bps=1.0,
+        flops=float("inf"),
+        overhead_s=1e-4,
+        fold_points=old_curve,
+        window_points=old_curve,
+    )
+    fold_s, window_s = (2e-5, 7e-4, 4e-3, 2e-2), (1e-5, 2e-4, 9e-4, 3e-3)
+    seconds = _local_seconds(
+        kernel,
+        folds,
+        8,
+        overhead=1e-4,
+        bw=1.1e9,
+        fixed=4e-4,
+        copy_bw=3e9,
+        fold_s=fold_s,
+        window_s=window_s,
+    )
+    got = localfit.refit_local(topo, kernel, folds, {**seconds, "allreduce@4096": 1.0})
+    assert got.mem_Bps == pytest.approx(1.1e9, rel=1e-9)
+    assert got.kernel_fixed_s == pytest.approx(4e-4, rel=1e-6)
+    assert got.copy_Bps == pytest.approx(3e9, rel=1e-9)
+    shard = [f.kv_bytes // 8 for f in folds]
+    assert [n for n, _ in got.fold_points] == shard
+    assert [t for _, t in got.fold_points] == pytest.approx(fold_s, rel=1e-9)
+    # A window is ceil(8/8) = 1 of the 8 kv heads.
+    assert [n for n, _ in got.window_points] == [n // 8 for n in shard]
+    assert [t for _, t in got.window_points] == pytest.approx(window_s, rel=1e-9)
+    assert (got.overhead_s, got.intra, got.devices) == (topo.overhead_s, topo.intra, 8)
+    one = localfit.kernel_problems(prob, 8, (4096,))
+    seconds = _local_seconds(
+        one, (), 8, overhead=1e-4, bw=1.1e9, fixed=4e-4, copy_bw=3e9, fold_s=(), window_s=()
+    )
+    got = localfit.refit_local(topo, one, (), seconds)
+    assert got.kernel_fixed_s == 0.0 and got.fold_points == old_curve
+    assert got.mem_Bps == pytest.approx(one[0].kv_bytes / 8 / (4e-4 + one[0].kv_bytes / 8 / 1.1e9))
+
+
+def test_kernel_problems_are_three_quarters_of_each_end():
+    from tree_attention_edu.perf import localfit
+
+    prob = benchmark.Problem(seq_len=4096, q_heads=8, kv_heads=8, head_dim=64)
+    assert [k.seq_len for k in localfit.kernel_problems(prob, 8, (65536, 4096, 16384))] == [
+        3072,
+        49152,
+    ]
+    assert [k.seq_len for k in localfit.kernel_problems(prob, 8, (4096, 4100))] == [3072]
+    assert [k.seq_len for k in localfit.kernel_problems(prob, 8, (8,))] == [8]  # one per device
+    with pytest.raises(ValueError, match="`p`"):
+        localfit.kernel_problems(prob, 0, (4096,))
+    with pytest.raises(TypeError, match="`seq_lens`"):
+        localfit.kernel_problems(prob, 8, "4096")
+
+
+@pytest.mark.parametrize("local", [False, True])
+def test_validate_patterns_times_the_local_programs_in_the_cells_rounds(mesh8, monkeypatch, local):
+    """With `local`, the kernel, copy and fold programs run in the same rounds as the cells,
+    and the cells are predicted with the calibration refitted from them (which is returned);
+    without, the calibration given is used as it is. The clock is replaced by synthetic
+    times, so this checks the wiring, not a measurement."""
+    from tree_attention_edu.perf import links, localfit
+
+    prob = benchmark.Problem(seq_len=64, q_heads=8, kv_heads=8, head_dim=16)
+    lens = [512, 1024]
+    kernel = localfit.kernel_problems(prob, 8, lens)
+    folds = tuple(localfit.fold_problems(prob, 8, lens))
+    link = links.Link(1e-4, 1e9)
+    topo = links.Topology(
+        1,
+        8,
+        link,
+        link,
+        mem_Bps=5e8,
+        flops=float("inf"),
+        overhead_s=1e-4,
+        fold_points=((1e3, 1e-5), (1e5, 1e-4)),
+        window_points=((1e3, 1e-5), (1e5, 1e-4)),
+    )
+    cal = calibrate.Calibration(1e-4, link, link, 5e8, topo, {})
+    local_s = _local_seconds(
+        kernel,
+        folds,
+        8,
+        overhead=1e-4,
+        bw=1.1e9,
+        fixed=4e-4,
+        copy_bw=3e9,
+        fold_s=(1e-5, 2e-5, 4e-5),
+        window_s=(1e-5, 1e-5, 2e-5),
+    )
+    seen = {}
+
+    def fake(calls, repeats=5):
+        seen.update(calls)
+        return {name: local_s.get(name, 2e-3) for name in calls}
+
+    monkeypatch.setattr(benchmark, "median_times", fake)
+    got, rows = calibrate.validate_patterns(
+        mesh8, lens, problem=prob, methods=("allreduce", "ring"), calibration=cal, local=local
+    )
+    local_names = {n for n in seen if n.startswith("local ")}
+    assert local_names == (set(local_s) if local else set())
+    assert {n for n in seen if not n.startswith("local ")} == {
+        f"{m}@{n}" for m in ("allreduce", "ring") for n in lens
+    }
+    if local:
+        assert got.mem_Bps == got.topology.mem_Bps == pytest.approx(1.1e9, rel=1e-9)
+        assert len(got.topology.fold_points) == len(folds)
+    else:
+        assert got is cal
+    for r in rows:
+        n = r["seq_len"]
+        want = calibrate.predict(r["name"], n, got.topology, replace(prob, seq_len=n))
+        assert r["predicted_s"] == want.total_s and r["median_s"] == 2e-3

@@ -79,8 +79,12 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         for flag, given in (("--json", args.json), ("--band", args.band)):
             if given is not None:
                 parser.error(f"{flag} is for --check; add --check or leave out {flag}")
-    # validate_patterns holds every length's cache at once: their sum is what must fit.
-    together = replace(modelcheck.PROBLEM, seq_len=sum(args.seq_lens))
+    # validate_patterns holds every length's cache at once, and the local kernel's at 3/4
+    # of the shortest and of the longest (`calibrate.kernel_problems`): their sum must fit.
+    ends = {min(args.seq_lens), max(args.seq_lens)}
+    together = replace(
+        modelcheck.PROBLEM, seq_len=sum(args.seq_lens) + sum(3 * n // 4 for n in ends)
+    )
     memory.check(parser, memory.decode(together, "--seq-lens"))
     memory.check_positions(parser, "--seq-lens", max(args.seq_lens))
     sizes = {mesh: math.prod(modelcheck.parse_mesh(mesh)) for mesh in args.meshes}

@@ -45,6 +45,10 @@ from ..core.states import local_state
 from . import benchmark
 from .introspect import memory_stats
 from .links import CollectiveKind, Link, Topology
+from .localfit import FOLD_TINY_KEYS as FOLD_TINY_KEYS  # re-exported, with the two below
+from .localfit import fold_problems as fold_problems
+from .localfit import kernel_problems as kernel_problems
+from .localfit import local_round_calls, refit_local
 from .microbench import (
     CHAIN,
     COLLECTIVE_FNS,
@@ -487,29 +491,6 @@ def _pattern_payloads(problem: benchmark.Problem, p: int, seq_lens: Iterable[int
     return sizes
 
 
-FOLD_TINY_KEYS = 8
-"""Keys per device of the smallest block `fold_problems` times: a fold's cost with next to
-nothing to read (the loop step's own operations), for the pass-Q ring's small blocks."""
-
-
-def fold_problems(
-    problem: benchmark.Problem, p: int, seq_lens: Iterable[int]
-) -> list[benchmark.Problem]:
-    """The problems whose shards `measure_topology` times one in-loop fold at: a block of
-    `FOLD_TINY_KEYS` keys per device, and 3/4 of each of `seq_lens` (rounded down to a
-    multiple of `p`), without repeats and without any of `seq_lens` themselves (the lengths
-    that are predicted). Empty where that leaves fewer than two, or on one device (a ring
-    of one device has no loop): the rings' folds are then priced as kernel calls."""
-    validate.check_instance(problem, benchmark.Problem, "problem", "modelcheck.PROBLEM")
-    validate.check_int(p, "p", example="`p=mesh.size`")
-    seq_lens = validate.check_sizes_list(seq_lens, "seq_lens", "(4096, 16384, 65536)")
-    lens = {FOLD_TINY_KEYS * p} | {max(p, (3 * n // 4) // p * p) for n in seq_lens}
-    lens -= set(seq_lens)
-    if p < 2 or len(lens) < 2:
-        return []
-    return [replace(problem, seq_len=n) for n in sorted(lens)]
-
-
 def pattern_calibration(
     mesh: Mesh,
     seq_lens: Iterable[int],
@@ -528,22 +509,36 @@ def pattern_calibration(
     base = problem or benchmark.Problem()
     p = mesh.size
     seq_lens = list(seq_lens)
-    cal_len = max(p, (3 * max(seq_lens) // 4) // p * p)
-    short_len = max(p, (3 * min(seq_lens) // 4) // p * p)
+    *short, long = kernel_problems(base, p, seq_lens)
     return measure_topology(
         mesh,
         fold_problems=fold_problems(base, p, seq_lens),
-        kernel_problem=benchmark.Problem(**{**asdict(base), "seq_len": cal_len}),
-        short_kernel_problem=(
-            benchmark.Problem(**{**asdict(base), "seq_len": short_len})
-            if short_len < cal_len
-            else None
-        ),
+        kernel_problem=long,
+        short_kernel_problem=short[0] if short else None,
         sizes=message_sizes(_pattern_payloads(base, p, seq_lens)),
         repeats=repeats,
         progress=progress,
         kinds=tuple(COLLECTIVE_FNS),
     )
+
+
+def _cell_calls(
+    mesh: Mesh,
+    base: benchmark.Problem,
+    seq_lens: list[int],
+    methods: Iterable[MergeName | RingName],
+) -> dict[str, tuple[Callable, tuple]]:
+    """`validate_patterns`' cells as `"method@length" -> (fn, args)`: each length's inputs
+    made once and shared by its methods."""
+    calls = {}
+    for n in seq_lens:
+        prob = benchmark.Problem(**{**asdict(base), "seq_len": n})
+        q, _, _, k, v, kv_len = benchmark.sharded_inputs(mesh, prob)
+        fns = benchmark.method_fns(mesh, kv_len, methods)
+        shardings = next(iter(fns.values()))[1]
+        args = tuple(jax.device_put(x, s) for x, s in zip((q, k, v), shardings, strict=True))
+        calls.update({f"{m}@{n}": (fns[m][0], args) for m in methods})
+    return calls
 
 
 def validate_patterns(
@@ -555,6 +550,7 @@ def validate_patterns(
     calibration: Calibration | None = None,
     repeats: int = 5,
     progress: Progress = None,
+    local: bool = False,
 ) -> tuple[Calibration, list[dict]]:
     """Predicted against measured latency of every merge pattern and both rings.
 
@@ -566,8 +562,20 @@ def validate_patterns(
     same inputs), all of them in the same interleaved rounds (`benchmark.median_times`), and
     is predicted by `predict`.
 
-    Returns the calibration and rows `{"name", "devices", "seq_len", "median_s",
-    "predicted_s", "rel_err"}` (`rel_err = predicted / measured − 1`).
+    With `local=True`, the local calibration programs run in the same rounds: the kernel
+    at 3/4 of the shortest and of the longest length (`kernel_problems`), a copy of a
+    shard, and where the calibration has fold curves the fold loops (`fold_problems`, whole
+    shard and head window); the decode bandwidth, the kernel's fixed part, the copy rate
+    and both curves are fitted from those rounds' medians (as `measure_topology` fits them)
+    before predicting:
+    on a host whose memory-bound work runs a quarter slower for seconds at a time, a
+    calibration timed in its own seconds can fall in another spell than the cells it
+    predicts (`results/calibrate/README.md`). They are still other lengths than the cells',
+    in programs of their own: nothing is fitted to the timings being predicted.
+
+    Returns the calibration (with `local`, the one predicted with) and rows `{"name",
+    "devices", "seq_len", "median_s", "predicted_s", "rel_err"}` (`rel_err = predicted /
+    measured − 1`).
     """
     validate.check_instance(mesh, Mesh, "mesh", "e.g. tree_attention_edu.make_mesh(8, 'x')")
     seq_lens = validate.check_sizes_list(seq_lens, "seq_lens", "(8192, 16384, 32768)")
@@ -576,6 +584,7 @@ def validate_patterns(
     )
     for i, m in enumerate(methods):
         validate.check_str_choice(m, benchmark.PATTERNS, f"methods[{i}]")
+    validate.check_bool(local, "local")
     base = problem or benchmark.Problem()
     p = mesh.size
     if calibration is None:
@@ -587,32 +596,25 @@ def validate_patterns(
     # machine (on the 2-core machine, seconds long, seen as every cell of one length off
     # by the same factor) then falls on a few rounds of every cell, and the medians pass
     # over it, instead of on every round of the one length timed during it.
-    calls = {}
-    for n in seq_lens:
-        prob = benchmark.Problem(**{**asdict(base), "seq_len": n})
-        q, _, _, k, v, kv_len = benchmark.sharded_inputs(mesh, prob)
-        fns = benchmark.method_fns(mesh, kv_len, methods)
-        shardings = next(iter(fns.values()))[1]
-        args = tuple(jax.device_put(x, s) for x, s in zip((q, k, v), shardings, strict=True))
-        calls.update({f"{m}@{n}": (fns[m][0], args) for m in methods})
+    calls = _cell_calls(mesh, base, seq_lens, methods)
+    kernel = kernel_problems(base, p, seq_lens)
+    # Fold curves only where the calibration has them (not on one device).
+    folds = tuple(fold_problems(base, p, seq_lens)) if calibration.topology.fold_points else ()
+    if local:
+        calls.update(local_round_calls(mesh, kernel, folds))
     if progress:
         progress(f"{len(methods)} methods at {len(seq_lens)} lengths, {repeats} rounds interleaved")
     seconds = benchmark.median_times(calls, repeats=repeats)
+    if local:
+        topology = refit_local(calibration.topology, kernel, folds, seconds)
+        calibration = replace(calibration, mem_Bps=topology.mem_Bps, topology=topology)
     for n in seq_lens:
         prob = benchmark.Problem(**{**asdict(base), "seq_len": n})
         for name in methods:
             measured = seconds[f"{name}@{n}"]
             predicted = predict(name, n, calibration.topology, prob).total_s
-            rows.append(
-                dict(
-                    name=name,
-                    devices=p,
-                    seq_len=n,
-                    median_s=measured,
-                    predicted_s=predicted,
-                    rel_err=predicted / measured - 1,
-                )
-            )
+            row = dict(name=name, devices=p, seq_len=n, median_s=measured, predicted_s=predicted)
+            rows.append({**row, "rel_err": predicted / measured - 1})
     return calibration, rows
 
 

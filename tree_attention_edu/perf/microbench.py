@@ -429,16 +429,42 @@ def fold_loop_times(
             f"one, so it needs at least 2 devices (a ring of one device has no steps)."
         )
     problems = check_fold_problems(problems, p)
+    times = benchmark.median_times(fold_loop_calls(mesh, problems, windows=windows), repeats)
+    return fold_loop_points(problems, p, times, windows=windows)
 
+
+def fold_loop_calls(
+    mesh: Mesh, problems: tuple[benchmark.Problem, ...], *, windows: bool = False
+) -> dict[str, tuple[Callable, tuple]]:
+    """`fold_loop_times`' programs, as `name -> (fn, args)` for `benchmark.median_times`:
+    for the i-th problem (checked by the caller, `check_fold_problems`), "fold i x1" and
+    "fold i xp" (with `windows`, "window i x1" and "window i xp"): one fold and p folds."""
+    tag, p = ("window" if windows else "fold"), mesh.size
+    calls = {}
+    for i, problem in enumerate(problems):
+        _, args = local_calls(mesh, problem)["kernel"]
+        for n, name in ((1, "x1"), (p, "xp")):
+            calls[f"{tag} {i} {name}"] = (_fold_loop(mesh, n, problem.kv_heads, windows), args)
+    return calls
+
+
+def fold_loop_points(
+    problems: tuple[benchmark.Problem, ...],
+    p: int,
+    times: dict[str, float],
+    *,
+    windows: bool = False,
+) -> list[tuple[int, float]]:
+    """`fold_loop_times`' points from the medians of `fold_loop_calls`' programs (`times`,
+    by their names): `(bytes per device, (t_p − t_1)/(p − 1))` for each problem."""
+    tag = "window" if windows else "fold"
     out = []
-    for problem in problems:
-        one, many = (_fold_loop(mesh, n, problem.kv_heads, windows) for n in (1, p))
-        _, (q, k, v) = local_calls(mesh, problem)["kernel"]
-        t = benchmark.median_times({"1": (one, (q, k, v)), "p": (many, (q, k, v))}, repeats)
+    for i, problem in enumerate(problems):
         nbytes = problem.kv_bytes // p
         if windows:
             nbytes = nbytes * pass_q_blocks(problem.kv_heads, p)[0] // problem.kv_heads
-        out.append((nbytes, max(t["p"] - t["1"], 0.0) / (p - 1)))
+        t_1, t_p = times[f"{tag} {i} x1"], times[f"{tag} {i} xp"]
+        out.append((nbytes, max(t_p - t_1, 0.0) / (p - 1)))
     return out
 
 
@@ -536,16 +562,31 @@ def measure_local_affine(
     """`(mem_Bps, kernel_fixed_s, copy_Bps)` of one device of `mesh` while all of them work
     at once: the xla kernel timed at the two problems' shards (shorter first), the two times
     fitted by `fit_local`, and the copy rate at the longer one (`local_rates`)."""
+    times = benchmark.median_times(local_affine_calls(mesh, problems), repeats=repeats)
+    return fit_local_affine(problems, mesh.size, times, overhead_s)
+
+
+def local_affine_calls(
+    mesh: Mesh, problems: tuple[benchmark.Problem, benchmark.Problem]
+) -> dict[str, tuple[Callable, tuple]]:
+    """`measure_local_affine`'s programs, as `name -> (fn, args)` for
+    `benchmark.median_times`: the kernel at both problems ("kernel0", "kernel1") and the
+    copy at the longer one ("copy1"), from `local_calls`."""
+    short, long = (local_calls(mesh, prob) for prob in problems)
+    return {"kernel0": short["kernel"], "kernel1": long["kernel"], "copy1": long["copy"]}
+
+
+def fit_local_affine(
+    problems: tuple[benchmark.Problem, benchmark.Problem],
+    devices: int,
+    times: dict[str, float],
+    overhead_s: float = 0.0,
+) -> tuple[float, float, float]:
+    """`(mem_Bps, kernel_fixed_s, copy_Bps)` from the medians of `local_affine_calls`'
+    programs (`times`, by their names): `fit_local` on the kernel's two times, `local_rates`
+    for the copy at the longer problem."""
     lo, hi = problems
-    calls = {
-        f"{name}{i}": c
-        for i, prob in enumerate(problems)
-        for name, c in local_calls(mesh, prob).items()
-    }
-    times = benchmark.median_times(
-        {name: calls[name] for name in ("kernel0", "kernel1", "copy1")}, repeats=repeats
-    )
-    shard = (lo.kv_bytes / mesh.size, hi.kv_bytes / mesh.size)
+    shard = (lo.kv_bytes / devices, hi.kv_bytes / devices)
     mem_Bps, fixed = fit_local(shard, (times["kernel0"], times["kernel1"]), overhead_s)
-    _, copy_Bps = local_rates(hi, mesh.size, times["kernel1"], times["copy1"], overhead_s)
+    _, copy_Bps = local_rates(hi, devices, times["kernel1"], times["copy1"], overhead_s)
     return mem_Bps, fixed, copy_Bps

@@ -2,13 +2,14 @@
 both rings, over meshes and cache lengths, and the regret of `merge="auto"` with the
 calibrated model. `tree-attention-edu calibrate --check` (and `make calibrate`) runs it.
 
-Per mesh, `calibrate.pattern_calibration` measures the machine first (the per-call overhead,
-every collective kind at message sizes around the ones the methods send, the local kernel
-at two lengths that are not checked, and a fold inside a compiled loop at a tiny block and
-at 3/4 of each length), then `calibrate.validate_patterns` times every method at every
-length in the same interleaved rounds (7 by default), and predicts it with that
-calibration.
-Nothing is fitted to the timings being predicted.
+Per mesh, `calibrate.pattern_calibration` measures the machine first (the per-call overhead
+and each collective kind's latency from chains of dependent collectives, every kind at
+message sizes around the ones the methods send, the local kernel at two lengths that are
+not checked, and a fold inside a compiled loop at a tiny block and at 3/4 of each length),
+then `calibrate.validate_patterns` times every method at every length in the same
+interleaved rounds (7 by default), with the local kernel's two calibration programs in
+those rounds too (`local=True`: its rate and fixed part are fitted from them), and
+predicts each cell with that calibration. Nothing is fitted to the timings being predicted.
 
 `auto`'s regret in a cell is `measured[picked] / measured[best] - 1`, where `picked` is what
 `best_merge` picks on the calibrated topology among `core.merges.AUTO_MERGES` (the patterns
@@ -210,10 +211,18 @@ def run(
         if progress:
             progress(f"mesh {name}: calibrating")
         cal = calibrate.pattern_calibration(mesh, seq_lens, problem=problem, repeats=repeats)
-        cals[name] = cal
-        _, rows = calibrate.validate_patterns(
-            mesh, seq_lens, problem=problem, calibration=cal, repeats=repeats, progress=progress
+        # The local kernel's calibration runs again in the cells' rounds (`local`), and the
+        # calibration fitted from them prices the cells and `auto`'s picks.
+        cal, rows = calibrate.validate_patterns(
+            mesh,
+            seq_lens,
+            problem=problem,
+            calibration=cal,
+            repeats=repeats,
+            progress=progress,
+            local=True,
         )
+        cals[name] = cal
         cells += [
             Cell(r["name"], name, r["seq_len"], r["predicted_s"], r["median_s"], r["rel_err"])
             for r in rows
