@@ -744,9 +744,11 @@ assert latency_s > 1000 * bytes_s and bytes_s < 1e-7  # "dominates", "well under
 # With the collectives priced, the model of one decode step:
 #
 # * **Tree decode** = local roofline time over $N/p$ keys + Allreduce(max) of $B H_q$ floats
-#   + Allreduce(sum) of $B H_q (D_v + 1)$ floats + the local merge (the summed numerator
-#   divided by the denominator: $B H_q (D_v + 1)$ floats read at the decode bandwidth) + a
-#   fixed per-call overhead.
+#   + Allreduce(sum) of the numerator, $B H_q D_v$ floats, and of the denominator, $B H_q$
+#   floats (one all-reduce op with two operands, which XLA:CPU runs one after the other, so
+#   the calibrated topology prices them apart: `Topology.operands_apart`) + the local merge
+#   (the summed numerator divided by the denominator: $B H_q (D_v + 1)$ floats read at the
+#   decode bandwidth) + a fixed per-call overhead.
 # * **Ring decode** = $p$ block computations of $N/p$ keys (every device folds all $N$ keys:
 #   notebook 5's redundant compute) + $p-1$ transfers of a K and a V block over the slowest
 #   link of the ring, each hidden behind a block's compute only where the device can
@@ -757,7 +759,12 @@ assert latency_s > 1000 * bytes_s and bytes_s < 1e-7  # "dominates", "well under
 #
 # `calibrate.measure_topology` measures on the 8 simulated devices:
 #
-# * the per-call overhead: the median time of a trivial program on the mesh;
+# * the per-call overhead, the median time of a trivial program on the mesh, and in the
+#   same interleaved rounds a program of one all-reduce and one of four, each on the last
+#   one's result (`microbench.collective_chain_times`): what one more all-reduce adds, the
+#   slope, is its latency α (a lone all-reduce less the trivial program, timed apart, is
+#   not: on 2 shared cores the two medians move between runs by more than their
+#   difference);
 # * `ppermute`, used the way a ring uses it, at message sizes spanning the K/V blocks the
 #   ring will send (printed below): the model reads a message's time off a curve of these
 #   points (`Link.points`, linear between the two sizes around it), whose first point is α
@@ -823,8 +830,8 @@ within = sum(abs(e) <= BAND for e in errors)
 over = sum(e > 0 for e in errors)
 tree_ms = [x["measured_s"] * 1e3 for x in rows if x["method"] == "tree"]
 monotonic = all(a < b for a, b in itertools.pairwise(tree_ms))
-zero_alpha = [name for name, link in (("ppermute", cal.ppermute), ("psum", cal.psum))
-              if round(link.alpha_s * 1e6) == 0]
+zero_alpha = ["ppermute"] if round(cal.ppermute.alpha_s * 1e6) == 0 else []
+zero_chain = round(cal.psum.alpha_s * 1e6) == 0  # a chain of four no slower than one
 text = (f"In this run the predictions miss by {min(errors):+.0%} to {max(errors):+.0%} "
         f"(worst {worst_err:.0%}): {within} of {len(errors)} within ±{BAND:.0%}; the model "
         f"over-predicted {over} and under-predicted {len(errors) - over}. "
@@ -840,6 +847,9 @@ if zero_alpha:
              f"({cal.overhead_s * 1e6:.0f} µs, or its share per step) that the fit subtracts "
              f"first, so α is too small "
              f"to measure against that overhead, not zero.")
+if zero_chain:
+    text += (" The all-reduce's α prints as 0 µs: in this run four chained all-reduces took "
+             "no longer than one, so the chain did not resolve it; it is not zero.")
 tree_pred = [x["predicted_s"] for x in rows if x["method"] == "tree"]
 assert all(a < b for a, b in itertools.pairwise(tree_pred))  # "the model's grows"
 Markdown(text)

@@ -1165,12 +1165,29 @@ display(Markdown(
        "may not, so one run cannot rank the two merges.")))
 
 # %% [markdown]
-# On simulated devices a collective is a copy between buffers in one process, and each call
-# pays a dispatch overhead far larger than a collective's latency, so a single saved
-# collective is hard to see. On a GPU cluster the saving is one network latency per merge,
+# On simulated devices a collective is a copy between buffers in one process, and XLA:CPU
+# runs each operand of an all-reduce as a collective of its own, one after the other
+# (`costmodel.Topology.operands_apart`: the calibration of §8.6 prices them so). One-pass's
+# single all-reduce carries three operands, numerator, denominator and flag: three
+# collectives, as many as the allreduce merge's max and its two-operand sum, so on this
+# machine it saves none (the next cell counts them). On a GPU cluster, where the model
+# prices one all-reduce op as one collective, the saving is one network latency per merge,
 # which the cost model above prices with published figures. That is also why
 # `merge="auto"` leaves `one_pass` out (`merges.AUTO_MERGES`): its cost depends on the data.
-#
+
+# %%
+shape_ops = dict(batch=1, q_len=1, q_heads=8, v_dim=64, p=p, stat_itemsize=4)
+n_ops = {(m, apart): sum(count for kind, _, count in costmodel.merge_collectives(
+             m, **shape_ops, operands_apart=apart) if kind == "all-reduce")
+         for m in ("allreduce", "one_pass") for apart in (False, True)}
+for apart in (False, True):
+    print(f"{'each operand apart (XLA:CPU)' if apart else 'one per all-reduce op':<29}: "
+          f"allreduce {n_ops['allreduce', apart]}, one_pass {n_ops['one_pass', apart]} "
+          f"all-reduces")
+assert n_ops["allreduce", True] == n_ops["one_pass", True] == 3  # "three", "as many as"
+assert (n_ops["allreduce", False], n_ops["one_pass", False]) == (2, 1)  # "one ... saving"
+
+# %% [markdown]
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>A shift fixed in advance removes the max collective. Its window must bound every term
 # of the sums, e^x·|out|, and the reciprocal of the denominator, row by row; a window on the
@@ -1478,9 +1495,7 @@ plt.show()
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>On simulated devices the merge patterns' measured times differ by up to the ratio
 # printed above the figure; the model's, from the same calibration, are printed beside
-# them (nearly the same time in the committed run, not necessarily in every run). The
-# spread is
-# not the network's (they move at most tens of kB per collective here, the figure printed
+# them (the sentence above the figure gives their range). The spread is not the network's (they move at most tens of kB per collective here, the figure printed
 # above, over memory copies). Beside it §8.6
 # prints how far the recorded runs of the model check moved one pattern from run to run: one
 # run of this clock does not rank them. What separates them on a

@@ -450,25 +450,27 @@ def test_a_chain_latency_is_the_slope_in_the_number_of_collectives():
     slower (noise must not give a negative latency)."""
     from tree_attention_edu.perf import microbench
 
-    assert microbench.chain_latency(1e-3, 4e-3, 4) == pytest.approx(1e-3, rel=1e-12)
-    assert microbench.chain_latency(2e-4, 5e-4, 2) == pytest.approx(3e-4, rel=1e-12)
-    assert microbench.chain_latency(5e-4, 4e-4, 4) == 0.0
+    assert microbench.chain_latency(1e-3, 4e-3, chain=4) == pytest.approx(1e-3, rel=1e-12)
+    assert microbench.chain_latency(2e-4, 5e-4, chain=2) == pytest.approx(3e-4, rel=1e-12)
+    assert microbench.chain_latency(5e-4, 4e-4, chain=4) == 0.0
 
 
+@pytest.mark.parametrize("mesh_name", ["mesh8", "mesh2x4"])
 @pytest.mark.parametrize("kind", ["psum", "all_gather", "psum_scatter", "all_to_all"])
-def test_a_chain_runs_one_collective_per_step(mesh8, kind):
+def test_a_chain_runs_one_collective_per_step(request, mesh_name, kind):
     """Each chain program compiles to exactly `count` collectives of its kind (XLA folded
     none into another and reused none), and computes them: on ones, each step of a sum
-    multiplies by p = 8 (the gathered buffer summed over devices, the scattered one tiled
-    back), an all-to-all by 1, and every step by its scale 1.0001."""
+    multiplies by p = 8 (the scattered share tiled back), an all-gather of a 1/p slice and
+    an all-to-all by 1, and every step by its scale 1.0001."""
     import numpy as np
 
     from tree_attention_edu.perf import microbench
     from tree_attention_edu.perf.introspect import collective_stats
 
+    mesh8 = request.getfixturevalue(mesh_name)  # both meshes the check calibrates
     hlo_kind = microbench.COLLECTIVE_KIND[kind]
     x = microbench._sharded(mesh8, 4 * 8 * 4)  # 32 words per device
-    factor = 1.0 if kind == "all_to_all" else 8.0
+    factor = 8.0 if kind in ("psum", "psum_scatter") else 1.0
     for count in (1, microbench.CHAIN):
         fn = microbench._chain_program(mesh8, kind, count)
         kinds = [c.kind for c in collective_stats(fn, x).collectives]
@@ -665,3 +667,129 @@ def test_validate_patterns_times_the_local_programs_in_the_cells_rounds(mesh8, m
         n = r["seq_len"]
         want = calibrate.predict(r["name"], n, got.topology, replace(prob, seq_len=n))
         assert r["predicted_s"] == want.total_s and r["median_s"] == 2e-3
+
+
+def test_links_take_alpha_from_the_chain_and_the_overhead_from_its_no_op(mesh8, monkeypatch):
+    """`measure_topology`'s assembly, the clock replaced by synthetic times: the overhead is
+    the chains' no-op, each kind's α its chain slope (the point at `SMALL_MESSAGE`), each
+    larger point its time less the overhead but never under α, the chains are recorded
+    beside the sizes, and the topology prices an all-reduce's operands apart."""
+    from tree_attention_edu.perf import microbench
+
+    noop, one, four = 100e-6, 260e-6, 740e-6  # slope (740 - 260) / 3 = 160 µs
+    monkeypatch.setattr(
+        calibrate,
+        "collective_chain_times",
+        lambda mesh, kinds, chain, repeats: (noop, {k: (one, four) for k in kinds}),
+    )
+    big = {2**20: noop + 1e-3, 2**17: noop + 50e-6}  # the second under α: floored to α
+    monkeypatch.setattr(
+        calibrate,
+        "collective_times",
+        lambda mesh, sizes, repeats, kinds: {
+            "noop": [(n, noop) for n in sizes],
+            **{k: [(n, big[n]) for n in sizes] for k in kinds},
+        },
+    )
+    monkeypatch.setattr(
+        calibrate,
+        "ring_pass_times",
+        lambda mesh, prob, sizes, repeats: [(n, 1e-4 + n / 1e9) for n in sizes],
+    )
+    monkeypatch.setattr(calibrate, "measure_local", lambda *a, **k: (1e9, 3e9))
+    cal = calibrate.measure_topology(
+        mesh8, sizes=(1024, 2**17, 2**20), repeats=1, kinds=tuple(microbench.COLLECTIVE_FNS)
+    )
+    assert cal.overhead_s == noop and cal.topology.operands_apart
+    alpha = (four - one) / 3
+    for kind, link in cal.links.items():
+        if kind == "collective-permute":
+            continue
+        assert link.alpha_s == pytest.approx(alpha, rel=1e-12), kind
+        assert link.points == (
+            (microbench.SMALL_MESSAGE, pytest.approx(alpha)),
+            (2**17, pytest.approx(alpha)),
+            (2**20, pytest.approx(1e-3)),
+        ), kind
+    assert cal.collective_points["psum chain"] == [(1, one), (microbench.CHAIN, four)]
+
+
+def _mesh8():
+    from tree_attention_edu.core.devices import make_mesh
+
+    return make_mesh(8, "x")
+
+
+def _bad_local_inputs():
+    """(call, error, match) for the new public local-calibration functions."""
+    from tree_attention_edu.perf import links, localfit, microbench
+
+    prob = benchmark.Problem(seq_len=64, q_heads=8, kv_heads=8, head_dim=16)
+    two = (replace(prob, seq_len=768), replace(prob, seq_len=3072))
+    link = links.Link(1e-4, 1e9)
+    topo4 = links.Topology(1, 4, link, link, mem_Bps=1e9, flops=float("inf"))
+    topo8 = links.Topology(1, 8, link, link, mem_Bps=1e9, flops=float("inf"))
+    return [
+        (lambda: microbench.chain_latency(1e-3, 2e-3, chain=1), ValueError, "chain"),
+        (lambda: microbench.chain_latency(1e-3, 2e-3, chain=True), TypeError, "chain"),
+        (lambda: microbench.chain_latency(float("nan"), 2e-3, chain=4), ValueError, "one_s"),
+        (lambda: microbench.chain_latency(1e-3, -2e-3, chain=4), ValueError, "chain_s"),
+        (lambda: microbench.collective_chain_times(_mesh8(), kinds="psum"), TypeError, "kinds"),
+        (lambda: microbench.collective_chain_times(_mesh8(), chain=65), ValueError, "chain"),
+        (lambda: microbench.collective_chain_times("mesh"), TypeError, "mesh"),
+        (lambda: microbench.fold_loop_points(two, 1, {}), ValueError, "at least 2 devices"),
+        (lambda: microbench.fold_loop_points(two, 8, {}), ValueError, "lacks"),
+        (lambda: microbench.fold_loop_points(two, 8, {}, windows="no"), TypeError, "windows"),
+        (lambda: microbench.fold_loop_points(two, 8, []), TypeError, "times"),
+        (lambda: microbench.fit_local_affine(two[::-1], 8, {}), ValueError, "shorter cache"),
+        (lambda: microbench.fit_local_affine(two, 0, {}), ValueError, "devices"),
+        (lambda: microbench.fit_local_affine(two[:1], 8, {}), TypeError, "pair"),
+        (
+            lambda: microbench.fit_local_affine(
+                two, 8, {"kernel0": 1e-3, "kernel1": float("inf"), "copy1": 1e-3}
+            ),
+            ValueError,
+            "kernel1",
+        ),
+        (lambda: localfit.refit_local(topo8, (), (), {}), TypeError, "kernel"),
+        (lambda: localfit.refit_local(topo8, two + two[:1], (), {}), TypeError, "kernel"),
+        (lambda: localfit.refit_local(topo8, two, (), {}), ValueError, "lacks"),
+        (lambda: localfit.refit_local("topo", two, (), {}), TypeError, "topology"),
+        (
+            lambda: localfit.refit_local(topo4, (replace(prob, seq_len=66),), (), {}),
+            ValueError,
+            "multiple of the 4 devices",
+        ),
+        (lambda: localfit.local_round_calls(_mesh8(), two, two[:1]), ValueError, "two shards"),
+        (lambda: localfit.kernel_problems(prob, 8, 4096), TypeError, "seq_lens"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_bad_local_inputs())))
+def test_local_calibration_functions_name_their_bad_arguments(mesh8, index):
+    call, error, match = _bad_local_inputs()[index]
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_validate_patterns_refuses_another_meshs_calibration(mesh8):
+    from tree_attention_edu.perf import links
+
+    link = links.Link(1e-4, 1e9)
+    topo4 = links.Topology(1, 4, link, link, mem_Bps=1e9, flops=float("inf"))
+    cal = calibrate.Calibration(1e-4, link, link, 1e9, topo4, {})
+    with pytest.raises(ValueError, match="measured on 4 devices"):
+        calibrate.validate_patterns(mesh8, [64], calibration=cal)
+    with pytest.raises(TypeError, match="calibration"):
+        calibrate.validate_patterns(mesh8, [64], calibration="cal")
+    with pytest.raises(TypeError, match="repeats"):
+        calibrate.validate_patterns(mesh8, [64], calibration=cal, repeats=2.5)
+
+
+def test_kernel_problems_leave_out_a_predicted_length():
+    from tree_attention_edu.perf import localfit
+
+    prob = benchmark.Problem(seq_len=64, q_heads=8, kv_heads=8, head_dim=16)
+    # 3/4 of 16384 is 12288, a predicted length: only 3/4 of the shortest is left.
+    got = localfit.kernel_problems(prob, 8, (12288, 16384))
+    assert [k.seq_len for k in got] == [9216]

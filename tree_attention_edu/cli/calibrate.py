@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--repeats",
         type=cl.positive,
-        default=7,
+        default=11,
         help="interleaved timed rounds of the cells (auto's regret takes 21 of its patterns)",
     )
     p.add_argument("--band", type=_band, default=None, help="relative error allowed (0.3)")
@@ -79,12 +79,12 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         for flag, given in (("--json", args.json), ("--band", args.band)):
             if given is not None:
                 parser.error(f"{flag} is for --check; add --check or leave out {flag}")
-    # validate_patterns holds every length's cache at once, and the local kernel's at 3/4
-    # of the shortest and of the longest (`calibrate.kernel_problems`): their sum must fit.
-    ends = {min(args.seq_lens), max(args.seq_lens)}
-    together = replace(
-        modelcheck.PROBLEM, seq_len=sum(args.seq_lens) + sum(3 * n // 4 for n in ends)
-    )
+    # validate_patterns holds every length's cache at once, with its local programs': the
+    # kernel at 3/4 of the shortest and of the longest, and the fold loops at 3/4 of each
+    # length, once for whole shards and once for windows (`perf.localfit`): all must fit.
+    quarters = [3 * n // 4 for n in args.seq_lens]
+    held = sum(args.seq_lens) + min(quarters) + max(quarters) + 2 * sum(quarters)
+    together = replace(modelcheck.PROBLEM, seq_len=held)
     memory.check(parser, memory.decode(together, "--seq-lens"))
     memory.check_positions(parser, "--seq-lens", max(args.seq_lens))
     sizes = {mesh: math.prod(modelcheck.parse_mesh(mesh)) for mesh in args.meshes}

@@ -236,11 +236,15 @@ def measure_topology(
 ) -> Calibration:
     """Measure α, β, the per-call overhead and the per-device decode bandwidth of `mesh`.
 
-    `sizes` are per-device message sizes in bytes; include some ≤ `SMALL_MESSAGE` (for α)
-    and some above it (for β), ideally spanning the transfers to be predicted
-    (`message_sizes`). `kinds` are the collectives to time besides the ring's ppermute
-    (`collective_times`); each becomes one of the topology's `measured` kinds, so that the
-    cost model prices it as measured on this mesh rather than by a GPU's algorithm formula.
+    `sizes` are per-device message sizes in bytes; include some ≤ `SMALL_MESSAGE` (the
+    ring's ppermute takes its α from them) and some above it (each link's curve and β),
+    ideally spanning the transfers to be predicted (`message_sizes`). `kinds` are the
+    collectives to time besides the ring's ppermute, each at the sizes above
+    `SMALL_MESSAGE` (`collective_times`) and as a chain of dependent collectives, whose
+    slope is its α (`collective_chain_times`; the chains' no-op call gives the overhead);
+    each becomes one of the topology's `measured` kinds, so that the cost model prices it
+    as measured on this mesh rather than by a GPU's algorithm formula. The topology prices
+    each operand of an all-reduce apart (`Topology.operands_apart`), as XLA:CPU runs them.
 
     The decode bandwidth is measured with every device running the xla kernel on its shard
     at once (no collective), at `kernel_problem` (default: the bench problem at Tk = 49152;
@@ -253,6 +257,7 @@ def measure_topology(
     With `fold_problems` (`fold_problems`: checked first, `check_fold_problems`), a fold in
     a compiled loop is timed at each shard, whole and by head windows (`fold_loop_times`):
     the rings' curves (`Topology.fold_points`, `Topology.window_points`)."""
+    validate.check_int(repeats, "repeats", example="`repeats=7`")
     if not (isinstance(fold_problems, tuple | list) and len(fold_problems) == 0):
         fold_problems = check_fold_problems(fold_problems, mesh.size)  # before any timing
     if progress:
@@ -273,15 +278,9 @@ def measure_topology(
             mesh, (short_kernel_problem, prob), overhead_s=overhead, repeats=repeats
         )
 
-    folds: tuple[tuple[float, float], ...] = ()
-    windows: tuple[tuple[float, float], ...] = ()
-    if fold_problems:
-        if progress:
-            progress("folds in a loop")
-        folds, windows = (
-            tuple(sorted(fold_loop_times(mesh, fold_problems, repeats=repeats, windows=w)))
-            for w in (False, True)
-        )
+    if fold_problems and progress:
+        progress("folds in a loop")
+    folds, windows = _fold_curves(mesh, tuple(fold_problems), repeats)
     topo = Topology(
         nodes=1,
         devices_per_node=mesh.size,
@@ -305,6 +304,18 @@ def measure_topology(
     )
 
 
+def _fold_curves(
+    mesh: Mesh, problems: tuple[benchmark.Problem, ...], repeats: int
+) -> tuple[tuple[tuple[float, float], ...], ...]:
+    """`(fold_points, window_points)` at `problems` (`fold_loop_times`), or `((), ())`."""
+    if not problems:
+        return (), ()
+    return tuple(
+        tuple(sorted(fold_loop_times(mesh, problems, repeats=repeats, windows=w)))
+        for w in (False, True)
+    )
+
+
 def _links(
     mesh: Mesh,
     prob: benchmark.Problem,
@@ -322,21 +333,18 @@ def _links(
     # A lone collective minus a no-op timed apart gave α = 5 µs for the all-reduce in one
     # run (the no-op's median 276 µs) where the chain's slope is about 150 µs on the same
     # 2-core host; a merge of three all-reduces was then priced 0.3 ms short.
-    overhead, chains = collective_chain_times(mesh, kinds=kinds, repeats=3 * repeats)
+    overhead, chains = collective_chain_times(mesh, kinds=kinds, chain=CHAIN, repeats=3 * repeats)
     pts = collective_times(
         mesh, [n for n in sizes if n > SMALL_MESSAGE], repeats=repeats, kinds=kinds
     )
     pts.update({f"{k} chain": [(1, one), (CHAIN, many)] for k, (one, many) in chains.items()})
-    links = {
-        COLLECTIVE_KIND[k]: fit_link(
-            [
-                (SMALL_MESSAGE, chain_latency(*chains[k])),
-                *((n, max(t - overhead, 0.0)) for n, t in pts[k]),
-            ],
-            keep_points=True,
-        )
-        for k in kinds
-    }
+    links = {}
+    for k in kinds:
+        alpha = chain_latency(*chains[k], chain=CHAIN)
+        # A larger message is timed alone, less the no-op; no larger message costs less
+        # than α (a lone call's median can fall under the chain's slope by noise).
+        big = [(n, max(t - overhead, alpha)) for n, t in pts[k]]
+        links[COLLECTIVE_KIND[k]] = fit_link([(SMALL_MESSAGE, alpha), *big], keep_points=True)
     # One program per size holds 2(p-1) messages: its dispatch is spread over them.
     share = overhead / (2 * max(mesh.size - 1, 1))
     pts["ppermute"] = ring_pass_times(mesh, prob, sizes, repeats=repeats)
@@ -522,6 +530,18 @@ def pattern_calibration(
     )
 
 
+def _check_calibration(calibration: Any, p: int) -> None:
+    """A `Calibration` measured on `p` devices, else an error naming `calibration`."""
+    validate.check_instance(
+        calibration, Calibration, "calibration", "calibrate.pattern_calibration(mesh, ...)"
+    )
+    if calibration.topology.devices != p:
+        raise ValueError(
+            f"`calibration` was measured on {calibration.topology.devices} devices and "
+            f"`mesh` has {p}; calibrate this mesh (`pattern_calibration(mesh, ...)`)."
+        )
+
+
 def _cell_calls(
     mesh: Mesh,
     base: benchmark.Problem,
@@ -585,8 +605,13 @@ def validate_patterns(
     for i, m in enumerate(methods):
         validate.check_str_choice(m, benchmark.PATTERNS, f"methods[{i}]")
     validate.check_bool(local, "local")
+    validate.check_int(repeats, "repeats", example="`repeats=5`")
+    if problem is not None:
+        validate.check_instance(problem, benchmark.Problem, "problem", "modelcheck.PROBLEM")
     base = problem or benchmark.Problem()
     p = mesh.size
+    if calibration is not None:
+        _check_calibration(calibration, p)
     if calibration is None:
         calibration = pattern_calibration(
             mesh, seq_lens, problem=base, repeats=repeats, progress=progress

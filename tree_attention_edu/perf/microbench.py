@@ -107,8 +107,13 @@ CHAIN = 4
 """Dependent collectives in `collective_chain_times`' longer program."""
 
 CHAIN_BYTES = 4096
-"""Bytes per device of each collective in `collective_chain_times`: a merge's size (a few
-KiB at batch 1), well under `SMALL_MESSAGE`."""
+"""Bytes of each collective in `collective_chain_times`, counted as `collective_times`
+counts them (received for an all-gather, contributed otherwise): a merge's size (a few KiB
+at batch 1), under `SMALL_MESSAGE`."""
+
+MAX_CHAIN = 64
+"""The longest chain `collective_chain_times` builds: its program is unrolled, one
+collective per step, so its compile time grows with it."""
 
 
 def _chain_program(mesh: Mesh, kind: str, count: int) -> Callable:
@@ -126,14 +131,13 @@ def _chain_program(mesh: Mesh, kind: str, count: int) -> Callable:
 
 CHAIN_STEPS: dict[str, Callable] = {
     "psum": lambda axes, p: lambda x: lax.psum(x, axes),
-    "all_gather": lambda axes, p: (
-        lambda x: lax.all_gather(x, axes, tiled=True).reshape(p, -1).sum(0)
-    ),
+    "all_gather": lambda axes, p: lambda x: lax.all_gather(x.reshape(p, -1)[0], axes, tiled=True),
     "psum_scatter": lambda axes, p: lambda x: jnp.tile(lax.psum_scatter(x, axes, tiled=True), p),
     "all_to_all": COLLECTIVE_FNS["all_to_all"],
 }
-"""Each `COLLECTIVE_FNS` kind as a step whose result has its argument's shape: the gathered
-buffer summed over devices, the scattered one tiled back."""
+"""Each `COLLECTIVE_FNS` kind as a step whose result has its argument's shape: the
+all-gather of a 1/p slice (each device receives the whole buffer, as `collective_times`
+counts an all-gather by what it receives), the reduce-scatter's share tiled back."""
 
 
 def collective_chain_times(
@@ -145,19 +149,29 @@ def collective_chain_times(
     repeats: int = 21,
 ) -> tuple[float, dict[str, tuple[float, float]]]:
     """Median seconds of a no-op call on the mesh (`x + 1`), and of one program of 1 and one
-    of `chain` dependent collectives of each kind at `nbytes` per device, all timed in the
-    same interleaved rounds (`benchmark.median_times`): `(noop_s, {kind: (one_s, chain_s)})`.
+    of `chain` dependent collectives of each kind (`CHAIN_STEPS`), each device contributing
+    `nbytes` (rounded down to whole float32 words, a multiple of p of them, at least p), all
+    timed in the same interleaved rounds (`benchmark.median_times`):
+    `(noop_s, {kind: (one_s, chain_s)})`.
 
-    `chain_latency` reads a collective's latency off them: what one more collective adds to a
-    program, its dispatch and the wake-up of every device thread. A lone collective's time
-    minus a no-op's, each timed on its own, does not give it on simulated devices sharing a
-    few cores: the two medians vary between runs by more than their difference.
+    `chain_latency(one_s, chain_s, chain=chain)` reads a collective's latency off them: what
+    one more collective adds to a program, its dispatch and the wake-up of every device
+    thread. A lone collective's time minus a no-op's, each timed on its own, does not give
+    it on simulated devices sharing a few cores: the two medians vary between runs by more
+    than their difference. `chain` is at most `MAX_CHAIN`.
     """
-    kinds = tuple(kinds)
-    for kind in kinds:
-        validate.check_choice(kind, tuple(CHAIN_STEPS), "kinds")
-    validate.check_int(nbytes, "nbytes", example="`nbytes=4096`")
-    validate.check_int(chain, "chain", minimum=2, example="`chain=4`")
+    validate.check_instance(mesh, Mesh, "mesh", "e.g. tree_attention_edu.make_mesh(8, 'x')")
+    kinds = tuple(validate.check_sequence(kinds, "kinds", "collective names", '("psum",)'))
+    for i, kind in enumerate(kinds):
+        validate.check_str_choice(kind, tuple(CHAIN_STEPS), f"kinds[{i}]")
+    nbytes = validate.check_int(nbytes, "nbytes", example="`nbytes=4096`")
+    chain = validate.check_int(chain, "chain", minimum=2, example="`chain=4`")
+    if chain > MAX_CHAIN:
+        raise ValueError(
+            f"`chain` = {chain} would unroll {chain} collectives into one program; give at "
+            f"most {MAX_CHAIN} (the slope needs only 2, e.g. `chain=4`)."
+        )
+    validate.check_int(repeats, "repeats", example="`repeats=21`")
     p = mesh.size
     x = _sharded(mesh, max(nbytes // 4 // p, 1) * p * 4)  # whole float32 words, p | words
     calls: dict[str, tuple[Callable, tuple]] = {"noop": (_smap(mesh, lambda x: x + 1), (x,))}
@@ -168,9 +182,14 @@ def collective_chain_times(
     return t["noop"], {k: (t[f"{k}x1"], t[f"{k}x{chain}"]) for k in kinds}
 
 
-def chain_latency(one_s: float, chain_s: float, chain: int = CHAIN) -> float:
+def chain_latency(one_s: float, chain_s: float, *, chain: int) -> float:
     """One collective's latency from `collective_chain_times`: `(chain_s − one_s)/(chain − 1)`,
-    the slope of a program's time in its number of dependent collectives (0 if negative)."""
+    the slope of a program's time in its number of dependent collectives (0 if the longer
+    program was not slower). `chain` is the one those times were measured with (>= 2); the
+    times are positive seconds."""
+    for name, value in (("one_s", one_s), ("chain_s", chain_s)):
+        validate.check_real(value, name, low=0.0, low_open=True, hint="a measured time")
+    chain = validate.check_int(chain, "chain", minimum=2, example="`chain=4`")
     return max((chain_s - one_s) / (chain - 1), 0.0)
 
 
@@ -420,25 +439,34 @@ def fold_loop_times(
       which a loop of folds alone does not (in exploratory runs, not kept, window folds
       timed without it priced the pass-Q ring below its measured time at every length).
     """
-    validate.check_bool(windows, "windows")
     validate.check_int(repeats, "repeats", example="`repeats=5`")
-    p = mesh.size
+    validate.check_instance(mesh, Mesh, "mesh", "e.g. tree_attention_edu.make_mesh(8, 'x')")
+    problems = _check_fold_args(mesh.size, problems, windows)
+    times = benchmark.median_times(fold_loop_calls(mesh, problems, windows=windows), repeats)
+    return fold_loop_points(problems, mesh.size, times, windows=windows)
+
+
+def _check_fold_args(p: Any, problems: Any, windows: Any) -> tuple[benchmark.Problem, ...]:
+    """`fold_loop_calls`' and `fold_loop_points`' common checks; the problems as a tuple."""
+    validate.check_bool(windows, "windows")
+    p = validate.check_int(p, "p", example="`p=mesh.size`")
     if p < 2:
         raise ValueError(
-            f"`mesh` has {p} device; a fold loop is timed as the difference of p folds and "
-            f"one, so it needs at least 2 devices (a ring of one device has no steps)."
+            f"a fold loop over {p} device is timed as the difference of p folds and one, so "
+            f"it needs at least 2 devices (a ring of one device has no steps)."
         )
-    problems = check_fold_problems(problems, p)
-    times = benchmark.median_times(fold_loop_calls(mesh, problems, windows=windows), repeats)
-    return fold_loop_points(problems, p, times, windows=windows)
+    return check_fold_problems(problems, p)
 
 
 def fold_loop_calls(
-    mesh: Mesh, problems: tuple[benchmark.Problem, ...], *, windows: bool = False
+    mesh: Mesh, problems: Iterable[benchmark.Problem], *, windows: bool = False
 ) -> dict[str, tuple[Callable, tuple]]:
     """`fold_loop_times`' programs, as `name -> (fn, args)` for `benchmark.median_times`:
-    for the i-th problem (checked by the caller, `check_fold_problems`), "fold i x1" and
-    "fold i xp" (with `windows`, "window i x1" and "window i xp"): one fold and p folds."""
+    for the i-th problem (`check_fold_problems`), "fold i x1" and "fold i xp" (with
+    `windows`, "window i x1" and "window i xp"): one fold and p folds. The mesh needs at
+    least 2 devices."""
+    validate.check_instance(mesh, Mesh, "mesh", "e.g. tree_attention_edu.make_mesh(8, 'x')")
+    problems = _check_fold_args(mesh.size, problems, windows)
     tag, p = ("window" if windows else "fold"), mesh.size
     calls = {}
     for i, problem in enumerate(problems):
@@ -449,15 +477,19 @@ def fold_loop_calls(
 
 
 def fold_loop_points(
-    problems: tuple[benchmark.Problem, ...],
+    problems: Iterable[benchmark.Problem],
     p: int,
     times: dict[str, float],
     *,
     windows: bool = False,
 ) -> list[tuple[int, float]]:
     """`fold_loop_times`' points from the medians of `fold_loop_calls`' programs (`times`,
-    by their names): `(bytes per device, (t_p − t_1)/(p − 1))` for each problem."""
+    by their names; others are ignored) on `p` devices: `(bytes per device,
+    (t_p − t_1)/(p − 1))` for each problem."""
+    problems = _check_fold_args(p, problems, windows)
     tag = "window" if windows else "fold"
+    names = [f"{tag} {i} {n}" for i in range(len(problems)) for n in ("x1", "xp")]
+    times = check_times(times, names, "fold_loop_calls")
     out = []
     for i, problem in enumerate(problems):
         nbytes = problem.kv_bytes // p
@@ -466,6 +498,27 @@ def fold_loop_points(
         t_1, t_p = times[f"{tag} {i} x1"], times[f"{tag} {i} xp"]
         out.append((nbytes, max(t_p - t_1, 0.0) / (p - 1)))
     return out
+
+
+def check_times(times: Any, names: Iterable[str], made_by: str) -> dict[str, float]:
+    """`times` (medians by program name, as `benchmark.median_times` returns them) holding
+    a positive, finite time for each of `names`, the programs `made_by` makes; else an
+    error listing the missing names or naming the bad time."""
+    if not isinstance(times, dict):
+        raise TypeError(
+            f"`times` must be a dict of medians by program name (`benchmark.median_times` "
+            f"of `{made_by}`'s programs), got {validate.describe(times)}."
+        )
+    names = list(names)
+    missing = [n for n in names if n not in times]
+    if missing:
+        raise ValueError(
+            f"`times` lacks {missing}: time every program of `{made_by}` (by its name), "
+            f"e.g. `benchmark.median_times({made_by}(...))`."
+        )
+    for n in names:
+        validate.check_real(times[n], f"times[{n!r}]", low=0.0, low_open=True, hint="seconds")
+    return {n: float(times[n]) for n in names}
 
 
 RESOLVED_SHARE = 0.1
@@ -566,13 +619,33 @@ def measure_local_affine(
     return fit_local_affine(problems, mesh.size, times, overhead_s)
 
 
+def check_affine_problems(problems: Any) -> tuple[benchmark.Problem, benchmark.Problem]:
+    """Two `benchmark.Problem`s whose caches grow, shorter first (`measure_local_affine`'s
+    line runs through them); else an error naming `problems`."""
+    eg = "(Problem(seq_len=3072), Problem(seq_len=49152))"
+    if not (isinstance(problems, tuple | list) and len(problems) == 2):
+        raise TypeError(
+            f"`problems` must be a pair of benchmark.Problem, shorter first, e.g. {eg}, got "
+            f"{validate.describe(problems)}."
+        )
+    for i, prob in enumerate(problems):
+        validate.check_instance(prob, benchmark.Problem, f"problems[{i}]", eg)
+    if not problems[0].kv_bytes < problems[1].kv_bytes:
+        raise ValueError(
+            f"`problems` must hold a shorter cache first, got {problems[0].kv_bytes} then "
+            f"{problems[1].kv_bytes} bytes of K and V; e.g. {eg}."
+        )
+    return problems[0], problems[1]
+
+
 def local_affine_calls(
     mesh: Mesh, problems: tuple[benchmark.Problem, benchmark.Problem]
 ) -> dict[str, tuple[Callable, tuple]]:
     """`measure_local_affine`'s programs, as `name -> (fn, args)` for
     `benchmark.median_times`: the kernel at both problems ("kernel0", "kernel1") and the
-    copy at the longer one ("copy1"), from `local_calls`."""
-    short, long = (local_calls(mesh, prob) for prob in problems)
+    copy at the longer one ("copy1"), from `local_calls`. `problems`: shorter first."""
+    validate.check_instance(mesh, Mesh, "mesh", "e.g. tree_attention_edu.make_mesh(8, 'x')")
+    short, long = (local_calls(mesh, prob) for prob in check_affine_problems(problems))
     return {"kernel0": short["kernel"], "kernel1": long["kernel"], "copy1": long["copy"]}
 
 
@@ -583,9 +656,11 @@ def fit_local_affine(
     overhead_s: float = 0.0,
 ) -> tuple[float, float, float]:
     """`(mem_Bps, kernel_fixed_s, copy_Bps)` from the medians of `local_affine_calls`'
-    programs (`times`, by their names): `fit_local` on the kernel's two times, `local_rates`
-    for the copy at the longer problem."""
-    lo, hi = problems
+    programs (`times`, by their names) on `devices` devices: `fit_local` on the kernel's two
+    times, `local_rates` for the copy at the longer problem."""
+    lo, hi = check_affine_problems(problems)
+    devices = validate.check_int(devices, "devices", example="`devices=mesh.size`")
+    times = check_times(times, ("kernel0", "kernel1", "copy1"), "local_affine_calls")
     shard = (lo.kv_bytes / devices, hi.kv_bytes / devices)
     mem_Bps, fixed = fit_local(shard, (times["kernel0"], times["kernel1"]), overhead_s)
     _, copy_Bps = local_rates(hi, devices, times["kernel1"], times["copy1"], overhead_s)

@@ -7,9 +7,10 @@ and each collective kind's latency from chains of dependent collectives, every k
 message sizes around the ones the methods send, the local kernel at two lengths that are
 not checked, and a fold inside a compiled loop at a tiny block and at 3/4 of each length),
 then `calibrate.validate_patterns` times every method at every length in the same
-interleaved rounds (7 by default), with the local kernel's two calibration programs in
-those rounds too (`local=True`: its rate and fixed part are fitted from them), and
-predicts each cell with that calibration. Nothing is fitted to the timings being predicted.
+interleaved rounds (11 by default), with the calibration's local programs in those rounds
+too (`local=True`: the kernel at its two lengths, a copy and the fold loops, whose rates,
+fixed part and curves are fitted from them, `perf.localfit`), and predicts each cell with
+that calibration. Nothing is fitted to the timings being predicted.
 
 `auto`'s regret in a cell is `measured[picked] / measured[best] - 1`, where `picked` is what
 `best_merge` picks on the calibrated topology among `core.merges.AUTO_MERGES` (the patterns
@@ -191,7 +192,7 @@ def run(
     *,
     problem: benchmark.Problem = PROBLEM,
     auto_problems: Iterable[benchmark.Problem] = AUTO_PROBLEMS,
-    repeats: int = 7,
+    repeats: int = 11,
     auto_repeats: int = AUTO_REPEATS,
     progress: Callable[[str], None] | None = None,
 ) -> Report:
@@ -211,8 +212,8 @@ def run(
         if progress:
             progress(f"mesh {name}: calibrating")
         cal = calibrate.pattern_calibration(mesh, seq_lens, problem=problem, repeats=repeats)
-        # The local kernel's calibration runs again in the cells' rounds (`local`), and the
-        # calibration fitted from them prices the cells and `auto`'s picks.
+        # The calibration's local programs run again in the cells' rounds (`local`), and
+        # the calibration refitted from them prices the cells and `auto`'s picks.
         cal, rows = calibrate.validate_patterns(
             mesh,
             seq_lens,

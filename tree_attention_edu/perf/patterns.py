@@ -95,8 +95,10 @@ def merge_collectives(
     output's dtype).
 
     `operands_apart=True` lists each operand of an all-reduce apart (numerator n·Dv·s,
-    denominator n·s, one_pass's flag s), as XLA:CPU over gloo runs them, one ring each
-    (`Topology.ring_only`); by default, one all-reduce per XLA op, as `collective_stats`.
+    denominator n·s, one_pass's flag s), as XLA:CPU runs them, one collective each (over
+    gloo one ring each: `Topology.ring_only`; on simulated devices
+    `Topology.operands_apart`); by default, one all-reduce per XLA op, as
+    `collective_stats`.
     """
     check_pattern(pattern)
     sizes = dict(batch=batch, q_len=q_len, q_heads=q_heads, v_dim=v_dim, p=p)
