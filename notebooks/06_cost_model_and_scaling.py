@@ -61,6 +61,7 @@ import jax
 jax.config.update("jax_platforms", "cpu")  # CPU devices even on a GPU machine (notebook 1)
 import contextlib
 import dataclasses
+import inspect
 import itertools
 import json
 import math
@@ -77,7 +78,7 @@ from tree_attention_edu import plots
 from tree_attention_edu.core import kernels
 from tree_attention_edu.core.merges import AUTO_MERGES
 from tree_attention_edu.course.printing import sci
-from tree_attention_edu.perf import benchmark, calibrate, links, microbench
+from tree_attention_edu.perf import benchmark, calibrate, links, microbench, modelcheck
 from tree_attention_edu.perf import costmodel as cm
 
 jax.config.update("jax_enable_x64", True)
@@ -1301,16 +1302,24 @@ plt.show()
 # pass-KV ring this notebook prices) and `ring_pass_q` (notebook 5's pass-Q ring), at three
 # lengths on two meshes (`8`, the 8 devices in one row, and `2x4`, the same 8 devices
 # arranged as 2 × 4): 48 cells, one per (method, mesh, length), each mesh calibrated first
-# at other sizes. It is recorded in `results/calibrate/`: three runs of the model as it is
-# now, and in `results/calibrate/before/` three runs made the day before, of the model
-# before it priced the rings' folds off the in-loop curve (section 6.3's third calibration
-# bullet) and read links off their measured points, and timed, per that README, in 3
-# interleaved rounds where the runs now take 7. Each run also records the regret of
-# `merge="auto"`: how much slower the merge pattern the calibrated model picks measured
-# than the fastest one, with a target of at most 10%. Each file's `failures` field lists
-# every cell outside the band and every regret over its target, and the README there
-# summarises them. The next cell reads both sets back: records, not tests. Notebook 8,
-# §8.6, runs a shorter check live.
+# at other sizes. Each run also records the regret of `merge="auto"`: how much slower the
+# merge pattern the calibrated model picks measured than the fastest one, with a target of
+# at most 10%. Each file's `failures` field lists every cell outside the band and every
+# regret over its target, and the README in `results/calibrate/` summarises them.
+#
+# Two sets of three runs are recorded there, made on the same machine on the same day:
+# `results/calibrate/` holds the model as it is now, and `results/calibrate/before/` the
+# model before two changes. Before, each collective's latency α was a lone collective's
+# time less a no-op program's, each timed on its own, and the local kernel's parameters
+# (section 6.3's bandwidth and fixed part) and the fold curves were timed in rounds of
+# their own before the cells. Now α is the slope of a chain of dependent collectives
+# (section 6.3's first bullet), each operand of an all-reduce is priced as a collective of
+# its own, and `calibrate --check` times the local kernel, the copy and the fold loops
+# again in the same interleaved rounds as the cells it predicts, so that a slow spell of
+# this shared host falls on the calibration and on the cells alike (per the README, the
+# kernel's fixed part, timed in rounds of its own, ranged over several hundred µs between
+# calibrations). The runs also went from 7 interleaved rounds to 11. The next cell reads
+# both sets back: records, not tests. Notebook 8, §8.6, runs a shorter check live.
 
 # %%
 def read_checks(folder):
@@ -1327,58 +1336,77 @@ for runs in checks.values():  # "three lengths on two meshes", "48 cells"
         assert len(rec["cells"]) == 48
         assert {c["seq_len"] for c in rec["cells"]} == {4096, 16384, 65536}
         assert {c["mesh"] for c in rec["cells"]} == {"8", "2x4"}
-worst, inside = {}, {}  # by model: the cell furthest off; cells within the band, per run
+summary = {}  # by set: cells within the band, worst |error|, auto's worst regret, per run
 for label, runs in checks.items():
     for name, rec in runs.items():
         cells = rec["cells"]
         far = max(cells, key=lambda c: abs(c["rel_err"]))
         n_in = sum(abs(c["rel_err"]) <= rec["band"] for c in cells)
         regret = max(a["regret"] for a in rec["auto"])
-        inside.setdefault(label, []).append(n_in)
-        if label not in worst or abs(far["rel_err"]) > abs(worst[label]["rel_err"]):
-            worst[label] = far
+        summary.setdefault(label, []).append((n_in, abs(far["rel_err"]), regret))
         print(f"{label:>6} {name}: {n_in} of {len(cells)} cells within ±{rec['band']:.0%}; "
               f"worst {far['method']} on mesh {far['mesh']} at Tk = {far['seq_len']:,}: "
               f"{far['rel_err']:+.0%}; auto's worst regret {regret:+.0%}")
-before, now = worst["before"], worst["now"]
-assert abs(before["rel_err"]) > 3 * calibrate.BAND  # "by far more than the band"
-assert before["method"] in cm.RINGS and before["seq_len"] == min(  # "a ring, the shortest"
-    c["seq_len"] for c in checks["before"]["check-run1.json"]["cells"])
-assert abs(now["rel_err"]) < abs(before["rel_err"]) / 2  # "less than half"
-# The same cell in both sets: what was measured changed too, not only the model.
-same = {label: next(c["measured_s"] for c in runs["check-run1.json"]["cells"]
-                    if (c["method"], c["mesh"], c["seq_len"]) == ("ring", "8", 65536))
-        for label, runs in checks.items()}
-regrets = {label: [max(a["regret"] for a in r["auto"]) for r in runs.values()]
-           for label, runs in checks.items()}
 rec_band = checks["now"]["check-run1.json"]["regret_band"]
-assert rec_band == 0.10  # "its 10% target"
-assert all(g > rec_band for gs in regrets.values() for g in gs)  # "every run"
-assert min(inside["now"]) < len(checks["now"]["check-run1.json"]["cells"])  # "one run"
-assert sum(n < 48 for n in inside["now"]) == 1
+assert rec_band == 0.10 and checks["now"]["check-run1.json"]["band"] == calibrate.BAND
+# The all-reduce's latency in each set's mesh-8 calibrations, the change the prose names.
+alpha_us = {label: [r["calibrations"]["8"]["links"]["all-reduce"]["alpha_s"] * 1e6
+                    for r in runs.values()] for label, runs in checks.items()}
+print("all-reduce alpha on mesh 8, us:",
+      {label: [round(a) for a in v] for label, v in alpha_us.items()})
+before, now = summary["before"], summary["now"]
+assert all(g > rec_band for _, _, g in before)  # "in every run" before
+for rec in checks["before"].values():  # the worst regret: mesh 8, the shortest length, and
+    worst_auto = max(rec["auto"], key=lambda a: a["regret"])  # allreduce priced lowest
+    assert (worst_auto["mesh"], worst_auto["seq_len"], worst_auto["picked"]) == (
+        "8", 4096, "allreduce")
+    pred = {c["method"]: c["predicted_s"] for c in rec["cells"]
+            if (c["mesh"], c["seq_len"]) == ("8", 4096)}
+    assert pred["allreduce"] < min(pred["allgather"], pred["all_to_all"])
+assert inspect.signature(modelcheck.run).parameters["repeats"].default == 11  # "to 11"
+assert max(alpha_us["before"]) < 50 < 100 < min(alpha_us["now"])
+met = {label: [n == 48 and g <= rec_band for n, _, g in runs] for label, runs in summary.items()}
+assert (sum(met["before"]), sum(met["now"])) == (0, 1)  # "in none", "in one run of three"
+# Now: at most one miss per run, each on mesh 2x4 at the shortest length.
+misses = {name: rec["failures"] for name, rec in checks["now"].items()}
+assert all(len(f) <= 1 for f in misses.values()) and sum(map(len, misses.values())) == 2
+assert all("on 2x4 at Tk=4096" in f for fs in misses.values() for f in fs)
+for name, rec in checks["now"].items():
+    print(f"   now {name} outside its band: {rec['failures'] or 'nothing'}")
+# The regret miss: the model's pick and the fastest were priced within 1% of each other,
+# and the same run's cell rounds measured the pick faster than the pattern auto's rounds
+# found fastest.
+run = checks["now"]["check-run2.json"]
+row = max(run["auto"], key=lambda a: a["regret"])
+cell = {c["method"]: c for c in run["cells"] if (c["mesh"], c["seq_len"]) == (row["mesh"], 4096)}
+priced = cell[row["picked"]]["predicted_s"] / cell[row["best"]]["predicted_s"]
+assert row["regret"] > rec_band and abs(priced - 1) < 0.01  # "within 1%"
+assert cell[row["picked"]]["measured_s"] < cell[row["best"]]["measured_s"]  # "the other way"
+apart = (1 + row["regret"]) * cell[row["best"]]["measured_s"] / cell[row["picked"]]["measured_s"]
+assert apart - 1 > rec_band  # "disagree by more than the target"
 Markdown(
-    f"Before, the worst cell of the three runs missed by {before['rel_err']:+.0%}: the "
-    f"{before['method']} at the shortest length, whose $p$ folds the model priced as "
-    f"kernel calls on their own. With the model as it is now (folds priced inside the loop, "
-    f"links read off their points), timed in 7 interleaved rounds instead of 3 (per the "
-    f"README in `results/calibrate/`), the worst of the three runs misses by {now['rel_err']:+.0%} ({now['method']} on mesh "
-    f"{now['mesh']} at $T_k$ = {now['seq_len']:,}), less than half as far, and the runs "
-    f"have {', '.join(map(str, inside['now']))} of "
-    f"{len(checks['now']['check-run1.json']['cells'])} cells within ±"
-    f"{calibrate.BAND:.0%} (before: {', '.join(map(str, inside['before']))}). What was "
-    f"measured changed too, not only the model: the same cell, the pass-KV ring on mesh 8 "
-    f"at $T_k$ = 65,536 in each set's first run, measured {same['before'] * 1e3:.0f} ms "
-    f"before and {same['now'] * 1e3:.0f} ms now, so these two sets alone cannot credit the "
-    f"improvement to the model. The evidence for the model's change is within one run: the "
-    f"README in `results/calibrate/` sets a fold inside the loop beside the kernel's own "
-    f"time at that block size (the line through its two measured calls), from the same "
-    f"calibration. "
-    f"`auto`'s worst regret was over its 10% target in every run of both sets (now "
-    f"{', '.join(f'{g:.0%}' for g in regrets['now'])}), and one run of the three still has "
-    f"cells outside the band: the check's targets are not met, so these records do not "
-    f"validate the model. The same sum of parts, filled with published figures instead of "
-    f"these measurements, is what the rest of this section sets beside the paper's "
-    f"timings.")
+    f"Before, the runs had {', '.join(str(n) for n, _, _ in before)} of 48 cells within "
+    f"±{calibrate.BAND:.0%}, and `auto`'s worst regret was over its {rec_band:.0%} target in "
+    f"every run ({', '.join(f'{g:.0%}' for _, _, g in before)}): on mesh 8 at the shortest "
+    f"length the model priced the allreduce merge, whose max and two-operand sum are three "
+    f"collectives on XLA:CPU, below the one-collective allgather and all_to_all, and "
+    f"picked it, because its calibrations of mesh 8 took an all-reduce's α to be "
+    f"{min(alpha_us['before']):.0f} to {max(alpha_us['before']):.0f} µs. Timed as a chain, "
+    f"an all-reduce's α on mesh 8 is {min(alpha_us['now']):.0f} to "
+    f"{max(alpha_us['now']):.0f} µs in the runs now. With "
+    f"the model as it is now the runs have {', '.join(str(n) for n, _, _ in now)} of 48 "
+    f"cells within the band and `auto`'s worst regret is "
+    f"{', '.join(f'{g:.0%}' for _, _, g in now)}: both targets are met in one run of the "
+    f"three (before: in none), and each other run misses one, on mesh 2x4 at "
+    f"$T_k$ = 4,096. One is a cell ({misses['check-run3.json'][0]}). The other is a regret "
+    f"of {row['regret']:.0%}, between {row['picked']}, which the model picked, and "
+    f"{row['best']}, which it priced within 1% of each other; in the same run's cell "
+    f"rounds {row['picked']} measured faster than {row['best']}, the other way round, so "
+    f"at that cell the two measurements of one run disagree by more than the target. These "
+    f"records do not validate the model: they show how far it gets on this machine on one "
+    f"day, and the check exits 1 whenever a run misses. They say nothing of the GPU "
+    f"cluster: the same sum of parts, filled with published figures instead of these "
+    f"measurements, is what the rest of this section sets beside the paper's timings.")
 
 # %% [markdown]
 # Filled with published GPU figures, it predicts much larger ring/tree gaps than the paper
