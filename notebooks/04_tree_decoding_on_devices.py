@@ -379,8 +379,9 @@ print("plain average: wrong; no shift: NaN at large logits; global max shift: ex
 # %% [markdown]
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>Algorithm 3 is a local (o, lse) per shard, an Allreduce(max) of lse, and Allreduce(sum)s
-# of o·e^(lse−m) and e^(lse−m). The paper counts three Allreduces; XLA merges the two sums, so
-# two run. Nothing the size of the cache ever leaves a device.</p></div>
+# of o·e^(lse−m) and e^(lse−m). The paper counts three Allreduces; XLA merges the two sums
+# into one op, so the program holds two (XLA:CPU then runs that op's two operands one after
+# the other: notebook 8, §8.4). Nothing the size of the cache ever leaves a device.</p></div>
 #
 # ## 4.4 The energy path by hand (Algorithms 1–2)
 #
@@ -1031,7 +1032,7 @@ assert all(c.groups in ((), (tuple(range(8)),)) for c in auto2_stats.collectives
 # * Algorithm 3 is a local $(o, \text{lse})$ per shard, `pmax` of lse, and `psum` of
 #   $o\,e^{\text{lse}-m}$ and $e^{\text{lse}-m}$: ten lines, equal to a float64 numpy
 #   reference and to `tae.tree_decode`. The paper counts three Allreduces; XLA merges the two
-#   sums, so two run.
+#   sums into one op, so the program holds two (whose operands XLA:CPU runs one by one).
 # * The energy path is Algorithm 1 (distributed log-sum-exp) and `jax.grad` of it
 #   (Algorithm 2): equal to `tae.tree_decode_from_energy` and to attention, with three
 #   all-reduces.

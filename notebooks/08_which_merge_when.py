@@ -128,7 +128,7 @@ assert jax.device_count() == 8, jax.devices()
 #    bytes ($U$ for the unnormalised output; not $N$, which the paper and notebooks 3 and 6
 #    use for the sequence length).
 #
-# | pattern | shift $c$ | denominator $L$ | numerator $U$ | collectives in sequence |
+# | pattern | shift $c$ | denominator $L$ | numerator $U$ | collective ops in sequence |
 # |---|---|---|---|---|
 # | `allreduce` (Algorithm 3) | Allreduce(max) of $\ell_i$ | Allreduce(sum) | Allreduce(sum), in the same collective as $L$ | 2 (the paper's three Allreduces: max, $U$, $L$) |
 # | `allgather` | all-gather of every $(o_i, \ell_i)$, then locally | locally | locally | 1 |
@@ -262,7 +262,8 @@ by_hand = {}
 # (Some text extractions of the paper print line 4 without its minus signs, "exp(lse m)",
 # and line 6 as $n_g/d_a$; the lines above give both as the algorithm needs them.) Line 2 is `tae.local_state`; the code below is lines
 # 3 to 6. Its only liberty: the two sums of line 5 travel in **one** collective, a `psum` of
-# the pair, so two collectives run one after the other, not three. Every device ends with
+# the pair, so the program holds two collective ops, one after the other, not three (on
+# XLA:CPU that op's two operands then run one after the other, §8.4). Every device ends with
 # every head's output.
 
 # %%
@@ -1166,14 +1167,19 @@ display(Markdown(
 
 # %% [markdown]
 # On simulated devices a collective is a copy between buffers in one process, and XLA:CPU
-# runs each operand of an all-reduce as a collective of its own, one after the other
-# (`costmodel.Topology.operands_apart`: the calibration of §8.6 prices them so). One-pass's
-# single all-reduce carries three operands, numerator, denominator and flag: three
+# runs each operand of an all-reduce op as a collective of its own, one after the other (its
+# all-reduce thunk loops over the operands; over gloo, notebook 9 §9.8 times one ring per
+# operand; on these simulated devices, per `results/calibrate/README.md`, a two-operand
+# all-reduce took about twice a one-operand one in exploratory timings, not kept). The
+# calibration of §8.6 prices them so (`costmodel.Topology.operands_apart`). One-pass's
+# single all-reduce op carries three operands, numerator, denominator and flag: three
 # collectives, as many as the allreduce merge's max and its two-operand sum, so on this
-# machine it saves none (the next cell counts them). On a GPU cluster, where the model
-# prices one all-reduce op as one collective, the saving is one network latency per merge,
-# which the cost model above prices with published figures. That is also why
-# `merge="auto"` leaves `one_pass` out (`merges.AUTO_MERGES`): its cost depends on the data.
+# machine it saves none (the next cell counts them as the model lists them; it checks the
+# model's bookkeeping, not XLA). On a GPU cluster, where the model prices one all-reduce op
+# as one collective, the saving is one network latency per merge, which the cost model
+# above prices with published figures. `merge="auto"` leaves `one_pass` out
+# (`merges.AUTO_MERGES`) for another reason: its cost depends on the data (how often the
+# fallback runs).
 
 # %%
 shape_ops = dict(batch=1, q_len=1, q_heads=8, v_dim=64, p=p, stat_itemsize=4)
@@ -1194,7 +1200,8 @@ assert (n_ops["allreduce", False], n_ops["one_pass", False]) == (2, 1)  # "one .
 # weights alone returns inf or 0 inside itself. Inside the exact window the fast path is as
 # accurate as the allreduce merge (not bit-equal to it); outside, a flag in the same
 # Allreduce sends every device to the allreduce merge, whose result it then is, bit for bit.
-# It pays when latency dominates and the fallback is rare.</p></div>
+# It pays on a network when latency dominates and the fallback is rare; on XLA:CPU, where
+# each operand is a collective of its own, it saves none.</p></div>
 #
 # ## 8.5 Two rings: pass-KV against pass-Q
 #
@@ -1415,7 +1422,11 @@ merge_pred = [by_name[n]["predicted_s"] for n in costmodel.MERGES]
 slow_m, fast_m = max(merge_ms, key=merge_ms.get), min(merge_ms, key=merge_ms.get)
 spread = merge_ms[slow_m] / merge_ms[fast_m]
 model_spread = max(merge_pred) / min(merge_pred)  # from this run's live calibration
+# α of the ring's permute is a fit after the overhead; every other kind's is a chain's slope.
 zero_alpha = [kind for kind, link in cal.links.items() if round(link.alpha_s * 1e6) == 0]
+zero_fit = [kind for kind in zero_alpha if kind == "collective-permute"]
+zero_chain = [kind for kind in zero_alpha if kind != "collective-permute"]
+assert cal.topology.kernel_fixed_s == 0  # "prints 0 µs for it": one kernel length
 display(Markdown(
     f"In this run the predictions miss by {min(errors):+.0%} to {max(errors):+.0%}: "
     f"{within} of {len(rows)} within ±{calibrate.BAND:.0%}; the model over-predicted {over} and "
@@ -1423,9 +1434,9 @@ display(Markdown(
     + ("; so in this run the model's sum of parts does not describe the measured times. "
        if within < len(rows) / 2 else ". ")
     + "The model gives the six merge patterns "
-    + ("nearly the same time " if model_spread < 1.1 else f"times up to {model_spread:.2f}× apart ")
+    + f"times up to {model_spread:.2f}× apart "
     + f"({min(merge_pred) * 1e3:.1f}–{max(merge_pred) * 1e3:.1f} ms); their measured times "
-    f"differ by up to {spread:.1f}× ({slow_m} {merge_ms[slow_m]:.1f} ms, {fast_m} "
+    f"differ by up to {spread:.2f}× ({slow_m} {merge_ms[slow_m]:.1f} ms, {fast_m} "
     f"{merge_ms[fast_m]:.1f} ms). They move at most {max(merge_msgs) / 1e3:.0f} kB each "
     f"per collective over memory copies, so that spread is not the network's. In the recorded runs of the model check "
     f"one pattern at one length moved by up to {record_spread:.2f}× from run to run (the record"
@@ -1443,13 +1454,16 @@ display(Markdown(
     f"{p - 1} copies of a block ({(ring_pred.compute_s - p * block) * 1e3:.1f} ms), the "
     f"transfers and the broadcast ({ring_pred.comm_s * 1e3:.1f} ms) and the call overhead "
     f"({ring_pred.overhead_s * 1e3:.1f} ms). The ring took "
-    f"{by_name['ring']['median_s'] / by_name['allreduce']['median_s']:.0f}× the allreduce "
+    f"{by_name['ring']['median_s'] / by_name['allreduce']['median_s']:.1f}× the allreduce "
     f"merge's time (predicted "
-    f"{by_name['ring']['predicted_s'] / by_name['allreduce']['predicted_s']:.0f}×)."
-    + (f" The fitted α of {', '.join(zero_alpha)} prints as 0 µs: those small messages took "
-       f"no longer than the per-call overhead ({cal.overhead_s * 1e6:.0f} µs, or its share "
-       f"per step) that the fit subtracts first, so α is too small to measure against it, "
-       f"not zero." if zero_alpha else "")))
+    f"{by_name['ring']['predicted_s'] / by_name['allreduce']['predicted_s']:.1f}×)."
+    + (f" The fitted α of {', '.join(zero_fit)} prints as 0 µs: those small messages took "
+       f"no longer than their share of the per-call overhead ({cal.overhead_s * 1e6:.0f} µs) "
+       f"that the fit subtracts first, so α is too small to measure against it, "
+       f"not zero." if zero_fit else "")
+    + (f" The α of {', '.join(zero_chain)} prints as 0 µs: four chained collectives took no "
+       f"longer than one in this run, so the chain did not resolve it; it is not zero."
+       if zero_chain else "")))
 
 # %%
 names = [r["name"] for r in rows]
@@ -1495,10 +1509,11 @@ plt.show()
 # <div class="admonition tip"><p class="admonition-title">Takeaway</p>
 # <p>On simulated devices the merge patterns' measured times differ by up to the ratio
 # printed above the figure; the model's, from the same calibration, are printed beside
-# them (the sentence above the figure gives their range). The spread is not the network's (they move at most tens of kB per collective here, the figure printed
-# above, over memory copies). Beside it §8.6
-# prints how far the recorded runs of the model check moved one pattern from run to run: one
-# run of this clock does not rank them. What separates them on a
+# them (the sentence above the figure gives their range). The spread is not the network's
+# (they move at most tens of kB per collective here, the figure printed above, over memory
+# copies). The same sentence prints how far the recorded runs of the model check moved one
+# pattern from run to run, and whether that is as much as the spread between patterns here:
+# where it is, one run of this clock does not rank them. What separates them on a
 # cluster is a network's latency and bandwidth, which this machine does not have: the
 # crossover there comes from the model, with published figures.</p></div>
 #

@@ -712,6 +712,10 @@ def test_links_take_alpha_from_the_chain_and_the_overhead_from_its_no_op(mesh8, 
             (2**20, pytest.approx(1e-3)),
         ), kind
     assert cal.collective_points["psum chain"] == [(1, one), (microbench.CHAIN, four)]
+    from tree_attention_edu.perf import modelcheck
+
+    recorded = modelcheck.Report([], [], {"8": cal}).as_json()["calibrations"]["8"]
+    assert recorded["chains"]["psum chain"] == [(1, one), (microbench.CHAIN, four)]
 
 
 def _mesh8():

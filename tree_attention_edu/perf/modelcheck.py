@@ -125,6 +125,8 @@ class Report:
                     fold_points=cal.topology.fold_points,
                     window_points=cal.topology.window_points,
                     links={k: asdict(v) for k, v in cal.links.items()},
+                    # Each kind's (1, seconds) and (CHAIN, seconds) programs, α's source.
+                    chains={k: v for k, v in cal.collective_points.items() if k.endswith(" chain")},
                 )
                 for mesh, cal in self.calibrations.items()
             },
