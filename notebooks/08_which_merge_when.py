@@ -23,8 +23,8 @@
 #
 # Tree decoding (paper, Algorithm 3) merges the devices' partial states with a max over
 # devices, then sums. The paper counts *"three Allreduce operations in total"* (the max, the
-# numerator and the denominator); the two sums can travel in one collective, so two
-# collectives run one after the other. Serving systems today merge the same states in other
+# numerator and the denominator); the two sums can travel in one collective op, so two
+# collective ops run one after the other. Serving systems today merge the same states in other
 # ways:
 #
 # * vLLM's and SGLang's **decode context parallelism** all-gather the log-sum-exps and
@@ -130,7 +130,7 @@ assert jax.device_count() == 8, jax.devices()
 #
 # | pattern | shift $c$ | denominator $L$ | numerator $U$ | collective ops in sequence |
 # |---|---|---|---|---|
-# | `allreduce` (Algorithm 3) | Allreduce(max) of $\ell_i$ | Allreduce(sum) | Allreduce(sum), in the same collective as $L$ | 2 (the paper's three Allreduces: max, $U$, $L$) |
+# | `allreduce` (Algorithm 3) | Allreduce(max) of $\ell_i$ | Allreduce(sum) | Allreduce(sum), in the same collective op as $L$ | 2 (the paper's three Allreduces: max, $U$, $L$) |
 # | `allgather` | all-gather of every $(o_i, \ell_i)$, then locally | locally | locally | 1 |
 # | `reduce_scatter` (DCP) | all-gather of the $\ell_i$ only | computed locally from them | reduce-scatter over heads of $\frac{w_i}{L} o_i$ | 2 |
 # | `all_to_all` (Helix) | all-to-all over heads: device $j$ receives every $(o_i, \ell_i)$ of its own heads, then locally | locally | locally | 1 |
@@ -261,7 +261,7 @@ by_hand = {}
 #
 # (Some text extractions of the paper print line 4 without its minus signs, "exp(lse m)",
 # and line 6 as $n_g/d_a$; the lines above give both as the algorithm needs them.) Line 2 is `tae.local_state`; the code below is lines
-# 3 to 6. Its only liberty: the two sums of line 5 travel in **one** collective, a `psum` of
+# 3 to 6. Its only liberty: the two sums of line 5 travel in **one** collective op, a `psum` of
 # the pair, so the program holds two collective ops, one after the other, not three (on
 # XLA:CPU that op's two operands then run one after the other, §8.4). Every device ends with
 # every head's output.
@@ -282,14 +282,16 @@ print("allreduce by hand == attention   ✓")
 # ### 8.2.2 `allgather`: everything to everyone, then merge locally
 #
 # One all-gather brings every device's $(o_i, \ell_i)$ to every device, which then computes
-# the shift, the weights and both sums itself. One collective instead of two, but each
+# the shift, the weights and both sums itself. One collective op instead of two, but each
 # device receives $p$ states instead of one: it pays when the latency of a collective
 # matters more than its bytes.
 
 # %%
 def merge_allgather(out, lse):
-    outs, lses = lax.all_gather((out, lse), "x")  # [p, ...] on every device: one collective
-    return merge_stacked(outs, lses)
+    # One buffer, so one all-gather op (a tuple would be gathered array by array).
+    packed = jnp.concatenate([out, lse[..., None]], axis=-1)
+    got = lax.all_gather(packed, "x")  # [p, ...] on every device
+    return merge_stacked(got[..., :-1], got[..., -1])
 
 
 # The gathered result is the same on every device, but JAX types an all-gather's output as
@@ -382,7 +384,7 @@ def weights_outside(out, lse):
 def merge_one_pass(out, lse, outside=weights_outside):
     flag = jnp.any(outside(out, lse)).astype(out.dtype)  # 1 if any row of mine is outside
     w = jnp.exp(lse - SHIFT)
-    num, den, flag = lax.psum((w[..., None] * out, w, flag), "x")  # one collective
+    num, den, flag = lax.psum((w[..., None] * out, w, flag), "x")  # one collective op
     return lax.cond(flag > 0,
                     lambda: merge_allreduce(out, lse),  # the exact fallback
                     lambda: num / den[..., None])
@@ -1041,7 +1043,7 @@ for lse_value, size, *cancel in CASES.values():
 safe_mesh = on_mesh(lambda q, k, v: safe(*local(q, k, v)))
 np.testing.assert_allclose(safe_mesh(q, k, v), want, rtol=1e-12, atol=1e-13)
 assert [c.kind for c in tae.collective_stats(safe_mesh, q, k, v).fast_path().collectives] == [
-    "all-reduce"]  # still one collective on the fast path
+    "all-reduce"]  # still one collective op on the fast path
 print("outside_window flags every failing case, as the package does; the merge falls back bit "
       "for bit   ✓")
 
@@ -1167,16 +1169,18 @@ display(Markdown(
 
 # %% [markdown]
 # On simulated devices a collective is a copy between buffers in one process, and XLA:CPU
-# runs each operand of an all-reduce op as a collective of its own, one after the other (its
-# all-reduce thunk loops over the operands; over gloo, notebook 9 §9.8 times one ring per
-# operand; on these simulated devices, per `results/calibrate/README.md`, a two-operand
-# all-reduce took about twice a one-operand one in exploratory timings, not kept). The
+# runs each operand of an all-reduce op as a collective of its own, one after the other (the
+# runtime step that executes the op, XLA:CPU's `AllReduceThunk`, loops over its operands;
+# across processes, over gloo, the CPU collective library XLA uses there, notebook 9 §9.8
+# times one ring per operand; on these simulated devices, per `results/calibrate/README.md`,
+# a two-operand all-reduce took 315 µs over a no-op against 182 µs for a one-operand one,
+# in exploratory timings, not kept). The
 # calibration of §8.6 prices them so (`costmodel.Topology.operands_apart`). One-pass's
 # single all-reduce op carries three operands, numerator, denominator and flag: three
 # collectives, as many as the allreduce merge's max and its two-operand sum, so on this
 # machine it saves none (the next cell counts them as the model lists them; it checks the
 # model's bookkeeping, not XLA). On a GPU cluster, where the model prices one all-reduce op
-# as one collective, the saving is one network latency per merge, which the cost model
+# as one collective, the saving is one all-reduce's latency per merge, which the cost model
 # above prices with published figures. `merge="auto"` leaves `one_pass` out
 # (`merges.AUTO_MERGES`) for another reason: its cost depends on the data (how often the
 # fallback runs).
@@ -1200,8 +1204,9 @@ assert (n_ops["allreduce", False], n_ops["one_pass", False]) == (2, 1)  # "one .
 # weights alone returns inf or 0 inside itself. Inside the exact window the fast path is as
 # accurate as the allreduce merge (not bit-equal to it); outside, a flag in the same
 # Allreduce sends every device to the allreduce merge, whose result it then is, bit for bit.
-# It pays on a network when latency dominates and the fallback is rare; on XLA:CPU, where
-# each operand is a collective of its own, it saves none.</p></div>
+# It pays on a GPU cluster, where an all-reduce op is one collective, when latency dominates
+# and the fallback is rare; on XLA:CPU, in one process or over gloo, where each operand is a
+# collective of its own, it saves none.</p></div>
 #
 # ## 8.5 Two rings: pass-KV against pass-Q
 #
@@ -1825,7 +1830,7 @@ print(f"B = {B_a}, Tq = {Tq_a}, Hq = {Hq_a}, Hkv = {Hkv_a}, D = {D_a} ({B_a * Tq
 # * All six merges compute $U/L$ with a shift $c$; they differ in which collective finds $c$,
 #   which carries $L$ and $U$, and where the output ends up. Each is a few lines of
 #   `shard_map`, equal to `tae.attention` and to `tree_decode(merge=...)`. Algorithm 3's
-#   three Allreduces run as two collectives; the butterfly merges pairs of states in
+#   three Allreduces run as two collective ops; the butterfly merges pairs of states in
 #   $\log_2 p$ rounds of `ppermute`, and its compiled program holds exactly that many
 #   collective-permutes and no all-reduce.
 # * An Allreduce's $\log p$ belongs to the algorithm that runs it (NCCL's tree or NVLS,
