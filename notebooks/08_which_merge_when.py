@@ -276,7 +276,9 @@ def merge_allreduce(out, lse):
 
 by_hand["allreduce"] = on_mesh(lambda q, k, v: merge_allreduce(*local(q, k, v)))
 np.testing.assert_allclose(by_hand["allreduce"](q, k, v), want, rtol=1e-12, atol=1e-13)
-print("allreduce by hand == attention   ✓")
+ops = [c.kind for c in tae.collective_stats(by_hand["allreduce"], q, k, v).collectives]
+assert ops == ["all-reduce", "all-reduce"]  # "two collective ops, not three"
+print(f"allreduce by hand == attention   ✓   ({len(ops)} all-reduce ops in its program)")
 
 # %% [markdown]
 # ### 8.2.2 `allgather`: everything to everyone, then merge locally
@@ -288,7 +290,7 @@ print("allreduce by hand == attention   ✓")
 
 # %%
 def merge_allgather(out, lse):
-    # One buffer, so one all-gather op (a tuple would be gathered array by array).
+    # One buffer, so one all-gather op.
     packed = jnp.concatenate([out, lse[..., None]], axis=-1)
     got = lax.all_gather(packed, "x")  # [p, ...] on every device
     return merge_stacked(got[..., :-1], got[..., -1])
@@ -299,7 +301,9 @@ def merge_allgather(out, lse):
 by_hand["allgather"] = on_mesh(lambda q, k, v: merge_allgather(*local(q, k, v)),
                                check_vma=False)
 np.testing.assert_allclose(by_hand["allgather"](q, k, v), want, rtol=1e-12, atol=1e-13)
-print("allgather by hand == attention   ✓")
+ops = [c.kind for c in tae.collective_stats(by_hand["allgather"], q, k, v).collectives]
+assert ops == ["all-gather"]  # "one collective op instead of two"
+print("allgather by hand == attention   ✓   (one all-gather op in its program)")
 
 # %% [markdown]
 # ### 8.2.3 `reduce_scatter`: decode context parallelism (vLLM, SGLang)
@@ -1129,7 +1133,7 @@ for p_devices, bh in ((8, 16), (16, 16), (128, 16), (8, 65536), (16, 65536), (12
 # background load hits both alike. Its output is not checked; the sentence below it is
 # computed from the measurement and from a record: the package's model check
 # (`tree-attention-edu calibrate --check`, every pattern at three lengths) run three times
-# on an idle machine (`results/calibrate/check-run*.json`), which shows how far one merge
+# on an otherwise idle machine (`results/calibrate/check-run*.json`), which shows how far one merge
 # pattern's time at one length moves from one run to the next.
 
 # %%
@@ -1204,9 +1208,11 @@ assert (n_ops["allreduce", False], n_ops["one_pass", False]) == (2, 1)  # "one .
 # weights alone returns inf or 0 inside itself. Inside the exact window the fast path is as
 # accurate as the allreduce merge (not bit-equal to it); outside, a flag in the same
 # Allreduce sends every device to the allreduce merge, whose result it then is, bit for bit.
-# It pays on a GPU cluster, where an all-reduce op is one collective, when latency dominates
-# and the fallback is rare; on XLA:CPU, in one process or over gloo, where each operand is a
-# collective of its own, it saves none.</p></div>
+# On a GPU cluster, where an all-reduce op is one collective, it saves one all-reduce's
+# latency per merge: where latency dominates it pays while the fallback runs less than
+# about every other step (the break-even above), where bytes dominate the saving is a
+# sliver. On XLA:CPU, in one process or over gloo, where each operand is a collective of its
+# own, it saves none.</p></div>
 #
 # ## 8.5 Two rings: pass-KV against pass-Q
 #
@@ -1374,9 +1380,11 @@ print(f"adding payloads instead would put the crossover at Tq = {tq_payload:,}")
 # ## 8.6 Predicted against measured, on this machine
 #
 # Notebook 6 calibrated the alpha-beta model on this machine's simulated devices. Here the
-# same calibration covers every collective the patterns use (`measure_topology` with every
-# kind of `calibrate.COLLECTIVE_FNS`, each timed at message sizes spanning the patterns'
-# and the ring's own messages, and a fold of a block inside a compiled loop, the rings'
+# same calibration covers every collective the patterns use and prices each as measured,
+# the all-reduce included, where notebook 6's tree prices its all-reduces by formula over
+# the `ppermute` link (`measure_topology` with every kind of `calibrate.COLLECTIVE_FNS`, each
+# timed at message sizes spanning the patterns' and the ring's own messages and as a chain
+# for its latency, and a fold of a block inside a compiled loop, the rings'
 # work at every step (for the pass-Q ring, one block of heads of its own shard with its
 # query-block permute), timed at a tiny block and at 3/4 of the length checked:
 # `calibrate.fold_problems`, the curve printed below; the kernel alone is timed at one
@@ -1833,20 +1841,22 @@ print(f"B = {B_a}, Tq = {Tq_a}, Hq = {Hq_a}, Hkv = {Hkv_a}, D = {D_a} ({B_a * Tq
 #   three Allreduces run as two collective ops; the butterfly merges pairs of states in
 #   $\log_2 p$ rounds of `ppermute`, and its compiled program holds exactly that many
 #   collective-permutes and no all-reduce.
-# * An Allreduce's $\log p$ belongs to the algorithm that runs it (NCCL's tree or NVLS,
-#   recursive doubling), not to the word: run as a ring, as gloo runs XLA:CPU's, it pays
+# * An Allreduce's $\log p$ belongs to the algorithm that runs it (NCCL's tree, recursive
+#   doubling; NVLS reduces in the switch instead), not to the word: run as a ring, as gloo runs XLA:CPU's, it pays
 #   $2(p-1)$ latency terms (per operand on gloo, so the paper's merge pays three such
 #   rings: notebook 9, §9.8). The butterfly writes the tree into the program.
 # * The compiled programs move exactly the bytes of `costmodel.merge_collectives`. In bytes
 #   each device sends, `allgather` pays $p/2$ times `allreduce` for its single collective,
 #   `all_to_all` half, `reduce_scatter` a little more than half; `one_pass` one Allreduce
-#   with a flag and a conditional fallback. A collective costs between $\lceil \log_2 p
-#   \rceil$ and $2(p-1)$ latency terms, depending on its algorithm.
+#   with a flag and a conditional fallback. In the model's algorithms a collective costs
+#   between $\lceil \log_2 p \rceil$ and $2(p-1)$ latency terms (a switch that reduces in
+#   the network, as NVLS does, costs fewer).
 # * The one-pass merge's window must bound every term $e^x |o|$ and the reciprocal of the
 #   denominator, row by row, not just the weights: otherwise it returns `inf` or 0 inside its
 #   window. Inside the exact window it is as accurate as `allreduce`; past it, it falls back
-#   to `allreduce`, bit for bit. It saves one collective latency per merge and pays only if
-#   the fallback is rare.
+#   to `allreduce`, bit for bit. On a GPU cluster it saves one all-reduce's latency per
+#   merge, and pays while the fallback is rare enough (§8.4's break-even); on XLA:CPU, where
+#   each operand of an all-reduce op is a collective of its own, it saves none.
 # * The pass-Q ring moves queries and partial states instead of the cache, and does each
 #   block's work once: in bytes sent, cheaper than pass-KV until its queries ($T_q H_q D$
 #   numbers) are about the size of the cache ($T_k H_{kv}(D + D_v)$).

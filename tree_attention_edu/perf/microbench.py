@@ -186,8 +186,9 @@ def collective_chain_times(
 
 def chain_latency(one_s: float, chain_s: float, *, chain: int) -> float:
     """One collective's latency from `collective_chain_times`: `(chain_s − one_s)/(chain − 1)`,
-    the slope of a program's time in its number of dependent collectives (0 if the longer
-    program was not slower). `chain` is the one those times were measured with (>= 2); the
+    the slope of a program's time in its number of dependent collectives, each with the
+    small elementwise step that keeps XLA from merging them (0 if the longer program was
+    not slower). `chain` is the one those times were measured with (>= 2); the
     times are positive seconds."""
     for name, value in (("one_s", one_s), ("chain_s", chain_s)):
         validate.check_real(value, name, low=0.0, low_open=True, hint="a measured time")
