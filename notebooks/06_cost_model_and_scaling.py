@@ -995,12 +995,14 @@ fitted = calibrate.fit_link([(n, max(t - share, 0.0))
 np.testing.assert_allclose((fitted.alpha_s, fitted.beta_Bps),
                            (cal.ppermute.alpha_s, cal.ppermute.beta_Bps))  # the model's link
 assert fitted.points == () and cal.ppermute.points  # the model's link keeps its points
+assert calibrate.SMALL_MESSAGE == 16 * 1024  # "alpha at 16 KiB" (section 6.3's bullet)
 print(f"this run's ppermute, fitted as in Exercise 2 after subtracting each step's share "
       f"of the per-call overhead (the overhead over the {2 * (mesh.size - 1)} sends of one "
       f"timed program): alpha {fitted.alpha_s * 1e6:.0f} us, "
       f"beta {fitted.beta_Bps / 1e9:.2f} GB/s: the summary of the link the model prices "
       f"the ring with; it reads each message's time off a curve of "
-      f"{len(cal.ppermute.points)} points (alpha at 16 KiB for every smaller message, then "
+      f"{len(cal.ppermute.points)} points (alpha at {calibrate.SMALL_MESSAGE // 1024} KiB "
+      f"for every smaller message, then "
       f"the larger sizes), and beta prices a single message only beyond the largest (the "
       f"ring all-reduce's formula still uses alpha and beta)")
 print("fold curve, MB per device -> ms per fold in the loop:",
@@ -1334,13 +1336,15 @@ plt.show()
 # Two of the sets recorded there, three runs each, made on the same machine on the same
 # day (per that README): `results/calibrate/` holds the model as it is now, and
 # `results/calibrate/before/` the model before these changes (`before/older/` holds an
-# older set that this notebook does not read). Before, each collective's latency α was a lone collective's
-# time less a no-op program's, each timed on its own, and the local parameters (the
+# older set that this notebook does not read). Before, each collective kind's latency α
+# was a lone collective's time less a no-op program's, each timed on its own, and the
+# local parameters (the
 # kernel's decode bandwidth and its fixed part, the intercept of the kernel's time at two
 # lengths, which the check fits and §6.3's calibration does not; the copy rate; the fold
 # curves) were timed in rounds of their own before the cells. Now α is the slope of a
 # chain of dependent collectives (the first bullet of §6.3's list of what
-# `calibrate.measure_topology` measures), each operand of an all-reduce is priced as a
+# `calibrate.measure_topology` measures; the ring's `ppermute` keeps its fitted α), each
+# operand of an all-reduce is priced as a
 # collective of its own, and `calibrate --check` times the local programs again in the
 # same interleaved rounds as the cells it predicts, so that a slow spell of the host
 # falls on the calibration and on the cells alike. The runs also went from 7
@@ -1385,9 +1389,10 @@ fixed_us = {label: [r["calibrations"][m]["kernel_fixed_s"] * 1e6 for r in runs.v
                     for m in ("8", "2x4")] for label, runs in checks.items()}
 for label, runs in checks.items():
     for name, r in runs.items():
-        print(f"{label:>6} {name} mesh 8 alpha, us: " + ", ".join(
+        how = "chains" if label == "now" else "each a lone collective less a no-op"
+        print(f"{label:>6} {name} mesh 8 alpha ({how}), us: " + ", ".join(
             f"{k} {v['alpha_s'] * 1e6:.0f}" for k, v in r["calibrations"]["8"]["links"].items()
-            if k != "collective-permute") + "; the ring's ppermute (a fit, not a chain) "
+            if k != "collective-permute") + "; the ring's ppermute (a fit) "
             f"{r['calibrations']['8']['links']['collective-permute']['alpha_s'] * 1e6:.0f}")
     print(f"{label:>6} kernel fixed part, us: {', '.join(f'{f:.0f}' for f in fixed_us[label])}")
 before, now = summary["before"], summary["now"]
@@ -1400,6 +1405,10 @@ for rec in checks["before"].values():  # the worst regret: mesh 8, the shortest 
             if (c["mesh"], c["seq_len"]) == ("8", 4096)}
     assert pred["allreduce"] < min(pred["allgather"], pred["all_to_all"])
 assert inspect.signature(modelcheck.run).parameters["repeats"].default == 11  # "to 11"
+joint = cm.merge_collectives("allreduce", batch=1, q_len=1, q_heads=8, v_dim=64, p=8)
+assert sum(c for kind, _, c in joint if kind == "all-reduce") == 2  # "priced as two"
+for m in ("allgather", "all_to_all"):  # "the one-collective allgather and all_to_all"
+    assert len(cm.merge_collectives(m, batch=1, q_len=1, q_heads=8, v_dim=64, p=8)) == 1
 assert modelcheck.AUTO_REPEATS == 21  # "21 further interleaved rounds"
 assert [x.batch for x in modelcheck.AUTO_PROBLEMS] == [8]  # "with a batch of 8"
 assert max(alpha_us["before"]) < 50 < 100 < min(alpha_us["now"])
@@ -1604,9 +1613,9 @@ assert beta_need > node.mem_Bps
 #   machine by micro-benchmarks at other sizes (an overhead, each link's time per message
 #   size, the decode bandwidth, a fold inside the ring's loop), it is set beside tree and
 #   ring latencies it was not fitted to, on XLA:CPU; section 6.3 prints this run's errors,
-#   and §6.6 the recorded checks (`results/calibrate/`), before and after each collective's
-#   the changes that section lists (each collective's latency timed as a chain, each
-#   all-reduce operand priced apart, the local parts timed in the cells' rounds, 11 rounds):
+#   and §6.6 the recorded checks (`results/calibrate/`), before and after the changes that
+#   section lists (each collective kind's latency timed as a chain, all but the ring's
+#   `ppermute`, which is still a fit; each all-reduce operand priced apart; the local parts timed in the cells' rounds; 11 rounds):
 #   about as many cells within the band, `auto` no longer picking the allreduce merge on
 #   mesh 8 at the shortest length, and both
 #   targets met in one run of three (before: in none), so it is not validated (notebook 8,

@@ -27,7 +27,7 @@
 # collective ops run one after the other. Serving systems today merge the same states in other
 # ways:
 #
-# * vLLM's and SGLang's **decode context parallelism** all-gather the log-sum-exps and
+# * vLLM's and SGLang's **decode context parallelism** (DCP) all-gather the log-sum-exps and
 #   reduce-scatter the rescaled outputs over heads;
 # * TensorRT-LLM's **Helix parallelism** exchanges the partial states with an all-to-all over
 #   heads and merges them locally;
@@ -1182,8 +1182,8 @@ display(Markdown(
 # calibration of §8.6 prices them so (`costmodel.Topology.operands_apart`). One-pass's
 # single all-reduce op carries three operands, numerator, denominator and flag: three
 # collectives, as many as the allreduce merge's max and its two-operand sum, so on this
-# machine it saves none (the next cell counts them as the model lists them; it checks the
-# model's bookkeeping, not XLA). On a GPU cluster, where the model prices one all-reduce op
+# machine it saves no collective: each operand runs as one (the next cell counts them as
+# the model lists them; it checks the model's bookkeeping, not XLA). On a GPU cluster, where the model prices one all-reduce op
 # as one collective, the saving is one all-reduce's latency per merge, which the cost model
 # above prices with published figures. `merge="auto"` leaves `one_pass` out
 # (`merges.AUTO_MERGES`) for another reason: its cost depends on the data (how often the
@@ -1208,11 +1208,11 @@ assert (n_ops["allreduce", False], n_ops["one_pass", False]) == (2, 1)  # "one .
 # weights alone returns inf or 0 inside itself. Inside the exact window the fast path is as
 # accurate as the allreduce merge (not bit-equal to it); outside, a flag in the same
 # Allreduce sends every device to the allreduce merge, whose result it then is, bit for bit.
-# On a GPU cluster, where an all-reduce op is one collective, it saves one all-reduce's
-# latency per merge: where latency dominates it pays while the fallback runs less than
-# about every other step (the break-even above), where bytes dominate the saving is a
-# sliver. On XLA:CPU, in one process or over gloo, where each operand is a collective of its
-# own, it saves none.</p></div>
+# In the model with published DGX H100 figures (untested on a GPU), where an all-reduce op is
+# one collective, it saves one all-reduce's latency per merge: where latency dominates it
+# pays while the fallback runs less than about every other step (the break-even above),
+# where bytes dominate the saving is a sliver. On XLA:CPU, in one process or over gloo,
+# where each operand is a collective of its own, it saves no collective.</p></div>
 #
 # ## 8.5 Two rings: pass-KV against pass-Q
 #
@@ -1440,6 +1440,8 @@ zero_alpha = [kind for kind, link in cal.links.items() if round(link.alpha_s * 1
 zero_fit = [kind for kind in zero_alpha if kind == "collective-permute"]
 zero_chain = [kind for kind in zero_alpha if kind != "collective-permute"]
 assert cal.topology.kernel_fixed_s == 0  # "prints 0 µs for it": one kernel length
+assert set(dict(cal.topology.measured)) == {  # "prices each as measured, the all-reduce too"
+    "all-reduce", "all-gather", "reduce-scatter", "all-to-all"}
 display(Markdown(
     f"In this run the predictions miss by {min(errors):+.0%} to {max(errors):+.0%}: "
     f"{within} of {len(rows)} within ±{calibrate.BAND:.0%}; the model over-predicted {over} and "
@@ -1848,15 +1850,17 @@ print(f"B = {B_a}, Tq = {Tq_a}, Hq = {Hq_a}, Hkv = {Hkv_a}, D = {D_a} ({B_a * Tq
 # * The compiled programs move exactly the bytes of `costmodel.merge_collectives`. In bytes
 #   each device sends, `allgather` pays $p/2$ times `allreduce` for its single collective,
 #   `all_to_all` half, `reduce_scatter` a little more than half; `one_pass` one Allreduce
-#   with a flag and a conditional fallback. In the model's algorithms a collective costs
-#   between $\lceil \log_2 p \rceil$ and $2(p-1)$ latency terms (a switch that reduces in
-#   the network, as NVLS does, costs fewer).
+#   with a flag and a conditional fallback. In the model's algorithms an all-reduce,
+#   all-gather, reduce-scatter or all-to-all costs between $\lceil \log_2 p \rceil$ and
+#   $2(p-1)$ latency terms, a collective-permute one (a switch that reduces in the network,
+#   as NVLS does, would cost fewer).
 # * The one-pass merge's window must bound every term $e^x |o|$ and the reciprocal of the
 #   denominator, row by row, not just the weights: otherwise it returns `inf` or 0 inside its
 #   window. Inside the exact window it is as accurate as `allreduce`; past it, it falls back
-#   to `allreduce`, bit for bit. On a GPU cluster it saves one all-reduce's latency per
-#   merge, and pays while the fallback is rare enough (§8.4's break-even); on XLA:CPU, where
-#   each operand of an all-reduce op is a collective of its own, it saves none.
+#   to `allreduce`, bit for bit. In the model with published DGX H100 figures (untested on
+#   a GPU) it saves one all-reduce's latency per merge, and pays while the fallback is rare
+#   enough (§8.4's break-even); on XLA:CPU, where each operand of an all-reduce op is a
+#   collective of its own, it saves no collective.
 # * The pass-Q ring moves queries and partial states instead of the cache, and does each
 #   block's work once: in bytes sent, cheaper than pass-KV until its queries ($T_q H_q D$
 #   numbers) are about the size of the cache ($T_k H_{kv}(D + D_v)$).

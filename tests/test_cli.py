@@ -785,3 +785,21 @@ def test_gpu_bench_script_rejects_bad_args(capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("gpu_bench.py: error: argument"), err
+
+
+@pytest.mark.parametrize("rel_err, code", [(0.2, 0), (0.31, 1)])
+def test_calibrate_check_exits_1_when_a_cell_misses(monkeypatch, capsys, tmp_path, rel_err, code):
+    """`calibrate --check` exits 1 when the report holds a failure and 0 when it holds none,
+    naming the miss; the model check itself is stubbed (it is a benchmark, not a unit test)."""
+    from tree_attention_edu.perf import modelcheck
+
+    def fake_run(meshes, seq_lens, repeats, progress):
+        cell = modelcheck.Cell("ring", "8", 4096, 1.0 + rel_err, 1.0, rel_err)
+        return modelcheck.Report([cell], [], {})
+
+    monkeypatch.setattr(modelcheck, "run", fake_run)
+    out = tmp_path / "check.json"
+    got, err = call(["calibrate", "--check", "--json", str(out)], capsys)
+    assert got == code
+    assert json.loads(out.read_text())["cells"][0]["rel_err"] == rel_err
+    assert any("ring on 8 at Tk=4096" in line for line in err) == (code == 1)
