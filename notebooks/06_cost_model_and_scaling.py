@@ -768,7 +768,7 @@ assert latency_s > 1000 * bytes_s and bytes_s < 1e-7  # "dominates", "well under
 #   the small scaling step that keeps XLA from merging the chain), is an all-reduce's
 #   latency α, printed as `psum` in the table's first line. (For small
 #   messages a lone all-reduce less a trivial program timed apart does not give it: in
-#   earlier runs on mesh 8 the trivial program timed apart took as long as a lone
+#   earlier runs on mesh 8 the trivial program timed apart took about as long as a lone
 #   all-reduce, `results/calibrate/README.md`. Larger messages are still timed alone, less
 #   the overhead.) This notebook's tree does not use that α: its all-reduces are priced by
 #   MPICH's algorithms over the `ppermute` link, as set out above, and notebook 8 prices

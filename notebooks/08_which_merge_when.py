@@ -1183,9 +1183,10 @@ display(Markdown(
 # single all-reduce op carries three operands, numerator, denominator and flag: three
 # collectives, as many as the allreduce merge's max and its two-operand sum, so on this
 # machine it saves no collective: each operand runs as one (the next cell counts them as
-# the model lists them; it checks the model's bookkeeping, not XLA). On a GPU cluster, where the model prices one all-reduce op
-# as one collective, the saving is one all-reduce's latency per merge, which the cost model
-# above prices with published figures. `merge="auto"` leaves `one_pass` out
+# the model lists them; it checks the model's bookkeeping, not XLA). In the model with
+# published DGX H100 figures (untested on a GPU), where one all-reduce op is one
+# collective, the saving is one all-reduce's latency per merge. `merge="auto"` leaves
+# `one_pass` out
 # (`merges.AUTO_MERGES`) for another reason: its cost depends on the data (how often the
 # fallback runs).
 
@@ -1442,6 +1443,7 @@ zero_chain = [kind for kind in zero_alpha if kind != "collective-permute"]
 assert cal.topology.kernel_fixed_s == 0  # "prints 0 µs for it": one kernel length
 assert set(dict(cal.topology.measured)) == {  # "prices each as measured, the all-reduce too"
     "all-reduce", "all-gather", "reduce-scatter", "all-to-all"}
+assert cal.topology.operands_apart  # §8.4: "the calibration of §8.6 prices them so"
 display(Markdown(
     f"In this run the predictions miss by {min(errors):+.0%} to {max(errors):+.0%}: "
     f"{within} of {len(rows)} within ±{calibrate.BAND:.0%}; the model over-predicted {over} and "
@@ -1850,10 +1852,9 @@ print(f"B = {B_a}, Tq = {Tq_a}, Hq = {Hq_a}, Hkv = {Hkv_a}, D = {D_a} ({B_a * Tq
 # * The compiled programs move exactly the bytes of `costmodel.merge_collectives`. In bytes
 #   each device sends, `allgather` pays $p/2$ times `allreduce` for its single collective,
 #   `all_to_all` half, `reduce_scatter` a little more than half; `one_pass` one Allreduce
-#   with a flag and a conditional fallback. In the model's algorithms an all-reduce,
-#   all-gather, reduce-scatter or all-to-all costs between $\lceil \log_2 p \rceil$ and
-#   $2(p-1)$ latency terms, a collective-permute one (a switch that reduces in the network,
-#   as NVLS does, would cost fewer).
+#   with a flag and a conditional fallback. How many latency terms a collective costs
+#   depends on the algorithm that runs it (§8.7 counts them for each merge on one DGX
+#   node); a collective-permute costs one.
 # * The one-pass merge's window must bound every term $e^x |o|$ and the reciprocal of the
 #   denominator, row by row, not just the weights: otherwise it returns `inf` or 0 inside its
 #   window. Inside the exact window it is as accurate as `allreduce`; past it, it falls back

@@ -787,19 +787,30 @@ def test_gpu_bench_script_rejects_bad_args(capsys):
         assert len(err) == 1 and err[0].startswith("gpu_bench.py: error: argument"), err
 
 
-@pytest.mark.parametrize("rel_err, code", [(0.2, 0), (0.31, 1)])
-def test_calibrate_check_exits_1_when_a_cell_misses(monkeypatch, capsys, tmp_path, rel_err, code):
-    """`calibrate --check` exits 1 when the report holds a failure and 0 when it holds none,
-    naming the miss; the model check itself is stubbed (it is a benchmark, not a unit test)."""
+@pytest.mark.parametrize(
+    "rel_err, regret, code, miss",
+    [
+        (0.2, 0.10, 0, None),
+        (0.31, 0.0, 1, "ring on 8 at Tk=4096"),
+        (0.2, 0.11, 1, "auto on 2x4 at Tk=4096"),
+    ],
+)
+def test_calibrate_check_exits_1_when_a_cell_or_a_regret_misses(
+    monkeypatch, capsys, tmp_path, rel_err, regret, code, miss
+):
+    """`calibrate --check` exits 1 when the report holds a failure (a cell outside ±30% or a
+    regret over 10%) and 0 when it holds none, naming the miss; the model check itself is
+    stubbed (it is a benchmark, not a unit test)."""
     from tree_attention_edu.perf import modelcheck
 
     def fake_run(meshes, seq_lens, repeats, progress):
         cell = modelcheck.Cell("ring", "8", 4096, 1.0 + rel_err, 1.0, rel_err)
-        return modelcheck.Report([cell], [], {})
+        row = modelcheck.AutoRow("2x4", 4096, 1, 8, 8, "allgather", "all_to_all", regret)
+        return modelcheck.Report([cell], [row], {})
 
     monkeypatch.setattr(modelcheck, "run", fake_run)
     out = tmp_path / "check.json"
     got, err = call(["calibrate", "--check", "--json", str(out)], capsys)
     assert got == code
-    assert json.loads(out.read_text())["cells"][0]["rel_err"] == rel_err
-    assert any("ring on 8 at Tk=4096" in line for line in err) == (code == 1)
+    assert json.loads(out.read_text())["auto"][0]["regret"] == regret
+    assert (miss is None) or any(miss in line for line in err)
