@@ -1094,11 +1094,12 @@ for scale in (None, 5.0, 1e3):
 # (other weights, other roundings) and is held to the same bound; past it, one row on one device is enough
 # for all of them to fall back.
 #
-# **What it saves, what it adds.** On a network, the fast path saves the Allreduce(max): one
+# **What it saves, what it adds.** Where one all-reduce op runs as one collective (NCCL on
+# a GPU cluster, as the model prices DGX H100), the fast path saves the Allreduce(max): one
 # collective's latency per merge (per level of the mesh). It adds a flag, one number
 # per device, to the sum, which costs nothing, and a **conditional** whose predicate is the
 # sum's result: nothing after it can start before the flag has arrived, and when the flag
-# is up the step pays for three collectives instead of two. So it pays only if the fallback
+# is up the step pays for three collective ops instead of two. So it pays only if the fallback
 # is rare. On DGX H100 the cost model gives the break-even fallback rate $f^*$: with $t_1$
 # the fast path, $t_2$ the `allreduce` merge and $t_3 = t_1 + t_2$ the fallback, one-pass is
 # faster on average while $f < f^* = (t_2 - t_1) / (t_3 - t_1)$.
@@ -1444,6 +1445,7 @@ assert cal.topology.kernel_fixed_s == 0  # "prints 0 µs for it": one kernel len
 assert set(dict(cal.topology.measured)) == {  # "prices each as measured, the all-reduce too"
     "all-reduce", "all-gather", "reduce-scatter", "all-to-all"}
 assert cal.topology.operands_apart  # §8.4: "the calibration of §8.6 prices them so"
+assert calibrate.CHAIN == 4  # "four chained collectives" in the zero-α sentence
 display(Markdown(
     f"In this run the predictions miss by {min(errors):+.0%} to {max(errors):+.0%}: "
     f"{within} of {len(rows)} within ±{calibrate.BAND:.0%}; the model over-predicted {over} and "
