@@ -1178,7 +1178,8 @@ display(Markdown(
 # runtime step that executes the op, XLA:CPU's `AllReduceThunk`, loops over its operands;
 # across processes, over gloo, the CPU collective library XLA uses there, notebook 9 §9.8
 # times one ring per operand; on these simulated devices, per `results/calibrate/README.md`,
-# a two-operand all-reduce took 315 µs over a no-op against 182 µs for a one-operand one,
+# a two-operand all-reduce took 315 µs over a no-op timed in the same interleaved rounds,
+# against 182 µs for a one-operand one,
 # in exploratory timings, not kept). The
 # calibration of §8.6 prices them so (`costmodel.Topology.operands_apart`). One-pass's
 # single all-reduce op carries three operands, numerator, denominator and flag: three

@@ -588,7 +588,7 @@ def validate_patterns(
     shard and head window); the decode bandwidth, the kernel's fixed part, the copy rate
     and both curves are fitted from those rounds' medians (as `measure_topology` fits them)
     before predicting:
-    on a host whose memory-bound work runs a quarter slower for seconds at a time, a
+    on a host whose memory-bound work runs up to two-thirds slower for seconds at a time, a
     calibration timed in its own seconds can fall in another spell than the cells it
     predicts (`results/calibrate/README.md`). They are still other lengths than the cells',
     in programs of their own: nothing is fitted to the timings being predicted.
