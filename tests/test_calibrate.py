@@ -494,7 +494,8 @@ def test_collective_chain_times_times_every_program_in_one_call(mesh8):
         microbench.collective_chain_times(mesh8, nbytes=0, repeats=1)
 
 
-def test_operands_apart_prices_each_operand_of_an_all_reduce_as_one_collective():
+@pytest.mark.parametrize("heads", [8, 6])  # 6: p = 8 does not divide the heads
+def test_operands_apart_prices_each_operand_of_an_all_reduce_as_one_collective(heads):
     """Closed forms, with a measured all-reduce link (α, β): the allreduce merge's sum of
     numerator and denominator costs one α more when its operands run apart (the bytes are the
     same), one_pass's sum of three operands two α more; the other patterns hold no
@@ -509,7 +510,7 @@ def test_operands_apart_prices_each_operand_of_an_all_reduce_as_one_collective()
         1, 8, link, link, mem_Bps=2e9, flops=float("inf"), measured=(("all-reduce", link),)
     )
     apart = replace(base, operands_apart=True)
-    shape = dict(batch=1, q_heads=8, kv_heads=8, head_dim=64, itemsize=4)
+    shape = dict(batch=1, q_heads=heads, kv_heads=heads, head_dim=64, itemsize=4)
     extra = {"allreduce": alpha, "one_pass": 2 * alpha}
     for m in MERGE_NAMES:
         a, b = (predict.predict_merge(m, 4096, t, **shape) for t in (base, apart))
@@ -534,31 +535,39 @@ def _local_seconds(kernel, folds, p, *, overhead, bw, fixed, copy_bw, fold_s, wi
     return out
 
 
+def _curved_topology(mem_Bps, curve):
+    """8 devices on one node, links of 100 µs and 1 GB/s, 100 µs per call, and `curve` as
+    both fold curves: the topology the local refit tests start from."""
+    from tree_attention_edu.perf import links
+
+    link = links.Link(1e-4, 1e9)
+    return links.Topology(
+        1,
+        8,
+        link,
+        link,
+        mem_Bps=mem_Bps,
+        flops=float("inf"),
+        overhead_s=1e-4,
+        fold_points=curve,
+        window_points=curve,
+    )
+
+
 def test_refit_local_fits_the_rounds_times_as_measure_topology_does():
     """Closed forms, no clock: the kernel's two times on a line give back its rate and
     fixed part, the copy its rate, each fold loop pair `(t_p − t_1)/(p − 1)`; names that are
     not the local programs' are ignored, and every other field of the topology is kept. With
     one kernel problem, no fixed part; without folds, the curves are left as they were."""
-    from tree_attention_edu.perf import links, localfit
+    from tree_attention_edu.perf import localfit
 
     prob = benchmark.Problem(seq_len=4096, q_heads=8, kv_heads=8, head_dim=64)
     lens = (4096, 16384, 65536)
     kernel = localfit.kernel_problems(prob, 8, lens)
     folds = tuple(localfit.fold_problems(prob, 8, lens))
     assert [k.seq_len for k in kernel] == [3072, 49152]
-    link = links.Link(1e-4, 1e9)
     old_curve = ((1e3, 1e-5), (1e6, 1e-3))
-    topo = links.Topology(
-        1,
-        8,
-        link,
-        link,
-        mem_Bps=1.0,
-        flops=float("inf"),
-        overhead_s=1e-4,
-        fold_points=old_curve,
-        window_points=old_curve,
-    )
+    topo = _curved_topology(1.0, old_curve)
     fold_s, window_s = (2e-5, 7e-4, 4e-3, 2e-2), (1e-5, 2e-4, 9e-4, 3e-3)
     seconds = _local_seconds(
         kernel,
@@ -613,24 +622,14 @@ def test_validate_patterns_times_the_local_programs_in_the_cells_rounds(mesh8, m
     and the cells are predicted with the calibration refitted from them (which is returned);
     without, the calibration given is used as it is. The clock is replaced by synthetic
     times, so this checks the wiring, not a measurement."""
-    from tree_attention_edu.perf import links, localfit
+    from tree_attention_edu.perf import localfit
 
     prob = benchmark.Problem(seq_len=64, q_heads=8, kv_heads=8, head_dim=16)
     lens = [512, 1024]
     kernel = localfit.kernel_problems(prob, 8, lens)
     folds = tuple(localfit.fold_problems(prob, 8, lens))
-    link = links.Link(1e-4, 1e9)
-    topo = links.Topology(
-        1,
-        8,
-        link,
-        link,
-        mem_Bps=5e8,
-        flops=float("inf"),
-        overhead_s=1e-4,
-        fold_points=((1e3, 1e-5), (1e5, 1e-4)),
-        window_points=((1e3, 1e-5), (1e5, 1e-4)),
-    )
+    topo = _curved_topology(5e8, ((1e3, 1e-5), (1e5, 1e-4)))
+    link = topo.intra
     cal = calibrate.Calibration(1e-4, link, link, 5e8, topo, {})
     local_s = _local_seconds(
         kernel,

@@ -22,6 +22,7 @@ from .links import Topology
 from .microbench import (
     check_affine_problems,
     check_fold_problems,
+    check_sharded_problems,
     check_times,
     fit_local_affine,
     fold_loop_calls,
@@ -81,13 +82,7 @@ def check_kernel_problems(kernel: Any, p: int) -> tuple[benchmark.Problem, ...]:
             f"`kernel` must be one or two benchmark.Problem (shorter first), e.g. {eg}, got "
             f"{validate.describe(kernel)}."
         )
-    for i, prob in enumerate(kernel):
-        validate.check_instance(prob, benchmark.Problem, f"kernel[{i}]", eg)
-        if prob.seq_len % p:
-            raise ValueError(
-                f"`kernel[{i}].seq_len` = {prob.seq_len} is not a multiple of the {p} devices; "
-                f"e.g. {eg}."
-            )
+    check_sharded_problems(tuple(kernel), "kernel", p, eg)
     if len(kernel) == 2:
         check_affine_problems(tuple(kernel))
     return tuple(kernel)

@@ -385,6 +385,18 @@ def _fold_loop(mesh: Mesh, steps: int, kv_heads: int, windows: bool) -> Callable
     )
 
 
+def check_sharded_problems(problems: tuple, name: str, p: int, eg: str) -> None:
+    """Each of `problems` a `benchmark.Problem` whose `seq_len` shards evenly over `p`
+    devices; else an error naming `name[i]` and quoting `eg`."""
+    for i, prob in enumerate(problems):
+        validate.check_instance(prob, benchmark.Problem, f"{name}[{i}]", eg)
+        if prob.seq_len % p:
+            raise ValueError(
+                f"`{name}[{i}].seq_len` = {prob.seq_len} is not a multiple of the {p} "
+                f"devices; give lengths that shard evenly, e.g. {eg}."
+            )
+
+
 def check_fold_problems(problems: Any, p: int) -> tuple[benchmark.Problem, ...]:
     """`problems` for a fold curve on `p` devices, as a tuple: at least two
     `benchmark.Problem`s, each `seq_len` a multiple of `p`, their shards of different sizes
@@ -396,13 +408,7 @@ def check_fold_problems(problems: Any, p: int) -> tuple[benchmark.Problem, ...]:
             f"{validate.describe(problems)}."
         )
     problems = tuple(problems)
-    for i, prob in enumerate(problems):
-        validate.check_instance(prob, benchmark.Problem, f"problems[{i}]", eg)
-        if prob.seq_len % p:
-            raise ValueError(
-                f"`problems[{i}].seq_len` = {prob.seq_len} is not a multiple of the {p} "
-                f"devices; give lengths that shard evenly, e.g. {eg}."
-            )
+    check_sharded_problems(problems, "problems", p, eg)
     shards = [prob.kv_bytes // p for prob in problems]
     if len(set(shards)) < 2 or len(set(shards)) < len(shards):
         raise ValueError(
