@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+from tree_attention_edu.core import merges
 from tree_attention_edu.core.names import MERGE_NAMES
 from tree_attention_edu.perf import benchmark, calibrate, costmodel
 
@@ -100,7 +101,7 @@ def test_micro_benchmarks_span_the_pattern_messages():
     from tree_attention_edu.perf.benchmark import Problem
 
     prob = Problem(q_heads=16, kv_heads=16, head_dim=128)
-    sizes = calibrate._pattern_payloads(prob, 8, [8192, 32768])
+    sizes = calibrate.pattern_payloads(prob, 8, [8192, 32768])
     assert 16 * 130 * 4 * 8 in sizes  # the all-gather of the packed states, received
     assert 4096 * 16 * 128 * 4 in sizes  # the ring's K block at Tk = 32768
     probe = calibrate.message_sizes(sizes)
@@ -172,10 +173,105 @@ def test_kernel_fixed_part_is_paid_once_by_a_tree_and_per_block_by_rings():
         replace(base, kernel_fixed_s=-1.0)
 
 
+def test_regret_pairs_the_rounds():
+    """A slow spell that falls on some rounds of one pattern and not of another (it began
+    between them) moves their medians apart; the ratios in the same round do not move.
+    Closed form: picked is 1/1.1 of all_to_all in 4 of 5 rounds, so it is not slower, where
+    the medians (3.0 against 1.1) would say +173%. Against a pattern 4% faster in every
+    round, the regret is 4%."""
+    from tree_attention_edu.perf import modelcheck
+
+    among = ("allgather", "all_to_all")
+    rounds = {"allgather": [1.0, 1.0, 3.0, 3.0, 3.0], "all_to_all": [1.1, 1.1, 1.1, 3.3, 3.3]}
+    assert modelcheck.regret(rounds, "allgather", among) == ("allgather", 0.0)
+    assert modelcheck.regret(rounds, "all_to_all", among) == ("allgather", pytest.approx(0.1))
+    faster = {"allgather": [1.04, 2.08, 1.04], "all_to_all": [1.0, 2.0, 1.0]}
+    assert modelcheck.regret(faster, "allgather", among) == ("all_to_all", pytest.approx(0.04))
+    for bad, match in (
+        ({"allgather": [1.0]}, "lacks"),
+        ({"allgather": [1.0, 2.0], "all_to_all": [1.0]}, "same number"),
+        ({"allgather": [], "all_to_all": []}, "at least one"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            modelcheck.regret(bad, "allgather", among)
+    with pytest.raises(ValueError, match="`picked`"):
+        modelcheck.regret(rounds, "allreduce", among)
+
+
+def test_interleaved_times_draw_each_rounds_order_from_a_fixed_seed():
+    """Every call once per round (an untimed call, then the timed one), in an order drawn
+    afresh each round: a call does not follow the same neighbour in every round, as under a
+    rotation, and a second run draws the same orders."""
+    log: list[str] = []
+    calls = {n: (lambda n=n: log.append(n), ()) for n in "abcd"}
+
+    def orders():
+        log.clear()
+        times = benchmark.interleaved_times(calls, repeats=12)
+        assert all(len(t) == 12 for t in times.values())
+        timed = log[1::2]
+        assert log[::2] == timed  # each timed call right after its own untimed one
+        return [timed[i : i + 4] for i in range(0, 48, 4)]
+
+    first = orders()
+    assert all(sorted(r) == list("abcd") for r in first)
+    before_b = {r[r.index("b") - 1] for r in first if r.index("b")}
+    assert len(before_b) >= 2  # a rotation of abcd puts "a" before "b" in every such round
+    assert orders() == first
+
+
+def test_model_check_run_takes_the_regret_from_autos_own_rounds(monkeypatch):
+    """`run`'s wiring, with the calibration, the cells and the clock replaced: `auto`'s rows
+    come from `AUTO_REPEATS`-style rounds of the four patterns (`benchmark.pattern_calls`'
+    names), at every length for the cells' problem and at the shortest for each of
+    `auto_problems`, each regret the paired one (`regret`) and each median recorded. A slow
+    spell on some rounds leaves the regret alone."""
+    from tree_attention_edu.perf import links, modelcheck
+
+    link = links.Link(1e-4, 1e9)
+    topo = links.Topology(1, 8, link, link, mem_Bps=1e9, flops=float("inf"))
+    cal = calibrate.Calibration(1e-4, link, link, 1e9, topo, {})
+    monkeypatch.setattr(calibrate, "pattern_calibration", lambda *a, **k: cal)
+    monkeypatch.setattr(calibrate, "validate_patterns", lambda *a, **k: (cal, []))
+    monkeypatch.setattr(modelcheck, "pick", lambda topology, problem, n: "allgather")
+    factor = {"allreduce": 1.2, "allgather": 1.05, "reduce_scatter": 1.1, "all_to_all": 1.0}
+    spell = [1.0, 1.0, 1.6, 1.6, 1.0]  # rounds 2 and 3 slow for every pattern
+    seen = []
+
+    def rounds(calls, repeats):
+        seen.append((sorted(calls), repeats))
+        return {
+            k: [1e-3 * factor[k.split("@")[0]] * s * int(k.split("@")[1]) for s in spell]
+            for k in calls
+        }
+
+    monkeypatch.setattr(benchmark, "interleaved_times", rounds)
+    prob = benchmark.Problem(seq_len=64, q_heads=8, kv_heads=8, head_dim=16)
+    extra = replace(prob, batch=2)
+    report = modelcheck.run(
+        ["8"], [128, 64], problem=prob, auto_problems=(extra,), repeats=1, auto_repeats=5
+    )
+    autos = merges.AUTO_MERGES
+    assert seen == [
+        (sorted(f"{m}@{n}" for m in autos for n in (128, 64)), 5),
+        (sorted(f"{m}@64" for m in autos), 5),
+    ]
+    assert [(a.seq_len, a.batch) for a in report.auto] == [(64, 1), (128, 1), (64, 2)]
+    for a in report.auto:
+        assert (a.picked, a.best) == ("allgather", "all_to_all")
+        assert a.regret == pytest.approx(0.05, rel=1e-9)
+        assert a.medians_s["allgather"] == pytest.approx(1.05e-3 * a.seq_len)
+
+
 def test_model_check_regret_and_failures():
     from tree_attention_edu.perf import modelcheck
 
-    measured = {"allreduce": 2.0, "allgather": 1.0, "reduce_scatter": 1.05, "all_to_all": 3.0}
+    measured = {
+        "allreduce": [2.0],
+        "allgather": [1.0],
+        "reduce_scatter": [1.05],
+        "all_to_all": [3.0],
+    }
     assert modelcheck.regret(measured, "reduce_scatter") == ("allgather", pytest.approx(0.05))
     assert modelcheck.regret(measured, "allgather") == ("allgather", 0.0)
     cells = [
@@ -213,6 +309,7 @@ def test_model_check_regret_and_failures():
         "picked",
         "best",
         "regret",
+        "medians_s",
     }
 
 
@@ -600,6 +697,23 @@ def test_refit_local_fits_the_rounds_times_as_measure_topology_does():
     assert got.mem_Bps == pytest.approx(one[0].kv_bytes / 8 / (4e-4 + one[0].kv_bytes / 8 / 1.1e9))
 
 
+def test_ring_pass_calls_name_their_message_and_points_read_them(mesh8):
+    """Each program is named by the bytes one message moves (whole keys, at least one: a
+    key is 8 heads x 16 x 4 bytes = 512 here) and holds K = V of p times its keys;
+    `ring_pass_points` reads only those names, each time over 2(p − 1) = 14 messages."""
+    from tree_attention_edu.perf import ringlink
+
+    prob = benchmark.Problem(seq_len=64, q_heads=8, kv_heads=8, head_dim=16)
+    calls = ringlink.ring_pass_calls(mesh8, prob, [100, 1024, 5000])
+    assert list(calls) == ["ring pass 512", "ring pass 1024", "ring pass 4608"]
+    assert [c[1][0].shape for c in calls.values()] == [(1, 8 * k, 8, 16) for k in (1, 2, 9)]
+    times = {"ring pass 1024": 1.4e-3, "ring pass 512": 2.8e-4, "tree": 9.0, "ring": 9.0}
+    assert ringlink.ring_pass_points(8, times) == [
+        (512, pytest.approx(2e-5)),
+        (1024, pytest.approx(1e-4)),
+    ]
+
+
 def test_kernel_problems_are_three_quarters_of_each_end():
     from tree_attention_edu.perf import localfit
 
@@ -643,10 +757,17 @@ def test_validate_patterns_times_the_local_programs_in_the_cells_rounds(mesh8, m
         window_s=(1e-5, 1e-5, 2e-5),
     )
     seen = {}
+    alpha, beta = 3e-5, 2e9  # the ring-pass programs: 2(p - 1) messages and one overhead
 
     def fake(calls, repeats=5):
         seen.update(calls)
-        return {name: local_s.get(name, 2e-3) for name in calls}
+        sizes = {k: int(k.removeprefix("ring pass ")) for k in calls if k.startswith("ring pass ")}
+        # Latency alone up to SMALL_MESSAGE, then α + n/β: fit_link's closed form.
+        per = {
+            k: alpha + (n / beta if n > calibrate.SMALL_MESSAGE else 0) for k, n in sizes.items()
+        }
+        ring = {k: 14 * t + 1e-4 for k, t in per.items()}
+        return {name: ring.get(name, local_s.get(name, 2e-3)) for name in calls}
 
     monkeypatch.setattr(benchmark, "median_times", fake)
     got, rows = calibrate.validate_patterns(
@@ -654,12 +775,20 @@ def test_validate_patterns_times_the_local_programs_in_the_cells_rounds(mesh8, m
     )
     local_names = {n for n in seen if n.startswith("local ")}
     assert local_names == (set(local_s) if local else set())
-    assert {n for n in seen if not n.startswith("local ")} == {
+    ring_names = {n for n in seen if n.startswith("ring pass ")}
+    sizes = calibrate.message_sizes(calibrate.pattern_payloads(prob, 8, lens))
+    assert len(ring_names) == (len(sizes) if local else 0)
+    assert {n for n in seen if not n.startswith(("local ", "ring pass "))} == {
         f"{m}@{n}" for m in ("allreduce", "ring") for n in lens
     }
     if local:
         assert got.mem_Bps == got.topology.mem_Bps == pytest.approx(1.1e9, rel=1e-9)
         assert len(got.topology.fold_points) == len(folds)
+        # The ring's link refitted from its programs' rounds, less the overhead's share.
+        assert got.ppermute.alpha_s == pytest.approx(alpha, rel=1e-9)
+        assert got.ppermute.beta_Bps == pytest.approx(beta, rel=1e-9)
+        assert got.topology.intra == got.topology.inter == got.ppermute
+        assert got.links["collective-permute"] == got.ppermute
     else:
         assert got is cal
     for r in rows:
@@ -725,13 +854,14 @@ def _mesh8():
 
 def _bad_local_inputs():
     """(call, error, match) for the new public local-calibration functions."""
-    from tree_attention_edu.perf import links, localfit, microbench
+    from tree_attention_edu.perf import links, localfit, microbench, ringlink
 
     prob = benchmark.Problem(seq_len=64, q_heads=8, kv_heads=8, head_dim=16)
     two = (replace(prob, seq_len=768), replace(prob, seq_len=3072))
     link = links.Link(1e-4, 1e9)
     topo4 = links.Topology(1, 4, link, link, mem_Bps=1e9, flops=float("inf"))
     topo8 = links.Topology(1, 8, link, link, mem_Bps=1e9, flops=float("inf"))
+    topo2x4 = links.Topology(2, 4, link, link, mem_Bps=1e9, flops=float("inf"))
     return [
         (lambda: microbench.chain_latency(1e-3, 2e-3, chain=1), ValueError, "chain"),
         (lambda: microbench.chain_latency(1e-3, 2e-3, chain=True), TypeError, "chain"),
@@ -765,6 +895,28 @@ def _bad_local_inputs():
         ),
         (lambda: localfit.local_round_calls(_mesh8(), two, two[:1]), ValueError, "two shards"),
         (lambda: localfit.kernel_problems(prob, 8, 4096), TypeError, "seq_lens"),
+        (lambda: ringlink.refit_ring_link(topo8, []), TypeError, "times"),
+        (lambda: ringlink.refit_ring_link(topo8, {"local copy1": 1.0}), ValueError, "ring pass"),
+        (lambda: ringlink.refit_ring_link(topo8, {"ring pass 64": -1.0}), ValueError, "64"),
+        (lambda: ringlink.refit_ring_link("topo", {}), TypeError, "topology"),
+        (lambda: ringlink.refit_ring_link(topo2x4, {"ring pass 64": 1.0}), ValueError, "nodes"),
+        (lambda: ringlink.ring_pass_points(0, {}), ValueError, "`p`"),
+        (lambda: ringlink.ring_pass_points(8, {"ring pass 1e3": 1.0}), ValueError, "1e3"),
+        (lambda: ringlink.ring_pass_points(8, {"ring pass ²": 1.0}), ValueError, "positive int"),
+        (lambda: ringlink.ring_pass_points(8, {"ring pass 064": 1.0}), ValueError, "064"),
+        (lambda: ringlink.ring_pass_points(8, None), TypeError, "times"),
+        (lambda: ringlink.ring_link("ab", 1e-4, 8), TypeError, "points"),
+        (lambda: ringlink.ring_link([(1024, 1e-4)], float("nan"), 8), ValueError, "overhead_s"),
+        (lambda: ringlink.ring_link([(1024, 1e-4)], 1e-4, 0), ValueError, "`p`"),
+        (lambda: ringlink.ring_pass_calls(_mesh8(), prob, [0]), ValueError, r"sizes\[0\]"),
+        (lambda: ringlink.ring_pass_calls(_mesh8(), None, [64]), TypeError, "problem"),
+        (lambda: ringlink.ring_pass_calls("mesh", prob, [64]), TypeError, "mesh"),
+        (lambda: benchmark.pattern_calls(_mesh8(), prob, [64], ["tree"]), ValueError, "methods"),
+        (lambda: benchmark.pattern_calls(_mesh8(), None, [64], ["ring"]), TypeError, "base"),
+        (lambda: benchmark.pattern_calls(_mesh8(), prob, "64", ["ring"]), TypeError, "seq_lens"),
+        (lambda: benchmark.pattern_calls("mesh", prob, [64], ["ring"]), TypeError, "mesh"),
+        (lambda: calibrate.pattern_payloads(prob, 8, []), ValueError, "seq_lens"),
+        (lambda: calibrate.pattern_payloads({}, 8, [64]), TypeError, "problem"),
     ]
 
 

@@ -11,11 +11,15 @@ import math
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from . import memory
 from . import plumbing as cl
+
+if TYPE_CHECKING:
+    from ..perf.benchmark import Problem
 
 NAME = "calibrate"
 HELP = "measure the cost model's parameters; --check: predicted against measured, every cell"
@@ -64,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--repeats",
         type=cl.positive,
         default=11,
-        help="interleaved timed rounds of the cells (auto's regret takes 21 of its patterns)",
+        help="interleaved timed rounds of the cells (auto's regret takes 61 of its patterns)",
     )
     p.add_argument("--band", type=_band, default=None, help="relative error allowed (0.3)")
     p.add_argument("--json", default=None, help="write the cells and auto's rows here")
@@ -79,14 +83,6 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         for flag, given in (("--json", args.json), ("--band", args.band)):
             if given is not None:
                 parser.error(f"{flag} is for --check; add --check or leave out {flag}")
-    # validate_patterns holds every length's cache at once, with its local programs': the
-    # kernel at 3/4 of the shortest and of the longest, and the fold loops at 3/4 of each
-    # length, once for whole shards and once for windows (`perf.localfit`): all must fit.
-    quarters = [3 * n // 4 for n in args.seq_lens]
-    held = sum(args.seq_lens) + min(quarters) + max(quarters) + 2 * sum(quarters)
-    together = replace(modelcheck.PROBLEM, seq_len=held)
-    memory.check(parser, memory.decode(together, "--seq-lens"))
-    memory.check_positions(parser, "--seq-lens", max(args.seq_lens))
     sizes = {mesh: math.prod(modelcheck.parse_mesh(mesh)) for mesh in args.meshes}
     for mesh, devices in sizes.items():
         if min(args.seq_lens) < devices:
@@ -94,7 +90,27 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 f"--seq-lens {min(args.seq_lens)} leaves devices of mesh {mesh} without a key; "
                 f"give at least {devices}"
             )
+    # validate_patterns holds every length's cache at once, with its local programs': the
+    # kernel at 3/4 of the shortest and of the longest, and the fold loops at 3/4 of each
+    # length, once for whole shards and once for windows (`perf.localfit`), and the
+    # ring-pass programs' K and V at each message size (`ringlink.ring_pass_calls`): all
+    # must fit.
+    quarters = [3 * n // 4 for n in args.seq_lens]
+    held = sum(args.seq_lens) + min(quarters) + max(quarters) + 2 * sum(quarters)
+    memory.check(parser, memory.decode(replace(modelcheck.PROBLEM, seq_len=held), "--seq-lens"))
+    memory.check_positions(parser, "--seq-lens", max(args.seq_lens))  # before sizing a ring
+    held += max(_ring_pass_keys(modelcheck.PROBLEM, d, args.seq_lens) for d in sizes.values())
+    memory.check(parser, memory.decode(replace(modelcheck.PROBLEM, seq_len=held), "--seq-lens"))
     args.devices = max(sizes.values())  # `setup` simulates this many
+
+
+def _ring_pass_keys(problem: Problem, p: int, seq_lens: list[int]) -> int:
+    """Keys of a cache (K and V) as large as the ring-pass programs' on `p` devices."""
+    from ..perf import calibrate
+
+    key = problem.kv_bytes // (2 * problem.seq_len)  # one key's bytes, in K or V
+    sizes = calibrate.message_sizes(calibrate.pattern_payloads(problem, p, seq_lens))
+    return sum(max(1, n // key) * p for n in dict.fromkeys(sizes))
 
 
 def run(args: argparse.Namespace) -> int:

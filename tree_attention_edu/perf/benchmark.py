@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -460,10 +461,50 @@ def table(records: list[Record]) -> str:
 # --- timing ---------------------------------------------------------------------------------
 
 
+def check_pattern_cells(
+    mesh: Mesh, problem: Problem, seq_lens: Iterable[int], methods: Iterable[str], name: str
+) -> tuple[list[int], list[MergeName | RingName]]:
+    """`(seq_lens, methods)` of a run of patterns and rings (`pattern_calls`), checked by
+    name (`name`: the problem argument's): a mesh, a `Problem`, positive lengths and names
+    of `PATTERNS`."""
+    validate.check_instance(mesh, Mesh, "mesh", "e.g. tree_attention_edu.make_mesh(8, 'x')")
+    validate.check_instance(problem, Problem, name, "modelcheck.PROBLEM")
+    seq_lens = validate.check_sizes_list(seq_lens, "seq_lens", "(4096, 16384, 65536)")
+    methods = validate.check_sequence(
+        methods, "methods", "pattern or ring names", '("allreduce", "ring")'
+    )
+    for i, m in enumerate(methods):
+        validate.check_str_choice(m, PATTERNS, f"methods[{i}]")
+    return seq_lens, methods
+
+
+def pattern_calls(
+    mesh: Mesh,
+    base: Problem,
+    seq_lens: Iterable[int],
+    methods: Iterable[MergeName | RingName],
+) -> dict[str, tuple[Callable, tuple]]:
+    """Every pattern or ring of `methods` (`PATTERNS`) at every length of `seq_lens` on
+    `base`'s other sizes, as `"method@length" -> (fn, args)` for `median_times`: each
+    length's inputs made once and shared by its methods (the same shardings for all)."""
+    seq_lens, methods = check_pattern_cells(mesh, base, seq_lens, methods, "base")
+    calls = {}
+    for n in dict.fromkeys(seq_lens):
+        prob = Problem(**{**asdict(base), "seq_len": n})
+        q, _, _, k, v, kv_len = sharded_inputs(mesh, prob)
+        fns = method_fns(mesh, kv_len, methods)
+        shardings = next(iter(fns.values()))[1]
+        args = tuple(jax.device_put(x, s) for x, s in zip((q, k, v), shardings, strict=True))
+        calls.update({f"{m}@{n}": (fns[m][0], args) for m in methods})
+    return calls
+
+
 def median_times(calls: dict[str, tuple[Callable, tuple]], repeats: int = 5) -> dict[str, float]:
     """Median wall time of each `fn(*args)` of `calls` (`name -> (fn, args)`), the repeats
-    interleaved: `repeats` rounds that time every call once, in an order rotated by one each
-    round, so that noise from the rest of the machine hits every method alike. Each timed
+    interleaved: `repeats` rounds that time every call once, so that noise from the rest of
+    the machine hits every method alike, each round in an order drawn afresh (from a fixed
+    seed: the same orders in every run), so that no method follows the same neighbour in
+    every round, as a rotation by one would leave it in all but one round of p. Each timed
     call follows an untimed call of the same method: right after another method (a ring that
     freed hundreds of MB, say) the first call can be twice as slow on the simulated devices,
     which would charge one method for its neighbour."""
@@ -478,8 +519,9 @@ def interleaved_times(
     _check_repeats(repeats)
     names = list(calls)
     times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(repeats):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+    orders = random.Random(0)
+    for _ in range(repeats):
+        for name in orders.sample(names, len(names)):
             fn, args = calls[name]
             jax.block_until_ready(fn(*args))
             t0 = time.perf_counter()

@@ -62,7 +62,6 @@ from .microbench import (
     measure_local,
     measure_local_affine,
     message_sizes,
-    ring_pass_times,
 )
 from .microbench import SMALL_MESSAGE as SMALL_MESSAGE  # re-exported, with the three below
 from .microbench import local_calls as local_calls
@@ -70,6 +69,7 @@ from .microbench import local_rates as local_rates
 from .microbench import work_time as work_time
 from .patterns import RINGS, RingName, merge_collectives, pass_q_collectives, ring_collectives
 from .predict import Prediction, predict_merge, predict_pass_q_ring, predict_ring
+from .ringlink import refit_ring_link, ring_link, ring_pass_calls, ring_pass_points, ring_pass_times
 
 Progress = Callable[[str], None] | None
 PredictMethod = Literal["tree"] | MergeName | RingName
@@ -345,10 +345,8 @@ def _links(
         # than α (a lone call's median can fall under the chain's slope by noise).
         big = [(n, max(t - overhead, alpha)) for n, t in pts[k]]
         links[COLLECTIVE_KIND[k]] = fit_link([(SMALL_MESSAGE, alpha), *big], keep_points=True)
-    # One program per size holds 2(p-1) messages: its dispatch is spread over them.
-    share = overhead / (2 * max(mesh.size - 1, 1))
     pts["ppermute"] = ring_pass_times(mesh, prob, sizes, repeats=repeats)
-    link = fit_link([(n, max(t - share, 0.0)) for n, t in pts["ppermute"]], keep_points=True)
+    link = ring_link(pts["ppermute"], overhead, mesh.size)
     return overhead, links, link, pts
 
 
@@ -459,9 +457,11 @@ def calibration_table(cal: Calibration, rows: list[dict]) -> str:
 # --- merge patterns and rings ------------------------------------------------------------
 
 
-def _pattern_payloads(problem: benchmark.Problem, p: int, seq_lens: Iterable[int]) -> list[int]:
+def pattern_payloads(problem: benchmark.Problem, p: int, seq_lens: Iterable[int]) -> list[int]:
     """Every per-device message (bytes) the patterns and rings send at these sizes: the
     micro-benchmarks are run where the predictions will use them."""
+    validate.check_instance(problem, benchmark.Problem, "problem", "modelcheck.PROBLEM")
+    seq_lens = validate.check_sizes_list(seq_lens, "seq_lens", "(4096, 16384, 65536)")
     item = jnp.dtype(problem.dtype).itemsize
     stat = jnp.dtype(accum_dtype(problem.dtype)).itemsize
     shape: dict[str, Any] = dict(
@@ -523,7 +523,7 @@ def pattern_calibration(
         fold_problems=fold_problems(base, p, seq_lens),
         kernel_problem=long,
         short_kernel_problem=short[0] if short else None,
-        sizes=message_sizes(_pattern_payloads(base, p, seq_lens)),
+        sizes=message_sizes(pattern_payloads(base, p, seq_lens)),
         repeats=repeats,
         progress=progress,
         kinds=tuple(COLLECTIVE_FNS),
@@ -540,25 +540,6 @@ def _check_calibration(calibration: Any, p: int) -> None:
             f"`calibration` was measured on {calibration.topology.devices} devices and "
             f"`mesh` has {p}; calibrate this mesh (`pattern_calibration(mesh, ...)`)."
         )
-
-
-def _cell_calls(
-    mesh: Mesh,
-    base: benchmark.Problem,
-    seq_lens: list[int],
-    methods: Iterable[MergeName | RingName],
-) -> dict[str, tuple[Callable, tuple]]:
-    """`validate_patterns`' cells as `"method@length" -> (fn, args)`: each length's inputs
-    made once and shared by its methods."""
-    calls = {}
-    for n in seq_lens:
-        prob = benchmark.Problem(**{**asdict(base), "seq_len": n})
-        q, _, _, k, v, kv_len = benchmark.sharded_inputs(mesh, prob)
-        fns = benchmark.method_fns(mesh, kv_len, methods)
-        shardings = next(iter(fns.values()))[1]
-        args = tuple(jax.device_put(x, s) for x, s in zip((q, k, v), shardings, strict=True))
-        calls.update({f"{m}@{n}": (fns[m][0], args) for m in methods})
-    return calls
 
 
 def validate_patterns(
@@ -582,12 +563,14 @@ def validate_patterns(
     same inputs), all of them in the same interleaved rounds (`benchmark.median_times`), and
     is predicted by `predict`.
 
-    With `local=True`, the local calibration programs run in the same rounds: the kernel
-    at 3/4 of the shortest and of the longest length (`kernel_problems`), a copy of a
-    shard, and where the calibration has fold curves the fold loops (`fold_problems`, whole
-    shard and head window); the decode bandwidth, the kernel's fixed part, the copy rate
-    and both curves are fitted from those rounds' medians (as `measure_topology` fits them)
-    before predicting:
+    With `local=True`, the calibration's local and ring-pass programs run in the same
+    rounds: the kernel at 3/4 of the shortest and of the longest length (`kernel_problems`),
+    a copy of a shard, where the calibration has fold curves the fold loops
+    (`fold_problems`, whole shard and head window), and the ring's permutes at the message
+    sizes `pattern_calibration` times (`ringlink.ring_pass_calls`). The decode bandwidth,
+    the kernel's fixed part, the copy rate, both curves (`refit_local`) and the ring's
+    permute link (`refit_ring_link`) are fitted from those rounds' medians, as
+    `measure_topology` fits them, before predicting:
     on a host whose memory-bound work runs up to two-thirds slower for seconds at a time, a
     calibration timed in its own seconds can fall in another spell than the cells it
     predicts (`results/calibrate/README.md`). They are still other lengths than the cells',
@@ -597,18 +580,10 @@ def validate_patterns(
     "devices", "seq_len", "median_s", "predicted_s", "rel_err"}` (`rel_err = predicted /
     measured − 1`).
     """
-    validate.check_instance(mesh, Mesh, "mesh", "e.g. tree_attention_edu.make_mesh(8, 'x')")
-    seq_lens = validate.check_sizes_list(seq_lens, "seq_lens", "(8192, 16384, 32768)")
-    methods = validate.check_sequence(
-        methods, "methods", "pattern or ring names", '("allreduce", "ring")'
-    )
-    for i, m in enumerate(methods):
-        validate.check_str_choice(m, benchmark.PATTERNS, f"methods[{i}]")
+    base = problem or benchmark.Problem()
+    seq_lens, methods = benchmark.check_pattern_cells(mesh, base, seq_lens, methods, "problem")
     validate.check_bool(local, "local")
     validate.check_int(repeats, "repeats", example="`repeats=5`")
-    if problem is not None:
-        validate.check_instance(problem, benchmark.Problem, "problem", "modelcheck.PROBLEM")
-    base = problem or benchmark.Problem()
     p = mesh.size
     if calibration is not None:
         _check_calibration(calibration, p)
@@ -621,18 +596,19 @@ def validate_patterns(
     # machine (on the 2-core machine, seconds long, seen as every cell of one length off
     # by the same factor) then falls on a few rounds of every cell, and the medians pass
     # over it, instead of on every round of the one length timed during it.
-    calls = _cell_calls(mesh, base, seq_lens, methods)
+    calls = benchmark.pattern_calls(mesh, base, seq_lens, methods)
     kernel = kernel_problems(base, p, seq_lens)
     # Fold curves only where the calibration has them (not on one device).
     folds = tuple(fold_problems(base, p, seq_lens)) if calibration.topology.fold_points else ()
     if local:
         calls.update(local_round_calls(mesh, kernel, folds))
+        sizes = message_sizes(pattern_payloads(base, p, seq_lens))
+        calls.update(ring_pass_calls(mesh, base, sizes))
     if progress:
         progress(f"{len(methods)} methods at {len(seq_lens)} lengths, {repeats} rounds interleaved")
     seconds = benchmark.median_times(calls, repeats=repeats)
     if local:
-        topology = refit_local(calibration.topology, kernel, folds, seconds)
-        calibration = replace(calibration, mem_Bps=topology.mem_Bps, topology=topology)
+        calibration = _refit_in_rounds(calibration, kernel, folds, seconds)
     for n in seq_lens:
         prob = benchmark.Problem(**{**asdict(base), "seq_len": n})
         for name in methods:
@@ -641,6 +617,25 @@ def validate_patterns(
             row = dict(name=name, devices=p, seq_len=n, median_s=measured, predicted_s=predicted)
             rows.append({**row, "rel_err": predicted / measured - 1})
     return calibration, rows
+
+
+def _refit_in_rounds(
+    cal: Calibration, kernel: tuple, folds: tuple, seconds: dict[str, float]
+) -> Calibration:
+    """`cal` with its local parts and its ring's link fitted again from the medians of their
+    programs timed in other rounds (`refit_local`, `refit_ring_link`)."""
+    topo = refit_ring_link(refit_local(cal.topology, kernel, folds, seconds), seconds)
+    return replace(
+        cal,
+        mem_Bps=topo.mem_Bps,
+        topology=topo,
+        ppermute=topo.intra,
+        links={**cal.links, "collective-permute": topo.intra},
+        collective_points={
+            **cal.collective_points,
+            "ppermute": ring_pass_points(topo.devices, seconds),
+        },
+    )
 
 
 def measured_line(cal: Calibration) -> str:

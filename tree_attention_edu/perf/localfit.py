@@ -2,6 +2,7 @@
 part), a local copy's rate and the rings' in-loop fold curves. Which problems they are timed
 at (`kernel_problems`, `fold_problems`), their programs for timing in the rounds of other
 programs (`local_round_calls`), and the topology fitted from those times (`refit_local`).
+The ring's permute link is refitted the same way (`ringlink.refit_ring_link`).
 
 `calibrate.measure_topology` times them in rounds of their own; `calibrate.validate_patterns`
 with `local=True` times them in the same rounds as the cells it predicts, so that a spell of

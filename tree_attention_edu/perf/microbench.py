@@ -5,8 +5,6 @@
 * `collective_chain_times`: programs of one and of `CHAIN` dependent collectives of each
   kind, and the fixed cost of calling a program on the mesh, in the same rounds: each
   collective's latency (`chain_latency`) and the call overhead;
-* `ring_pass_times`: `ppermute` used the way the ring uses it, on blocks shaped like the
-  cache;
 * `local_calls`, `measure_local`: the xla kernel and a copy of a shard on every device at
   once (the simulated devices share one memory bus), as per-device rates (`local_rates`);
 * `fold_loop_times`: one fold inside a compiled loop, over a whole shard or a head window
@@ -196,50 +194,11 @@ def chain_latency(one_s: float, chain_s: float, *, chain: int) -> float:
     return max((chain_s - one_s) / (chain - 1), 0.0)
 
 
-def ring_pass_times(
-    mesh: Mesh, problem: benchmark.Problem, sizes: Iterable[int], *, repeats: int = 5
-) -> list[tuple[int, float]]:
-    """Seconds per message of `ppermute` used the way a ring uses it.
-
-    For each per-device message size, K and V blocks shaped like the problem's cache
-    (`[B, keys, Hkv, D]`) go around the ring for p−1 chained steps (each step's blocks are
-    read, as the decode does); the time is divided by the 2(p−1) messages. Communication
-    only: no attention. (On XLA:CPU, chained permutes of 4-D blocks cost several times what
-    one permute of a flat buffer suggests, so the link is measured in this shape.)
-    """
-    axes = tuple(mesh.axis_names)
-    p = mesh.size
-    perm = [(i, (i + 1) % p) for i in range(p)]
-    item = jnp.dtype(problem.dtype).itemsize
-    key_bytes = problem.batch * problem.kv_heads * problem.head_dim * item
-    spec = kv_spec(axes)
-
-    def body(k, v):
-        acc = jnp.zeros((), jnp.float32)
-        for _ in range(p - 1):
-            k_next, v_next = lax.ppermute(k, axes, perm), lax.ppermute(v, axes, perm)
-            acc = acc + jnp.sum(k, dtype=jnp.float32) + jnp.sum(v, dtype=jnp.float32)
-            k, v = k_next, v_next
-        return acc[None]
-
-    fn = jax.jit(
-        jax.shard_map(body, mesh=mesh, in_specs=(spec, spec), out_specs=P(axes), check_vma=False)
-    )
-    out = []
-    for n in sizes:
-        keys = max(1, n // key_bytes)
-        shape = (problem.batch, keys * p, problem.kv_heads, problem.head_dim)
-        x = jax.device_put(jnp.ones(shape, problem.dtype), NamedSharding(mesh, spec))
-        t = benchmark.median_time(fn, x, x, repeats=repeats)
-        out.append((keys * key_bytes, t / (2 * max(p - 1, 1))))
-    return out
-
-
 SMALL_MESSAGE = 16 * 1024
 """Messages up to this size measure latency (α); larger ones measure bandwidth (β)."""
 
 
-def fit_link(points: Iterable[tuple[int, float]], *, keep_points: bool = False) -> Link:
+def fit_link(points: Iterable[tuple[float, float]], *, keep_points: bool = False) -> Link:
     """Hockney parameters from `(bytes, seconds)` points, the way ping-pong benchmarks
     read them: α is the median time of the small messages (≤ `SMALL_MESSAGE`), β the median
     of `n / (t − α)` over the larger ones that took longer than α (inf if none did). A
@@ -252,7 +211,7 @@ def fit_link(points: Iterable[tuple[int, float]], *, keep_points: bool = False) 
     of the small ones, not one size's few noisy calls), then each larger size at the median
     of its times."""
     validate.check_bool(keep_points, "keep_points")
-    pts = _points(points)
+    pts = check_points(points)
     small = [t for n, t in pts if n <= SMALL_MESSAGE]
     big = [(n, t) for n, t in pts if n > SMALL_MESSAGE]
     if not small or not big:
@@ -277,7 +236,7 @@ def fit_link(points: Iterable[tuple[int, float]], *, keep_points: bool = False) 
     return Link(alpha_s=alpha, beta_Bps=beta, points=curve)
 
 
-def _points(points: Any) -> list[tuple[float, float]]:
+def check_points(points: Any) -> list[tuple[float, float]]:
     """`fit_link`'s points as a list of `(bytes, seconds)`, each checked by name."""
     eg = "[(1024, 2e-5), (2**20, 1e-4)]"
     if isinstance(points, str | bytes) or not isinstance(points, Iterable):

@@ -9,26 +9,31 @@ not checked, and a fold inside a compiled loop at a tiny block and at 3/4 of eac
 then `calibrate.validate_patterns` times every method at every length in the same
 interleaved rounds (11 by default), with the calibration's local programs in those rounds
 too (`local=True`: the kernel at its two lengths, a copy and the fold loops, whose rates,
-fixed part and curves are fitted from them, `perf.localfit`), and predicts each cell with
-that calibration. Nothing is fitted to the timings being predicted.
+fixed part and curves are fitted from them, `perf.localfit`, and the ring-pass programs,
+whose link is fitted from them, `perf.ringlink`), and predicts each cell with that
+calibration. Nothing is fitted to the timings being predicted.
 
-`auto`'s regret in a cell is `measured[picked] / measured[best] - 1`, where `picked` is what
-`best_merge` picks on the calibrated topology among `core.merges.AUTO_MERGES` (the patterns
-"auto" chooses from) and `best` is the fastest of them as measured, in `AUTO_REPEATS`
-interleaved rounds of those patterns alone (after the cells' rounds).
+`auto`'s regret in a cell compares `picked`, what `best_merge` picks on the calibrated
+topology among `core.merges.AUTO_MERGES` (the patterns "auto" chooses from), with each of
+them side by side, in `AUTO_REPEATS` interleaved rounds of those patterns alone (after the
+cells' rounds): against pattern `m`, the median over rounds of `picked`'s time over `m`'s
+in the same round, less 1 (`regret`). The regret is the largest, and `best` the pattern
+it is against.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from ..core import merges, validate
 from ..core.devices import make_mesh
-from ..core.names import MergeName
+from ..core.names import MERGE_NAMES, MergeName
 from ..core.numerics import accum_dtype
 from . import benchmark, calibrate
 from .crossover import best_merge
@@ -49,12 +54,14 @@ BAND = calibrate.BAND
 """A cell passes when `|predicted / measured - 1| <= BAND` (`calibrate.BAND`, ±30%)."""
 REGRET_BAND = 0.10
 """`auto` passes a cell when its pick is at most this much slower than the best."""
-AUTO_REPEATS = 21
+AUTO_REPEATS = 61
 """Interleaved rounds of the patterns `auto` picks among, timed again for its regret: the
 model prices them within a few percent of each other at these sizes, less than the
 run-to-run spread of a median of the cells' rounds on the 2-core machine
-(`results/calibrate/README.md`), and the fastest of four noisy medians is biased low by
-that noise."""
+(`results/calibrate/README.md`). A round of them (each call twice: untimed, then timed)
+takes about 0.36 s there at the three lengths with batch 1, about 22 s per mesh for all
+rounds, where one round of the cells takes several seconds (a ring at Tk = 65,536 alone
+0.6 s per call)."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +79,8 @@ class Cell:
 
 @dataclass(frozen=True)
 class AutoRow:
-    """`auto`'s pick in one cell against the fastest measured pattern it could pick."""
+    """`auto`'s pick in one cell against the patterns it could pick, in the same rounds:
+    `best` is the one it is slowest against (`regret`), itself where none is faster."""
 
     mesh: str
     seq_len: int
@@ -82,6 +90,8 @@ class AutoRow:
     picked: MergeName
     best: MergeName
     regret: float
+    medians_s: dict[str, float] = field(default_factory=dict, compare=False)
+    """Each pattern's median over the rounds: a record; the regret pairs the rounds."""
 
 
 @dataclass
@@ -164,27 +174,69 @@ def pick(topology: Topology, problem: benchmark.Problem, seq_len: int) -> MergeN
 
 
 def regret(
-    measured: dict[str, float], picked: MergeName, among: Sequence[str] = merges.AUTO_MERGES
+    rounds: dict[str, Sequence[float]],
+    picked: MergeName,
+    among: Sequence[str] = merges.AUTO_MERGES,
 ) -> tuple[MergeName, float]:
-    """`(best, measured[picked] / measured[best] - 1)`, best the fastest of `among`."""
-    best = min(among, key=lambda m: measured[m])
-    return best, measured[picked] / measured[best] - 1  # type: ignore[return-value]
+    """`(best, regret)` from interleaved rounds, `rounds[m][r]` the seconds of pattern `m`
+    in round `r` (every pattern of `among` timed in every round): `picked`'s slowdown
+    against `m` is the median over rounds of `rounds[picked][r] / rounds[m][r]` (with an
+    even count, the geometric mean of the middle two), less 1;
+    the regret is the largest over `among`, `best` the pattern it is against (`picked`
+    itself, with 0.0, where it is not slower than any). Ratios in the same round: a slow
+    spell of the host that falls on some rounds slows every pattern of those rounds and
+    leaves their ratio, where it can move two medians apart by more than the patterns
+    differ."""
+    eg = '{"allgather": [1.1e-3, 1.2e-3], "all_to_all": [1.0e-3, 1.3e-3]}'
+    if not isinstance(among, list | tuple):
+        raise TypeError(f"`among` must be a list or tuple of pattern names, got {among!r}.")
+    among = [validate.check_str_choice(m, MERGE_NAMES, f"among[{i}]") for i, m in enumerate(among)]
+    if picked not in among:
+        raise ValueError(f"`picked` must be one of `among` {among}, got {picked!r}.")
+    if not isinstance(rounds, dict):
+        raise TypeError(f"`rounds` must be a dict pattern -> seconds per round, e.g. {eg}.")
+    missing = [m for m in among if m not in rounds]
+    if missing:
+        raise ValueError(f"`rounds` lacks {missing}: time every pattern of `among`.")
+    for m in among:
+        times = validate.check_sequence(rounds[m], f"rounds[{m!r}]", "seconds per round", eg)
+        for r, t in enumerate(times):
+            validate.check_real(t, f"rounds[{m!r}][{r}]", low=0.0, low_open=True, hint="seconds")
+    counts = {m: len(rounds[m]) for m in among}
+    if len(set(counts.values())) != 1:
+        raise ValueError(
+            f"`rounds` must hold the same number of rounds for every pattern of `among` (each "
+            f"timed in every round), got {counts}."
+        )
+    best: MergeName = picked
+    worst = 0.0
+    for m in among:
+        # The median of log-ratios: with an even count of rounds too, m against picked is
+        # then exactly the inverse of picked against m.
+        logs = [math.log(a / b) for a, b in zip(rounds[picked], rounds[m], strict=True)]
+        slow = math.exp(statistics.median(logs))
+        if slow - 1 > worst:
+            best, worst = m, slow - 1  # type: ignore[assignment]  # checked: a MERGE_NAME
+    return best, worst
 
 
 def _auto_rows(
     mesh: str,
     problem: benchmark.Problem,
-    rows: list[dict],
+    times: dict[str, list[float]],
+    seq_lens: Sequence[int],
     topology: Topology,
 ) -> list[AutoRow]:
+    """`AutoRow`s at each of `seq_lens` from `times`, `benchmark.pattern_calls`' names in
+    rounds."""
     out = []
-    for n in sorted({r["seq_len"] for r in rows}):
-        measured = {r["name"]: r["median_s"] for r in rows if r["seq_len"] == n}
+    for n in sorted(set(seq_lens)):
+        rounds: dict[str, Sequence[float]] = {m: times[f"{m}@{n}"] for m in merges.AUTO_MERGES}
         picked = pick(topology, problem, n)
-        best, loss = regret(measured, picked)
-        out.append(
-            AutoRow(mesh, n, problem.batch, problem.q_heads, problem.kv_heads, picked, best, loss)
-        )
+        best, loss = regret(rounds, picked)
+        medians: dict[str, float] = {m: statistics.median(r) for m, r in rounds.items()}
+        shape = (problem.batch, problem.q_heads, problem.kv_heads)
+        out.append(AutoRow(mesh, n, *shape, picked, best, loss, medians))
     return out
 
 
@@ -201,9 +253,19 @@ def run(
     """Calibrate each mesh, then measure and predict every method at each length (`Cell`s),
     and `auto`'s regret there and on `auto_problems` at the shortest length (`AutoRow`s),
     from `auto_repeats` interleaved rounds of the patterns it picks among."""
-    validate.check_int(auto_repeats, "auto_repeats", example="`auto_repeats=21`")
+    validate.check_int(auto_repeats, "auto_repeats", example="`auto_repeats=61`")
+    validate.check_instance(problem, benchmark.Problem, "problem", "modelcheck.PROBLEM")
+    auto_problems = tuple(
+        validate.check_sequence(auto_problems, "auto_problems", "problems", "AUTO_PROBLEMS")
+        if not (isinstance(auto_problems, tuple | list) and len(auto_problems) == 0)
+        else ()
+    )
+    for i, x in enumerate(auto_problems):
+        validate.check_instance(x, benchmark.Problem, f"auto_problems[{i}]", "AUTO_PROBLEMS")
+    if progress is not None:
+        validate.check_callable(progress, "progress", "called with each step's name")
     seq_lens = validate.check_sizes_list(seq_lens, "seq_lens", "(4096, 16384, 65536)")
-    meshes = [str(m) for m in meshes]
+    meshes = [str(m) for m in validate.check_sequence(meshes, "meshes", "names", '("8", "2x4")')]
     for m in meshes:
         parse_mesh(m)
     cells: list[Cell] = []
@@ -232,16 +294,11 @@ def run(
         ]
         for extra, lens in ((problem, seq_lens), *((x, [min(seq_lens)]) for x in auto_problems)):
             extra = replace(extra, seq_len=min(lens))
-            _, rows = calibrate.validate_patterns(
-                mesh,
-                lens,
-                problem=extra,
-                methods=merges.AUTO_MERGES,
-                calibration=cal,
-                repeats=auto_repeats,
-                progress=progress,
-            )
-            autos += _auto_rows(name, extra, rows, cal.topology)
+            calls = benchmark.pattern_calls(mesh, extra, lens, merges.AUTO_MERGES)
+            if progress:
+                progress(f"auto: {len(calls)} programs, {auto_repeats} rounds interleaved")
+            times = benchmark.interleaved_times(calls, repeats=auto_repeats)
+            autos += _auto_rows(name, extra, times, lens, cal.topology)
     return Report(cells, autos, cals)
 
 
@@ -264,7 +321,11 @@ def table(report: Report) -> str:
         f"{'mesh':<5}{'seq_len':>9}{'batch':>6}{'heads':>7}  {'picked':<15}{'best':<15}"
         f"{'regret':>7}"
     )
-    lines += ["", "auto (calibrated model) against the fastest measured pattern", head]
+    lines += [
+        "",
+        "auto (calibrated model) against each pattern in the same rounds (the worst)",
+        head,
+    ]
     lines.append("-" * len(head))
     for a in report.auto:
         lines.append(
