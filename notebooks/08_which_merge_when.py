@@ -1751,7 +1751,8 @@ print(f"second map: one_pass wins {all_winners.count('one_pass')} of {cells} cel
 #   $\log_2 p$ latency terms, as many as `one_pass`'s recursive-doubling all-reduce, its
 #   rounds inside a node over NVLink and only $\log_2(\text{nodes})$ of them across.
 #   `merge="auto"` leaves it out (`merges.AUTO_MERGES`): how far its pick would be from the
-#   fastest measured pattern has not been measured with the butterfly among the choices.
+#   patterns it could pick, timed side by side, has not been measured with the butterfly
+#   among the choices.
 #   And the model lets every all-reduce run the better of ring and recursive doubling; on
 #   a transport that forces a ring, the butterfly is what pays off (notebook 9, §9.8).
 #

@@ -482,8 +482,9 @@ AUTO_MERGES: tuple[MergeName, ...] = tuple(
 """The patterns "auto" chooses from. "one_pass" is left out: its cost depends on the data
 (past its window it runs the exact merge as well, and costs more than "allreduce").
 "butterfly" is left out: the cost model prices its rounds by level
-(`perf.links.butterfly_time`), but the regret of "auto" (its pick against the fastest
-measured pattern) has not been measured with the butterfly among the choices."""
+(`perf.links.butterfly_time`), but the regret of "auto" (its pick against each pattern it
+could pick, timed in the same rounds) has not been measured with the butterfly among the
+choices."""
 
 
 class MergeProblem(NamedTuple):

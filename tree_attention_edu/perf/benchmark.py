@@ -504,7 +504,8 @@ def median_times(calls: dict[str, tuple[Callable, tuple]], repeats: int = 5) -> 
     interleaved: `repeats` rounds that time every call once, so that noise from the rest of
     the machine hits every method alike, each round in an order drawn afresh (from a fixed
     seed: the same orders in every run), so that no method follows the same neighbour in
-    every round, as a rotation by one would leave it in all but one round of p. Each timed
+    every round, as a rotation by one would leave it in all but one round of each cycle of
+    `len(calls)` rounds. Each timed
     call follows an untimed call of the same method: right after another method (a ring that
     freed hundreds of MB, say) the first call can be twice as slow on the simulated devices,
     which would charge one method for its neighbour."""
