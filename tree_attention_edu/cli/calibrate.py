@@ -69,7 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--repeats",
         type=cl.positive,
         default=11,
-        help="interleaved timed rounds of the cells (auto's regret takes 61 of its patterns)",
+        help="timed calls per calibration micro-benchmark (3x for the latency chains) and, "
+        "with --check, interleaved rounds of the cells (auto's regret takes 61 rounds of its "
+        "four patterns)",
     )
     p.add_argument("--band", type=_band, default=None, help="relative error allowed (0.3)")
     p.add_argument("--json", default=None, help="write the cells and auto's rows here")

@@ -10,7 +10,7 @@ Three measurements, each a median of timed calls after a warm-up:
 * `calibrate`: latency α (small messages) and bandwidth β (messages of the sizes the ring
   will send) of the simulated devices' `ppermute` with its measured curve, the per-device
   decode bandwidth with all devices busy, a fixed per-call overhead, and one fold inside a
-  compiled loop at other lengths (the micro-benchmarks of `microbench`,
+  compiled loop at other lengths (the micro-benchmarks of `microbench` and `ringlink`,
   put together by `measure_topology`); then `costmodel.predict_tree` / `predict_ring` with
   those parameters, against `benchmark.run` at several sequence lengths.
 

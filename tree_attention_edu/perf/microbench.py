@@ -393,7 +393,7 @@ def fold_loop_times(
     `(t_p − t_1)/(p − 1)`, which leaves out the call's dispatch and the loop's set-up. Each
     step scales the queries by its index, so that no step is the same computation as
     another and XLA cannot hoist the fold out of the loop. No K/V transfer: those are
-    `ring_pass_times`' (with `windows=True` each step permutes its query block, below).
+    `ringlink.ring_pass_times`' (with `windows=True` each step permutes its query block, below).
 
     * `windows=False` (`Topology.fold_points`): every step folds the whole shard, a block
       the loop touched the step before, as the pass-KV ring folds the block it has just
