@@ -565,8 +565,8 @@ def validate_patterns(
 
     With `local=True`, the calibration's local and ring-pass programs run in the same
     rounds: the kernel at 3/4 of the shortest and of the longest length (`kernel_problems`),
-    a copy of a shard, where the calibration has fold curves the fold loops
-    (`fold_problems`, whole shard and head window), and the ring's permutes at the message
+    a copy of one device's K at the longer, where the calibration has fold curves the fold
+    loops (`fold_problems`, whole shard and head window), and the ring's permutes at the message
     sizes `pattern_calibration` times (`ringlink.ring_pass_calls`). The decode bandwidth,
     the kernel's fixed part, the copy rate, both curves (`refit_local`) and the ring's
     permute link (`refit_ring_link`) are fitted from those rounds' medians, as

@@ -5,7 +5,7 @@
 * `collective_chain_times`: programs of one and of `CHAIN` dependent collectives of each
   kind, and the fixed cost of calling a program on the mesh, in the same rounds: each
   collective's latency (`chain_latency`) and the call overhead;
-* `local_calls`, `measure_local`: the xla kernel and a copy of a shard on every device at
+* `local_calls`, `measure_local`: the xla kernel and a copy of a K shard on every device at
   once (the simulated devices share one memory bus), as per-device rates (`local_rates`);
 * `fold_loop_times`: one fold inside a compiled loop, over a whole shard or a head window
   with its query-block permute (the rings' curves, `Topology.fold_points` and
@@ -517,10 +517,11 @@ def local_rates(
     overhead_s: float = 0.0,
 ) -> tuple[float, float]:
     """`(mem_Bps, copy_Bps)` per device from the times of `local_calls`' two programs: a
-    shard's K and V bytes over the kernel's time, a K shard's bytes over the copy's (read and
-    written once), each less the per-call `overhead_s` (`work_time`). The times are positive
-    seconds, `overhead_s >= 0`; where a time is not resolved above the overhead, the rate is
-    over the whole time, a lower bound (`work_time(copy_s, overhead_s)[1]` says which)."""
+    shard's K and V bytes over the kernel's time, and the same bytes (a K shard read and
+    written once) over the copy's, each less the per-call `overhead_s` (`work_time`). The
+    times are positive seconds, `overhead_s >= 0`; where a time is not resolved above the
+    overhead, the rate is over the whole time, a lower bound (`work_time(copy_s,
+    overhead_s)[1]` says which)."""
     validate.check_instance(
         problem, benchmark.Problem, "problem", "e.g. benchmark.Problem(seq_len=4096)"
     )

@@ -59,9 +59,9 @@ AUTO_REPEATS = 61
 model prices them within a few percent of each other at these sizes, less than the
 run-to-run spread of a median of the cells' rounds on the 2-core machine
 (`results/calibrate/README.md`). A round of them (each call twice: untimed, then timed)
-takes about 0.36 s there at the three lengths with batch 1, about 22 s per mesh for all
-rounds, where one round of the cells takes several seconds (a ring at Tk = 65,536 alone
-0.6 s per call)."""
+takes about 0.32 to 0.37 s there at the three lengths with batch 1, 20 to 23 s per mesh for
+all rounds (estimated from the recorded medians), where one round of the cells takes
+several seconds (a ring at Tk = 65,536 alone 0.6 s per call)."""
 
 
 @dataclass(frozen=True)
