@@ -1332,8 +1332,8 @@ plt.show()
 # MPICH's algorithms over the `ppermute` link), fits a fixed part to each kernel call (the
 # intercept of the kernel's time at two lengths), and after calibrating at other sizes it
 # times every cell in the same interleaved rounds as its local programs (the kernel at its
-# two lengths, a copy of one device's K at 3/4 of the longest length, the fold loops) and its
-# ring-shaped `ppermute` programs,
+# two lengths, a copy of every device's K shard at once at 3/4 of the longest length, the
+# fold loops) and its ring-shaped `ppermute` programs,
 # and fits those parts again from these rounds. So its errors are not comparable with §6.3's
 # table. Each run also records the regret of the calibrated model's pick among the four
 # patterns `merge="auto"` chooses from: how much slower it measured, round by round, than
@@ -1753,9 +1753,10 @@ assert beta_need > node.mem_Bps
 #   from a seed, the ring's `ppermute` programs passing K and V as two arrays and timed
 #   again in the cells' rounds, 61 rounds for the regret): both targets met in all three
 #   runs now on the simulated devices, as the check now measures the regret (before, as
-#   its own check measured it: in one of three); measured from the cells' own rounds, the
-#   one measure common to both sets, both targets are met in two runs of three before and
-#   now (one run now over 10%). The same band is not met on the 2×2×2 cluster (notebook 9)
+#   its own check measured it: in one of three, and the same formula over the new rounds
+#   meets them in all three); measured from the cells' own rounds, another measure common to
+#   both sets, both targets are met in two runs of three before and now (one run now over
+#   10%). The same band is not met on the 2×2×2 cluster (notebook 9)
 #   or against the recorded H200 kernels (§6.6 prints how far), so the project's issue for
 #   this model stays open. That is how far
 #   the model gets on this machine, not a validation of it (notebook 8, §8.6, runs a

@@ -565,12 +565,12 @@ def validate_patterns(
 
     With `local=True`, the calibration's local and ring-pass programs run in the same
     rounds: the kernel at 3/4 of the shortest and of the longest length (`kernel_problems`),
-    a copy of one device's K at the longer, where the calibration has fold curves the fold
-    loops (`fold_problems`, whole shard and head window), and the ring's permutes at the message
-    sizes `pattern_calibration` times (`ringlink.ring_pass_calls`). The decode bandwidth,
-    the kernel's fixed part, the copy rate, both curves (`refit_local`) and the ring's
-    permute link (`refit_ring_link`) are fitted from those rounds' medians, as
-    `measure_topology` fits them, before predicting:
+    a copy of every device's K shard at once at the longer, where the calibration has fold
+    curves the fold loops (`fold_problems`, whole shard and head window), and the ring's
+    permutes at the message sizes `pattern_calibration` times (`ringlink.ring_pass_calls`).
+    The decode bandwidth, the kernel's fixed part, the copy rate, both curves
+    (`refit_local`) and the ring's permute link (`refit_ring_link`) are fitted from those
+    rounds' medians, as `measure_topology` fits them, before predicting:
     on a host whose memory-bound work runs up to two-thirds slower for seconds at a time, a
     calibration timed in its own seconds can fall in another spell than the cells it
     predicts (`results/calibrate/README.md`). They are still other lengths than the cells',
