@@ -776,7 +776,7 @@ def test_validate_patterns_times_the_local_programs_in_the_cells_rounds(mesh8, m
     local_names = {n for n in seen if n.startswith("local ")}
     assert local_names == (set(local_s) if local else set())
     ring_names = {n for n in seen if n.startswith("ring pass ")}
-    sizes = calibrate.message_sizes(calibrate.pattern_payloads(prob, 8, lens))
+    sizes = calibrate.pattern_message_sizes(prob, 8, lens)
     assert len(ring_names) == (len(sizes) if local else 0)
     assert {n for n in seen if not n.startswith(("local ", "ring pass "))} == {
         f"{m}@{n}" for m in ("allreduce", "ring") for n in lens

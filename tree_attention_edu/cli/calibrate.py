@@ -112,7 +112,7 @@ def _ring_pass_keys(problem: Problem, p: int, seq_lens: list[int]) -> int:
     from ..perf import calibrate
 
     key = problem.kv_bytes // (2 * problem.seq_len)  # one key's bytes, in K or V
-    sizes = calibrate.message_sizes(calibrate.pattern_payloads(problem, p, seq_lens))
+    sizes = calibrate.pattern_message_sizes(problem, p, seq_lens)
     return sum(max(1, n // key) * p for n in dict.fromkeys(sizes))
 
 

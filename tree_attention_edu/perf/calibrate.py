@@ -499,6 +499,15 @@ def pattern_payloads(problem: benchmark.Problem, p: int, seq_lens: Iterable[int]
     return sizes
 
 
+def pattern_message_sizes(
+    problem: benchmark.Problem, p: int, seq_lens: Iterable[int]
+) -> tuple[int, ...]:
+    """The message sizes the links are timed at for these patterns and rings:
+    `message_sizes` spanning `pattern_payloads` (`pattern_calibration` and the ring-pass
+    programs `validate_patterns` times in the cells' rounds)."""
+    return message_sizes(pattern_payloads(problem, p, seq_lens))
+
+
 def pattern_calibration(
     mesh: Mesh,
     seq_lens: Iterable[int],
@@ -523,7 +532,7 @@ def pattern_calibration(
         fold_problems=fold_problems(base, p, seq_lens),
         kernel_problem=long,
         short_kernel_problem=short[0] if short else None,
-        sizes=message_sizes(pattern_payloads(base, p, seq_lens)),
+        sizes=pattern_message_sizes(base, p, seq_lens),
         repeats=repeats,
         progress=progress,
         kinds=tuple(COLLECTIVE_FNS),
@@ -602,8 +611,7 @@ def validate_patterns(
     folds = tuple(fold_problems(base, p, seq_lens)) if calibration.topology.fold_points else ()
     if local:
         calls.update(local_round_calls(mesh, kernel, folds))
-        sizes = message_sizes(pattern_payloads(base, p, seq_lens))
-        calls.update(ring_pass_calls(mesh, base, sizes))
+        calls.update(ring_pass_calls(mesh, base, pattern_message_sizes(base, p, seq_lens)))
     if progress:
         progress(f"{len(methods)} methods at {len(seq_lens)} lengths, {repeats} rounds interleaved")
     seconds = benchmark.median_times(calls, repeats=repeats)

@@ -255,11 +255,13 @@ def run(
     from `auto_repeats` interleaved rounds of the patterns it picks among."""
     validate.check_int(auto_repeats, "auto_repeats", example="`auto_repeats=61`")
     validate.check_instance(problem, benchmark.Problem, "problem", "modelcheck.PROBLEM")
-    auto_problems = tuple(
-        validate.check_sequence(auto_problems, "auto_problems", "problems", "AUTO_PROBLEMS")
-        if not (isinstance(auto_problems, tuple | list) and len(auto_problems) == 0)
-        else ()
-    )
+    if isinstance(auto_problems, tuple | list) and not auto_problems:
+        auto_problems = ()  # none is allowed; check_sequence refuses an empty one
+    else:
+        eg = "AUTO_PROBLEMS"
+        auto_problems = tuple(
+            validate.check_sequence(auto_problems, "auto_problems", "problems", eg)
+        )
     for i, x in enumerate(auto_problems):
         validate.check_instance(x, benchmark.Problem, f"auto_problems[{i}]", "AUTO_PROBLEMS")
     if progress is not None:
