@@ -1,10 +1,15 @@
 """What the cost model needs to know about a cluster on one machine, measured in the same
-interleaved rounds as the methods: each level's link (α and β, from all-reduces over the
-2-level mesh's "node" and "gpu" axes) and each device's local work (decode bandwidth, copy
-rate, and what a collective costs after the kernel), with every device busy.
+interleaved rounds as the methods, with every device busy:
 
-`level_calls` and `local_calls` are the programs to time (`name -> (fn, args)`);
-`fit_links` and `fit_local` read their times.
+* each level's link (α and β, from all-reduces over the 2-level mesh's "node" and "gpu"
+  axes) and the ring over all devices (from all-reduces over all of them, alone and in a
+  chain of `CHAIN`: `fit_chain`);
+* the all-gather and all-to-all over all devices, each measured on its own (`KINDS`);
+* each device's local work: the decode bandwidth as the collective after the kernel waits
+  for it (`waited_kernel_s`), and the copy rate.
+
+`level_calls` (with `kind_calls`) and `local_calls` are the programs to time
+(`name -> (fn, args)`); `fit_links` and `fit_local` read their times.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ def level_calls(ctx: Context) -> Calls:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
+    from ..perf import calibrate
+
     two, flat = (ctx.two, P(("node", "gpu"))), (ctx.flat, P(ctx.flat.axis_names))
 
     def program(on: tuple[Mesh, P], body: Callable[[Array], Array]) -> Callable[[Array], Array]:
@@ -70,18 +77,110 @@ def level_calls(ctx: Context) -> Calls:
             jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
         )
 
+    def chain(x: Array) -> Array:
+        # CHAIN dependent all-reduces; adding the device's index keeps each input
+        # unreplicated, so that XLA cannot fold an all-reduce of an all-reduce.
+        axes = ctx.flat.axis_names
+        for _ in range(CHAIN):
+            x = lax.psum(x, axes) + lax.axis_index(axes).astype(x.dtype)
+        return x
+
     fns = {
         "node": (two, program(two, lambda x: lax.psum(x, "node"))),
         "gpu": (two, program(two, lambda x: lax.psum(x, "gpu"))),
         "flat": (flat, program(flat, lambda x: lax.psum(x, ctx.flat.axis_names))),
+        "chain": (flat, program(flat, chain)),
         "noop": (two, program(two, lambda x: x + 1)),
     }
     calls: Calls = {}
     for name, ((mesh, spec), fn) in fns.items():
-        for n in sizes(ctx, "flat" if name == "flat" else "node"):
+        for n in sizes(ctx, "flat" if name in ("flat", "chain") else "node"):
+            if name == "chain" and n > calibrate.SMALL_MESSAGE:
+                continue
             ones = np.ones(ctx.two.size * (n // 4), np.float32)
             calls[f"{name} {n}"] = (fn, (jax.device_put(ones, NamedSharding(mesh, spec)),))
+    return {**calls, **kind_calls(ctx)}
+
+
+CHAIN = 3
+"""All-reduces over all devices in a "chain" program (`level_calls`), each on the last's
+result: a step of their ring as back-to-back all-reduces pay it (`fit_chain`)."""
+
+
+def fit_chain(ctx: Context, times: Times) -> dict[str, Any]:
+    """A step of the ring over all devices as back-to-back all-reduces pay it: the mean over
+    the small sizes and the rounds of `(chain − flat) / ((CHAIN − 1) · 2(p − 1))`, the
+    "chain" call's time less the lone all-reduce's of the same size and round
+    (`level_calls`), at least 0. The flat tree's and `one_pass`'s all-reduces over all
+    devices follow each other that way (XLA:CPU runs each operand of a combined one as its
+    own gloo all-reduce), and each of a lone call's steps also carries its share of waking
+    peers that a chain's later all-reduces find awake."""
+    from ..perf import calibrate
+
+    steps = 2 * (ctx.flat.size - 1)
+    small = [n for n in sizes(ctx, "flat") if n <= calibrate.SMALL_MESSAGE]
+    points = [
+        (n, (c - f) / ((CHAIN - 1) * steps))
+        for n in small
+        for c, f in zip(times[f"chain {n}"], times[f"flat {n}"], strict=True)
+    ]
+    return {
+        "alpha_s": max(float(np.mean([t for _, t in points])), 0.0),
+        "points": [[n, t] for n, t in points],
+    }
+
+
+KINDS = {"all_gather": "all-gather", "all_to_all": "all-to-all"}
+"""The collectives over all devices that merges issue besides all-reduces and permutes,
+each measured on its own (`kind_calls`): `calibrate.COLLECTIVE_FNS` name ->
+`collective_stats` kind."""
+KIND_SIZES = (1024, 4096, 1 << 20, 4 << 20)
+"""Bytes per device, counted as `collective_stats` counts them (what each device receives
+for an all-gather, what it sends otherwise), of the calls that measure each of `KINDS`:
+two small ones (α, <= `calibrate.SMALL_MESSAGE`) and two large (β)."""
+
+
+def kind_calls(ctx: Context) -> Calls:
+    """Each of `KINDS` over every device of the 2-level mesh, as the merges issue them, at
+    `KIND_SIZES`: `"NAME BYTES" -> (fn, args)`."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from ..perf import calibrate
+
+    mesh, axes, p = ctx.two, ("node", "gpu"), ctx.two.size
+    spec = P(axes)
+    calls: Calls = {}
+    for name in KINDS:
+        body = calibrate.COLLECTIVE_FNS[name](axes, p)
+        fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+        for n in KIND_SIZES:
+            words = n // 4 // p if name == "all_gather" else n // 4  # what each device sends
+            ones = np.ones(p * words, np.float32)
+            args = (jax.device_put(ones, NamedSharding(mesh, spec)),)
+            calls[f"{name} {n}"] = (fn, args)
     return calls
+
+
+def fit_kinds(times: Times, overhead: float) -> dict[str, dict[str, Any]]:
+    """Each of `KINDS` as a link (`calibrate.fit_link` on the points `(bytes, time −
+    overhead)` of its calls, `kind_calls`): `{kind: {"alpha_s", "beta_Bps", "points"}}`,
+    by `collective_stats` kind. On a machine with more threads than cores, most of a small
+    one's time is waking its peers, not the formula's steps: priced as measured
+    (`Topology.measured`)."""
+    from ..perf import calibrate
+
+    out = {}
+    for name, kind in KINDS.items():
+        points = [(n, max(t - overhead, 0.0)) for n in KIND_SIZES for t in times[f"{name} {n}"]]
+        link = calibrate.fit_link(points)
+        out[kind] = {
+            "alpha_s": link.alpha_s,
+            "beta_Bps": link.beta_Bps,
+            "points": [list(pt) for pt in points],
+        }
+    return out
 
 
 def fit_level(ctx: Context, axis: Level, times: Times, overhead: float) -> dict[str, Any]:
@@ -127,22 +226,33 @@ def fit_level(ctx: Context, axis: Level, times: Times, overhead: float) -> dict[
 
 
 def fit_links(ctx: Context, times: Times, rate_bps: float) -> dict[str, Any]:
-    """Both levels' fits and the flat ring's (`fit_level`) at the set rate, and the
-    per-call overhead."""
+    """Both levels' fits and the flat ring's (`fit_level`) at the set rate, each of
+    `KINDS` (`fit_kinds`), and the per-call overhead."""
     overhead = statistics.median(t for n in LEVEL_SIZES for t in times[f"noop {n}"])
     inter = fit_level(ctx, "node", times, overhead)
     intra = fit_level(ctx, "gpu", times, overhead)
     flat = fit_level(ctx, "flat", times, overhead)
+    # Every all-reduce over all devices in the methods follows another or the kernel
+    # (whose wait `fit_local` prices): a step as a chain pays it, the lone call's kept.
+    flat["alpha_alone_s"] = flat["alpha_s"]
+    flat["chain"] = fit_chain(ctx, times)
+    flat["alpha_s"] = flat["chain"]["alpha_s"]
+    kinds = fit_kinds(times, overhead)
     inter["set_Bps"] = rate_bps / 8
     ctx.say(
         f"link fit at {rate_bps / 1e9:g} Gbit/s: inter alpha {inter['alpha_s'] * 1e6:.0f} "
         f"us, beta {inter['beta_Bps'] / 1e6:.1f} MB/s ({inter['beta_Bps'] / inter['set_Bps']:.0%} "
         f"of the set {inter['set_Bps'] / 1e6:.1f} MB/s); intra alpha "
         f"{intra['alpha_s'] * 1e6:.0f} us, beta {intra['beta_Bps'] / 1e6:.0f} MB/s; a step "
-        f"of the ring over all {ctx.flat.size} devices: alpha {flat['alpha_s'] * 1e6:.0f} us, "
-        f"beta {flat['beta_Bps'] / 1e6:.1f} MB/s"
+        f"of the ring over all {ctx.flat.size} devices: alpha "
+        f"{flat['alpha_s'] * 1e6:.0f} us in a chain, "
+        f"{flat['alpha_alone_s'] * 1e6:.0f} us alone, beta {flat['beta_Bps'] / 1e6:.1f} MB/s; "
+        + "; ".join(
+            f"{kind} alpha {fit['alpha_s'] * 1e6:.0f} us, beta {fit['beta_Bps'] / 1e6:.1f} MB/s"
+            for kind, fit in kinds.items()
+        )
     )
-    return {"inter": inter, "intra": intra, "flat": flat, "overhead_s": overhead}
+    return {"inter": inter, "intra": intra, "flat": flat, "kinds": kinds, "overhead_s": overhead}
 
 
 # ---------------------------------------------------------------------------------------
@@ -160,8 +270,8 @@ def cal_len(ctx: Context) -> int:
 def local_calls(ctx: Context) -> Calls:
     """Programs that measure one device's local work with every device busy, timed in
     the same rounds as everything else: `calibrate.local_calls` ("kernel", "copy") at
-    `cal_len`, and for `sync_s`, "tiny" (an all-reduce of 4 bytes over every device)
-    and "both" (the kernel, then that all-reduce on its result)."""
+    `cal_len`, and for `waited_kernel_s`, "tiny" (an all-reduce of 4 bytes over every
+    device) and "both" (the kernel, then that all-reduce on its result)."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -197,28 +307,45 @@ def local_calls(ctx: Context) -> Calls:
     }
 
 
-def fit_local(ctx: Context, times: Times, overhead_s: float) -> dict[str, Any]:
-    """Per-device decode bandwidth and copy rate with all devices busy
-    (`calibrate.local_rates`), and `sync_s`: what a collective costs beyond its own
-    time when it follows the local kernel.
+def waited_kernel_s(everyone: dict[str, list[list[float]]]) -> float:
+    """The local kernel as a collective after it waits for it: the median, over every
+    process's rounds (`rounds_by_process`), of "both" less "tiny" (`local_calls`), in
+    seconds. Both calls pay the per-call overhead and the same 4-byte all-reduce, so their
+    difference is the time from the call to the last device's kernel, its wake-up
+    included, with nothing else."""
+    names = ("local both", "local tiny")
+    both, tiny = (everyone[n] for n in names)
+    return statistics.median(
+        b - t for bp, tp in zip(both, tiny, strict=True) for b, t in zip(bp, tp, strict=True)
+    )
 
-    On this machine the workers' threads outnumber the cores: a device that finishes its
-    shard first waits inside gloo, and waking it and its peers when the last one
-    arrives takes scheduler time that back-to-back collectives need not pay (with
-    in-process collectives it is zero). `sync_s` is the median over the rounds of
-    "both" less "kernel" and "tiny" (`local_calls`)."""
+
+def fit_local(
+    ctx: Context, times: Times, overhead_s: float, everyone: dict[str, list[list[float]]]
+) -> dict[str, Any]:
+    """Per-device decode bandwidth and copy rate with all devices busy
+    (`calibrate.local_rates`), the decode bandwidth as the collective after the kernel
+    sees it.
+
+    On this machine the workers' threads outnumber the cores. A process's kernel, timed
+    on its own, ends when its own devices finish ("kernel": `kernel_alone_Bps`); the
+    collective that follows ends only after the last device of every process has
+    finished, and it and its peers have been woken. That wait grows with the kernel's
+    length (3 to 9 ms over 2,048 to 16,384 keys on 8 devices of this 2-core machine,
+    measured 2026-11-28), so it is priced as a rate, not a constant: `mem_Bps` is a
+    shard's K and V bytes over `waited_kernel_s(everyone)`, at `cal_len` (never above
+    `kernel_alone_Bps`). `sync_s`, before this a constant charged on every call, is 0:
+    records made before keep theirs, and `methods.topologies` prices each record by its
+    own fields. `times` is this process's rounds, `everyone` every process's
+    (`rounds_by_process`)."""
     from ..perf import calibrate
 
     prob = ctx.s.problem(cal_len(ctx))
     med = {n: statistics.median(times[f"local {n}"]) for n in ("kernel", "copy", "tiny", "both")}
-    mem, copy = calibrate.local_rates(prob, ctx.s.devices, med["kernel"], med["copy"], overhead_s)
-    rounds = [
-        b - k - t
-        for b, k, t in zip(
-            times["local both"], times["local kernel"], times["local tiny"], strict=True
-        )
-    ]
-    sync = max(statistics.median(rounds), 0.0)
+    alone, copy = calibrate.local_rates(prob, ctx.s.devices, med["kernel"], med["copy"], overhead_s)
+    waited = waited_kernel_s(everyone)
+    shard = prob.kv_bytes / ctx.s.devices
+    mem = min(alone, shard / waited) if waited > 0 else alone
     # A copy no slower than a bare call has no measurable rate: say it is a lower bound.
     copy_text = (
         f"copy {copy / 1e9:.2f} GB/s"
@@ -226,15 +353,17 @@ def fit_local(ctx: Context, times: Times, overhead_s: float) -> dict[str, Any]:
         else f"copy at least {copy / 1e9:.2f} GB/s (not resolved above the per-call overhead)"
     )
     ctx.say(
-        f"local decode {mem / 1e9:.2f} GB/s and {copy_text} per device, all "
-        f"{ctx.s.devices} busy (Tk={prob.seq_len}); a collective after the kernel costs "
-        f"{sync * 1e3:.2f} ms more than alone"
+        f"local decode {mem / 1e9:.2f} GB/s per device as a collective after it waits "
+        f"for it ({alone / 1e9:.2f} GB/s timed alone) and {copy_text}, all "
+        f"{ctx.s.devices} busy (Tk={prob.seq_len})"
     )
     return {
         "mem_Bps": mem,
+        "kernel_alone_Bps": alone,
+        "waited_kernel_s": waited,
         "copy_Bps": copy,
         "overhead_s": overhead_s,
-        "sync_s": sync,
+        "sync_s": 0.0,
         "seq_len": prob.seq_len,
         "median_s": med,
     }

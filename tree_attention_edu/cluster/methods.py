@@ -198,6 +198,11 @@ def topologies(ctx: Context, links: dict[str, Any], local: dict[str, Any]) -> To
     # A step of the ring over all devices, measured on it (absent from records before it was)
     ring = links.get("flat")
     flat_ring = None if ring is None else costmodel.Link(ring["alpha_s"], ring["beta_Bps"])
+    # All-gathers and all-to-alls over all devices, each measured on its own (ditto)
+    measured = tuple(
+        (kind, costmodel.Link(fit["alpha_s"], fit["beta_Bps"]))
+        for kind, fit in links.get("kinds", {}).items()
+    )
     two = costmodel.Topology(
         nodes=s.nodes,
         devices_per_node=s.processes_per_node * s.devices_per_process,
@@ -211,6 +216,7 @@ def topologies(ctx: Context, links: dict[str, Any], local: dict[str, Any]) -> To
         ring_only=True,
         uplinks=1,
         flat_ring=flat_ring,
+        measured=measured,
         name="cluster of network namespaces (this machine)",
         sources=("measured by tree_attention_edu.cluster.levels",),
     )

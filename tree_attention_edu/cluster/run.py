@@ -316,6 +316,7 @@ def report(
             "inter": {**{k: inter[k] for k in first}, **inter},
             "intra": {**{k: intra[k] for k in first[:2]}, **intra},
             "flat": phase["links"]["flat"],
+            "kinds": phase["links"]["kinds"],
             "overhead_s": phase["links"]["overhead_s"],
         }
 
@@ -475,6 +476,21 @@ def summary(rep: dict) -> str:
                 else ""
             )
         )
+        if kinds := r["links"].get("kinds"):
+            rows.append(
+                "over all devices, each alone: "
+                + "; ".join(
+                    f"{kind} alpha {fit['alpha_s'] * 1e6:.0f} us, beta "
+                    f"{fit['beta_Bps'] / 1e6:.1f} MB/s"
+                    for kind, fit in kinds.items()
+                )
+            )
+        if (local := r.get("local")) and "waited_kernel_s" in local:
+            rows.append(
+                f"local decode per device: {local['mem_Bps'] / 1e9:.2f} GB/s as the "
+                f"collective after it waits for it, {local['kernel_alone_Bps'] / 1e9:.2f} "
+                "GB/s timed alone"
+            )
         head = (
             f"{'method':<15}{'median ms':>11}{'predicted':>11}{'rel err':>9}"
             f"{'inter B/dev':>13}{'intra B/dev':>13}{'link B':>12}{'max |err|':>11}"

@@ -8,8 +8,10 @@ run's two meshes (`context.start`).
 Then, at each link rate (the launcher changes the rate when process 0 asks, `request_rate`):
 
 1. each level's link: α and β from all-reduces of growing size over the 2-level mesh's
-   "node" and "gpu" axes (`levels.fit_links`);
-2. the local decode bandwidth and copy rate with every device busy (`levels.fit_local`);
+   "node" and "gpu" axes and over all devices (alone, and in a chain of three), and the
+   all-gather and all-to-all over all devices, each alone (`levels.fit_links`);
+2. the local decode bandwidth (as the collective after the kernel waits for it) and copy
+   rate with every device busy (`levels.fit_local`);
 3. every method on the same cache: median latency (repeats interleaved with the above),
    bytes sent per device on each level (from the compiled program's collectives and their
    replica groups), max |error| against a float64 numpy reference computed here, and the
@@ -102,11 +104,12 @@ def _phase(
     )
     times = benchmark.interleaved_times(calls, repeats=s.repeats)
     links = levels.fit_links(ctx, times, rate)
-    local = levels.fit_local(ctx, times, links["overhead_s"])
+    everyone = methods.rounds_by_process(times)
+    local = levels.fit_local(ctx, times, links["overhead_s"], everyone)
     topo = methods.topologies(ctx, links, local)
     records = methods.method_records(ctx, names, s.seq_len, times, static, topo, label)
     phase: dict[str, Any] = {"set_Bps": rate / 8, "links": links, "local": local}
-    phase["round_s_by_process"] = methods.rounds_by_process(times)
+    phase["round_s_by_process"] = everyone
     phase["methods"] = records
     if first and s.sweep:
         phase["crossover"] = crossover_sweep(ctx, topo, records, label)
