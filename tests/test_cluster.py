@@ -27,7 +27,7 @@ from reference import np_attention
 from test_launch import alive, all_pids, children, wait_until
 
 from tree_attention_edu.cluster import delay as dl
-from tree_attention_edu.cluster import launch, netns, probe, slurm
+from tree_attention_edu.cluster import launch, levels, netns, probe, slurm
 from tree_attention_edu.cluster import processes as ps
 from tree_attention_edu.cluster.methods import (
     CLUSTER_METHODS,
@@ -371,6 +371,18 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
     for level in ("inter", "intra"):
         assert rep["links"][level]["alpha_s"] >= 0 and rep["links"][level]["beta_Bps"] > 0
     assert rep["links"]["inter"]["set_Bps"] == 2e9 / 8
+    # The all-gather and all-to-all over all devices, each measured alone; the ring over
+    # all devices also as a chain; the local decode as the collective after it waits.
+    assert set(rep["links"]["kinds"]) == set(levels.KINDS.values())
+    for fit in rep["links"]["kinds"].values():
+        assert len(fit["points"]) == len(levels.KIND_SIZES) * rep["config"]["repeats"]
+        assert fit["alpha_s"] >= 0 and fit["beta_Bps"] > 0
+    flat = rep["links"]["flat"]
+    assert flat["alpha_s"] == flat["chain"]["alpha_s"] >= 0 and flat["alpha_alone_s"] >= 0
+    for rate in rep["rates"]:
+        local, rounds = rate["local"], rate["round_s_by_process"]
+        assert local["waited_kernel_s"] == levels.waited_kernel_s(rounds)
+        assert 0 < local["mem_Bps"] <= local["kernel_alone_Bps"] and local["sync_s"] == 0
     assert rep["config"]["nodes"] == 2 and rep["config"]["devices"] == 4
     # The crossover sweep, at the first rate: Tk=64 is the run's own length, 16 is timed anew.
     x = rep["crossover"]

@@ -816,6 +816,143 @@ def test_a_ring_measured_over_all_devices_prices_their_gloo_collectives():
     ]
 
 
+def _cluster_settings(**over):
+    from tree_attention_edu.cluster.context import Settings
+
+    fields = dict(
+        nodes=2,
+        processes_per_node=2,
+        devices_per_process=2,
+        coordinator="",
+        rates_bps=[1e9],
+        seq_len=16384,
+        methods=["tree"],
+        repeats=3,
+        sweep=[],
+        batch=1,
+        q_heads=8,
+        kv_heads=8,
+        head_dim=64,
+        seed=0,
+        init_timeout=1,
+        control="",
+    )
+    return Settings(**(fields | over))
+
+
+def test_the_cluster_prices_all_gathers_and_all_to_alls_as_measured_alone():
+    """`levels.fit_kinds` reads α (the median of the small calls) and β (the median of
+    n/(t−α) over the large) of each kind from times `overhead + α + n/β`;
+    `methods.topologies` hands them to the 2-level topology as `measured`, which prices
+    those kinds and no other; a record without them (before) prices by the formulas."""
+    from tree_attention_edu.cluster import levels, methods
+    from tree_attention_edu.perf import calibrate
+
+    overhead = 3e-4
+    want = {"all-gather": cm.Link(4e-3, 80e6), "all-to-all": cm.Link(2e-3, 50e6)}
+    times = {
+        f"{name} {n}": [overhead + want[kind].send(n) + jitter for jitter in (-1e-5, 0, 1e-5)]
+        for name, kind in levels.KINDS.items()
+        for n in levels.KIND_SIZES
+    }
+    fits = levels.fit_kinds(times, overhead)
+    assert set(fits) == {"all-gather", "all-to-all"}
+    small = [n for n in levels.KIND_SIZES if n <= calibrate.SMALL_MESSAGE]
+    assert len(small) == 2  # α: the median of both sizes' times, their mean (jitter cancels)
+    for kind, link in want.items():
+        assert fits[kind]["alpha_s"] == pytest.approx(link.alpha_s + sum(small) / 2 / link.beta_Bps)
+        # β: n/(t − α) at MBs, off by that α's n/β share (32 us of >= 13 ms): under 0.3%
+        assert fits[kind]["beta_Bps"] == pytest.approx(link.beta_Bps, rel=3e-3)
+        assert len(fits[kind]["points"]) == 3 * len(levels.KIND_SIZES)
+    s = SimpleNamespace(nodes=2, processes_per_node=2, devices_per_process=2, devices=8)
+    fit = {
+        "inter": {"alpha_s": 20e-3, "beta_Bps": 100e6},
+        "intra": {"alpha_s": 1e-3, "beta_Bps": 400e6},
+        "overhead_s": 0.0,
+        "kinds": {k: {"alpha_s": v.alpha_s, "beta_Bps": v.beta_Bps} for k, v in want.items()},
+    }
+    local = {"mem_Bps": 1e9, "sync_s": 0.0, "copy_Bps": 1e9}
+    two, _ = methods.topologies(SimpleNamespace(s=s), fit, local)
+    older, _ = methods.topologies(SimpleNamespace(s=s), fit | {"kinds": {}}, local)
+    n = 3696.0
+    for kind, link in want.items():
+        assert cm.collective_time(kind, n, two) == pytest.approx(link.alpha_s + n / link.beta_Bps)
+        assert cm.collective_time(kind, n, older) != pytest.approx(link.send(n))
+    for kind in ("all-reduce", "collective-permute", "reduce-scatter"):
+        assert cm.collective_time(kind, n, two) == cm.collective_time(kind, n, older)
+
+
+def test_the_cluster_prices_a_step_of_back_to_back_all_reduces_from_a_chain():
+    """`levels.fit_chain`: each round's chain of `CHAIN` all-reduces over all p devices,
+    less the lone all-reduce of the same size and round, over (CHAIN − 1)·2(p − 1) steps,
+    averaged over the small sizes and rounds; at least 0."""
+    from tree_attention_edu.cluster import levels
+    from tree_attention_edu.perf import calibrate
+
+    ctx = SimpleNamespace(flat=SimpleNamespace(size=8))
+    steps = 2 * 7
+    small = [n for n in levels.sizes(ctx, "flat") if n <= calibrate.SMALL_MESSAGE]
+    lone = [0.9e-3, 2.0e-3, 0.7e-3]  # a lone call's step, per round (wakes peers)
+    chained = [0.5e-3, 0.8e-3, 0.5e-3]  # a step of a later all-reduce of the chain
+    times = {}
+    for n in small:
+        times[f"flat {n}"] = [1e-4 + steps * a for a in lone]
+        times[f"chain {n}"] = [
+            1e-4 + steps * a + (levels.CHAIN - 1) * steps * c
+            for a, c in zip(lone, chained, strict=True)
+        ]
+    fit = levels.fit_chain(ctx, times)
+    assert fit["alpha_s"] == pytest.approx(np.mean(chained), rel=1e-9)
+    assert len(fit["points"]) == len(small) * 3
+    times = {k: [t / 2 for t in v] if k.startswith("chain") else v for k, v in times.items()}
+    assert levels.fit_chain(ctx, times)["alpha_s"] == 0.0  # a chain faster than one call
+
+
+def test_the_cluster_prices_the_local_decode_as_the_collective_after_it_waits():
+    """`levels.fit_local`: `mem_Bps` is a shard's K and V bytes over the median, over every
+    process's rounds, of "both" less "tiny" (`waited_kernel_s`), never above the kernel
+    timed alone (`kernel_alone_Bps`, less the per-call overhead); `sync_s` is 0 (the wait
+    is in the rate, which scales with the length)."""
+    from tree_attention_edu.cluster import levels
+
+    s = _cluster_settings()
+    ctx = SimpleNamespace(s=s, say=lambda text: None)
+    shard = s.problem(levels.cal_len(ctx)).kv_bytes / s.devices
+    overhead, kernel = 2e-4, 3e-3
+
+    def proc(tiny, wait):  # one process's 3 rounds; "both" = tiny + the waited kernel
+        return {
+            "local kernel": [kernel] * 3,
+            "local copy": [1e-3] * 3,
+            "local tiny": [tiny] * 3,
+            "local both": [tiny + w for w in wait],
+        }
+
+    procs = [proc(1.4e-3, (6e-3, 9e-3, 7e-3)), proc(5e-3, (5e-3, 8e-3, 6.5e-3))]
+    everyone = {n: [p_[n] for p_ in procs] for n in procs[0]}
+    assert levels.waited_kernel_s(everyone) == pytest.approx(6.75e-3)  # of the six
+    local = levels.fit_local(ctx, procs[0], overhead, everyone)
+    assert local["mem_Bps"] == pytest.approx(shard / 6.75e-3)
+    assert local["kernel_alone_Bps"] == pytest.approx(shard / (kernel - overhead))
+    assert local["waited_kernel_s"] == pytest.approx(6.75e-3) and local["sync_s"] == 0.0
+    # A wait shorter than the kernel alone (noise) does not make the kernel faster.
+    quick = [proc(1.4e-3, (1e-3,) * 3)]
+    everyone = {n: [p_[n] for p_ in quick] for n in quick[0]}
+    local = levels.fit_local(ctx, quick[0], overhead, everyone)
+    assert local["mem_Bps"] == local["kernel_alone_Bps"]
+    # A record before this change (sync_s, kernel-alone mem_Bps) prices by its own fields.
+    from tree_attention_edu.cluster import methods
+
+    fit = {
+        "inter": {"alpha_s": 1e-3, "beta_Bps": 1e8},
+        "intra": {"alpha_s": 1e-3, "beta_Bps": 1e9},
+        "overhead_s": overhead,
+    }
+    old = {"mem_Bps": 2e9, "sync_s": 3e-3, "copy_Bps": 1e10}
+    two, _ = methods.topologies(ctx, fit, old)
+    assert two.overhead_s == pytest.approx(overhead + 3e-3) and two.mem_Bps == 2e9
+
+
 @pytest.mark.parametrize(("nodes", "per_node"), [(3, 2), (3, 1), (1, 1)])
 def test_a_measured_ring_prices_odd_counts_and_one_device(nodes, per_node):
     """The measured ring's closed forms hold at device counts that are not powers of two

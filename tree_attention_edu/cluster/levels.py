@@ -323,21 +323,19 @@ def waited_kernel_s(everyone: dict[str, list[list[float]]]) -> float:
 def fit_local(
     ctx: Context, times: Times, overhead_s: float, everyone: dict[str, list[list[float]]]
 ) -> dict[str, Any]:
-    """Per-device decode bandwidth and copy rate with all devices busy
-    (`calibrate.local_rates`), the decode bandwidth as the collective after the kernel
-    sees it.
+    """Per-device decode bandwidth with all devices busy, as the collective after the
+    kernel sees it, and the copy rate (`calibrate.local_rates`).
 
     On this machine the workers' threads outnumber the cores. A process's kernel, timed
     on its own, ends when its own devices finish ("kernel": `kernel_alone_Bps`); the
     collective that follows ends only after the last device of every process has
     finished, and it and its peers have been woken. That wait grows with the kernel's
-    length (3 to 9 ms over 2,048 to 16,384 keys on 8 devices of this 2-core machine,
-    measured 2026-11-28), so it is priced as a rate, not a constant: `mem_Bps` is a
-    shard's K and V bytes over `waited_kernel_s(everyone)`, at `cal_len` (never above
-    `kernel_alone_Bps`). `sync_s`, before this a constant charged on every call, is 0:
-    records made before keep theirs, and `methods.topologies` prices each record by its
-    own fields. `times` is this process's rounds, `everyone` every process's
-    (`rounds_by_process`)."""
+    length (`results/cluster/check/waits-by-length.json`), so it is priced as a rate, not
+    a constant: `mem_Bps` is a shard's K and V bytes over `waited_kernel_s(everyone)`, at
+    `cal_len` (never above `kernel_alone_Bps`). `sync_s`, before this a constant charged
+    on every call, is 0: records made before keep theirs, and `methods.topologies` prices
+    each record by its own fields. `times` is this process's rounds, `everyone` every
+    process's (`rounds_by_process`)."""
     from ..perf import calibrate
 
     prob = ctx.s.problem(cal_len(ctx))

@@ -99,8 +99,8 @@ def _phase(
     s = ctx.s
     label = f"[{rate / 1e9:g} Gbit/s]"
     ctx.say(
-        f"{label} timing {len(names)} methods, {3 * len(levels.LEVEL_SIZES)} link "
-        f"all-reduces and the local work, {s.repeats} interleaved rounds"
+        f"{label} timing {len(names)} methods and {len(calls) - len(names)} programs that "
+        f"measure the links and the local work, {s.repeats} interleaved rounds"
     )
     times = benchmark.interleaved_times(calls, repeats=s.repeats)
     links = levels.fit_links(ctx, times, rate)
