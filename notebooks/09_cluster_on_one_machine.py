@@ -525,17 +525,192 @@ display(Markdown(
 # it) is not explained: its 4 processes of 2
 # devices each share 2 cores, and a collective issued after a kernel must wait until all
 # of them reach it, which the levels' fits (calls after a program with no kernel) do not
-# include. The one term that prices such a wait, `sync_s` (printed above), is charged once
-# per decode, while a decode issues several collectives; how long each of them waits was
-# not measured. That is a hypothesis, not a measurement; it does not say why the flat
-# tree, whose ring fit is made without a kernel too, is predicted well in that run, and
-# the one measurement of such a wait cannot decide it: `sync_s` (a median of per-round
-# differences, floored at 0) reads 0 in the 8-device run at 1 Gbit/s, where the
-# under-prediction is worst, and 2.47 ms at 0.5 Gbit/s (both printed above). On a
+# include. The one term these records price such a wait with, `sync_s` (printed above), is
+# a constant charged once per decode, and reads 0 in the 8-device run at 1 Gbit/s, where
+# the under-prediction is worst, and 2.47 ms at 0.5 Gbit/s (a median of per-round
+# differences, floored at 0, both printed above). These records cannot say more; the next
+# subsection measures the wait, and three later runs price it. On a
 # cluster of real GPUs with their own cores, α is expected to be the network's, and these
 # terms the microseconds of notebook 6 (notebook 6's model; no GPU cluster was measured
 # here).
 #
+# ### The wait after the kernel, measured, and three runs of the model that prices it
+#
+# One exploratory run of the 8-device layout at 1 Gbit/s (`results/cluster/check/waits-by-length.json`,
+# with programs added to the run for it, described in the file) timed, in the same 15
+# interleaved rounds, the kernel alone at five lengths ("K"), the same kernel followed by
+# a 4-byte all-reduce over all devices ("KS"), and that all-reduce alone ("S"). KS less
+# S, round by round, is the time from the call until the last device of every process
+# has finished its kernel and been woken: what a collective issued after the kernel
+# waits for. The cell prints it next to the kernel alone.
+
+# %%
+import statistics
+
+waits = json.loads((ROOT / "results" / "cluster" / "check" / "waits-by-length.json").read_text())
+wr = waits["round_s_by_process"]
+
+
+def pooled_median(name):
+    return statistics.median(t for proc in wr[name] for t in proc)
+
+
+def paired_median(a, b):
+    return statistics.median(x - y for pa, pb in zip(wr[a], wr[b], strict=True)
+                             for x, y in zip(pa, pb, strict=True))
+
+
+wait_lens = [2048, 4096, 8192, 12288, 16384]
+alone = [pooled_median(f"x K {tk}") for tk in wait_lens]
+waited = [paired_median(f"x KS {tk}", "x S 4") for tk in wait_lens]
+print(f"{'Tk':>7}{'kernel alone ms':>17}{'as waited for ms':>18}{'ratio':>7}")
+for tk, a, w in zip(wait_lens, alone, waited, strict=True):
+    print(f"{tk:>7,}{a * 1e3:>17.2f}{w * 1e3:>18.2f}{w / a:>7.2f}")
+gap = [w - a for a, w in zip(alone, waited, strict=True)]
+print(f"the wait beyond the kernel alone: {gap[0] * 1e3:.2f} ms at Tk = {wait_lens[0]:,}, "
+      f"{gap[-1] * 1e3:.2f} ms at {wait_lens[-1]:,}")
+small_ar = {b: pooled_median(f"x S {b}") for b in (4, 64, 256, 2048)}
+print("an all-reduce over all devices alone, by bytes per device: "
+      + ", ".join(f"{b} B {t * 1e3:.1f} ms" for b, t in small_ar.items()))
+assert {len(rounds) for v in wr.values() for rounds in v} == {15}  # rounds per process
+assert all(w > a for a, w in zip(alone, waited, strict=True))  # always waited for longer
+assert gap[-1] > 3 * gap[0] and all(2 <= w / a <= 3.5 for a, w in zip(alone, waited))
+assert all(small_ar[4] < t / 5 for b, t in small_ar.items() if b > 4)
+
+# %% [markdown]
+# A collective issued after the kernel waits for it 2 to 3.5 times as long as the kernel
+# takes timed alone, at every length printed, and the wait beyond the kernel grows more
+# than threefold from the shortest length to the longest: it is no constant, so a
+# constant such as `sync_s` cannot price it. (The 4-byte all-reduce is more than five
+# times faster than the larger ones printed: whatever path gloo takes for one word, it is
+# not the one a decode's few-kB collectives take. Only its difference is used here.)
+#
+# The model since prices three things differently (`cluster.levels`), each measured in
+# the run's own rounds, none at the decoded length or on a method's program:
+#
+# * **the local decode as the collective after it waits for it**: a shard's bytes over
+#   the median, over every process's rounds, of "kernel then the 4-byte all-reduce" less
+#   "that all-reduce alone", at 3/4 of the decoded length (`levels.waited_kernel_s`): a
+#   rate, which scales with the length; `sync_s` is 0;
+# * **the all-gather and the all-to-all over all devices, each timed alone** at 1 kB,
+#   4 kB, 1 MB and 4 MB per device, priced as measured (`levels.KINDS`,
+#   `Topology.measured`), not by the formulas' step counts;
+# * **the ring over all devices, as back-to-back all-reduces pay a step**: a program of
+#   three dependent all-reduces less a lone one, per step (`levels.fit_chain`). The flat
+#   tree's all-reduces over all devices follow one another that way (XLA:CPU runs each
+#   operand as its own all-reduce, §9.8), after a kernel whose wait the first term already
+#   prices. (How that wake-up divides between the wait and the first all-reduce is not
+#   measured: the 4-byte all-reduce the wait is read against takes the faster path printed
+#   above.)
+#
+# The 8-device layout was then run three times, one run after the other, with no other job
+# on the machine (`results/cluster/check/`, commands in each file). The cell below prints
+# each run's errors, and what the earlier model (the kernel alone plus `sync_s` from
+# process 0's rounds, the ring's step from lone all-reduces, the formulas for all-gather
+# and all-to-all) predicts from the same rounds; then how many cells each term, taken
+# back alone, loses.
+
+# %%
+check = {i: json.loads((ROOT / "results" / "cluster" / "check" / f"2x2x2-run{i}.json")
+                       .read_text()) for i in (1, 2, 3)}
+
+
+def predicted_by(r, name, links, local):
+    """The cost model's time for method `name` in run `r`, from these links and local fits."""
+    c = r["config"]
+    layout = {k: c[k] for k in ("nodes", "processes_per_node", "devices_per_process", "devices")}
+    two, flat = methods.topologies(SimpleNamespace(s=SimpleNamespace(**layout)), links, local)
+    problem = benchmark.Problem(seq_len=c["seq_len"], **c["problem"])
+    return calibrate.predict(methods.PACKAGE_METHOD[name], c["seq_len"],
+                             flat if name == "tree" else two, problem).total_s
+
+
+def model_inputs(rate, waited=True, kinds=True, chain=True):
+    """A rate's links and local fits, with any of the three terms taken back as the earlier
+    model read the same rounds: the kernel timed alone plus `sync_s` (from process 0's
+    rounds), the formulas for all-gather and all-to-all, the ring's step from lone
+    all-reduces."""
+    links, local = dict(rate["links"]), dict(rate["local"])
+    if not waited:
+        rb = rate["round_s_by_process"]
+        per_round = [b - k - t for b, k, t in zip(rb["local both"][0], rb["local kernel"][0],
+                                                  rb["local tiny"][0], strict=True)]
+        local |= {"mem_Bps": local["kernel_alone_Bps"],
+                  "sync_s": max(statistics.median(per_round), 0.0)}
+    if not kinds:
+        del links["kinds"]
+    if not chain:
+        links["flat"] = links["flat"] | {"alpha_s": links["flat"]["alpha_alone_s"]}
+    return links, local
+
+
+variants = {"now": {}, "before": dict(waited=False, kinds=False, chain=False),
+            "without the waited kernel": dict(waited=False),
+            "without the kinds alone": dict(kinds=False),
+            "without the chain": dict(chain=False)}
+errs = {v: {} for v in variants}  # variant -> (method, Gbit/s) -> error in each run
+for i, r in check.items():
+    for rate in r["rates"]:
+        for v, terms in variants.items():
+            links, local = model_inputs(rate, **terms)
+            for name, m in rate["methods"].items():
+                pred = predicted_by(r, name, links, local)
+                if v == "now":
+                    assert np.isclose(pred, m["predicted_s"])  # the record's, recomputed
+                errs[v].setdefault((name, rate["set_Bps"] * 8 / 1e9), []).append(
+                    pred / m["median_s"] - 1)
+now_err, before_err = errs["now"], errs["before"]
+print(f"{'method':<15}{'Gbit/s':>7}   now: run 1   run 2   run 3 | before: run 1   run 2   run 3")
+for (name, gbit), e_now in now_err.items():
+    print(f"{name:<15}{gbit:>7g}   " + "".join(f"{e:>+12.0%}" if j == 0 else f"{e:>+8.0%}"
+                                               for j, e in enumerate(e_now))
+          + " |" + "".join(f"{e:>+15.0%}" if j == 0 else f"{e:>+8.0%}"
+                           for j, e in enumerate(before_err[name, gbit])))
+band = calibrate.BAND
+
+
+def count_within(by_cell):
+    return [sum(abs(e[j]) <= band for e in by_cell.values()) for j in range(3)]
+
+
+counts = {v: count_within(e) for v, e in errs.items()}
+cells = len(now_err)
+print(f"\nwithin ±{band:.0%}, of {cells} (method, rate) cells, in runs 1, 2, 3:")
+for v, c in counts.items():
+    print(f"  {v:<27}{c}")
+outside = {cell: sum(abs(e) > band for e in e_now) for cell, e_now in now_err.items()}
+outside = {cell: k for cell, k in outside.items() if k}
+print("outside the band now, in how many runs:",
+      ", ".join(f"{name} at {g:g} Gbit/s {k}" for (name, g), k in outside.items()))
+rs = now_err["reduce_scatter", 1.0]
+ratio = [rate["local"]["mem_Bps"] / rate["local"]["kernel_alone_Bps"]
+         for r in check.values() for rate in r["rates"]]
+print(f"the local decode rate as waited for: {min(ratio):.2f} to {max(ratio):.2f} of the "
+      f"rate timed alone")
+now_n, before_n = counts["now"], counts["before"]
+assert all(n_ > b for n_, b in zip(now_n, before_n, strict=True))  # better in every run
+assert min(now_n) == cells - 3 and max(before_n) <= cells // 2 + 2
+lost = {v: sum(now_n) - sum(c) for v, c in counts.items() if v.startswith("without")}
+assert max(lost, key=lost.get) == "without the waited kernel" and min(lost.values()) > 0
+assert all(e < -band for e in rs)  # the reduce-scatter: under-predicted in every run
+assert outside.pop(("reduce_scatter", 1.0)) == 3 and max(outside.values()) == 1
+assert all(0.3 < x < 0.7 for x in ratio)
+display(Markdown(
+    f"With the three terms, the model prices {min(now_n)} to {max(now_n)} of the {cells} "
+    f"cells within ±{band:.0%} in each run; the earlier model, from the same rounds, "
+    f"{min(before_n)} to {max(before_n)}: better in every run. Each term, taken back alone, "
+    f"loses cells over the three runs ("
+    + ", ".join(f"{v[8:]}: {k}" for v, k in lost.items())
+    + f"); the waited-for kernel the most (its rate is {min(ratio):.2f} to {max(ratio):.2f} "
+    f"of the kernel's timed alone). Issue 30 asks for every cell, in each of three runs; "
+    f"that is not met. The reduce-scatter, timed last on its own (its note: a "
+    f"reduce-scatter slows later transfers), is under-predicted by more than {band:.0%} in "
+    f"every run ({', '.join(f'{e:+.0%}' for e in rs)}), for a reason not found. Each of "
+    f"the {len(outside)} other cells outside the band is outside in one run of the three: "
+    + ", ".join(f"{name} at {g:g} Gbit/s" for name, g in outside) + "."))
+
+
+# %% [markdown]
 # ## 9.5 The course's test of the topology argument: 2-level against flat, on the slow link
 #
 # The paper does not compare a two-level tree with a flat one; its argument is that NCCL's

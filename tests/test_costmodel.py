@@ -853,9 +853,10 @@ def test_the_cluster_prices_all_gathers_and_all_to_alls_as_measured_alone():
     times = {
         f"{name} {n}": [overhead + want[kind].send(n) + jitter for jitter in (-1e-5, 0, 1e-5)]
         for name, kind in levels.KINDS.items()
-        for n in levels.KIND_SIZES
+        for n in levels.kind_sizes(8)
     }
-    fits = levels.fit_kinds(times, overhead)
+    assert levels.kind_sizes(8) == list(levels.KIND_SIZES)  # multiples of 4·8 already
+    fits = levels.fit_kinds(times, overhead, 8)
     assert set(fits) == {"all-gather", "all-to-all"}
     small = [n for n in levels.KIND_SIZES if n <= calibrate.SMALL_MESSAGE]
     assert len(small) == 2  # α: the median of both sizes' times, their mean (jitter cancels)
@@ -902,10 +903,34 @@ def test_the_cluster_prices_a_step_of_back_to_back_all_reduces_from_a_chain():
             for a, c in zip(lone, chained, strict=True)
         ]
     fit = levels.fit_chain(ctx, times)
-    assert fit["alpha_s"] == pytest.approx(np.mean(chained), rel=1e-9)
+    assert fit["alpha_s"] == pytest.approx(np.mean(chained), rel=1e-9) and fit["resolved"]
     assert len(fit["points"]) == len(small) * 3
     times = {k: [t / 2 for t in v] if k.startswith("chain") else v for k, v in times.items()}
-    assert levels.fit_chain(ctx, times)["alpha_s"] == 0.0  # a chain faster than one call
+    fit = levels.fit_chain(ctx, times)  # a chain faster than one call: not resolved
+    assert fit["alpha_s"] == 0.0 and not fit["resolved"]
+
+
+@pytest.mark.parametrize("shape", [(3, 2), (2, 3), (7, 1)])
+def test_the_cluster_s_kind_calls_run_on_device_counts_that_do_not_divide_their_sizes(shape):
+    """`levels.kind_calls` on 6 and 7 devices: each size rounded down to a multiple of 4·p
+    bytes (`kind_sizes`), so that every all-to-all splits into p parts and every
+    all-gather receives p; each call returns what the collective should (all ones in, p
+    ones gathered per word; the all-to-all a permutation of ones)."""
+    from jax.sharding import Mesh
+
+    from tree_attention_edu.cluster import levels
+
+    p = shape[0] * shape[1]
+    sizes = levels.kind_sizes(p)
+    assert all(n % (4 * p) == 0 and n <= k for n, k in zip(sizes, levels.KIND_SIZES, strict=True))
+    mesh = Mesh(np.array(jax.devices()[:p]).reshape(shape), ("node", "gpu"))
+    calls = levels.kind_calls(SimpleNamespace(two=mesh))
+    assert set(calls) == {f"{k} {n}" for k in levels.KINDS for n in sizes}
+    for name, (fn, args) in calls.items():
+        if int(name.split()[1]) > 16384:
+            continue  # the MB-sized calls: the same programs, longer
+        out = np.asarray(fn(*args))
+        assert out.size == p * int(name.split()[1]) // 4 and np.all(out == 1), name
 
 
 def test_the_cluster_prices_the_local_decode_as_the_collective_after_it_waits():

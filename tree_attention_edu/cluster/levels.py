@@ -111,10 +111,14 @@ def fit_chain(ctx: Context, times: Times) -> dict[str, Any]:
     """A step of the ring over all devices as back-to-back all-reduces pay it: the mean over
     the small sizes and the rounds of `(chain − flat) / ((CHAIN − 1) · 2(p − 1))`, the
     "chain" call's time less the lone all-reduce's of the same size and round
-    (`level_calls`), at least 0. The flat tree's and `one_pass`'s all-reduces over all
-    devices follow each other that way (XLA:CPU runs each operand of a combined one as its
-    own gloo all-reduce), and each of a lone call's steps also carries its share of waking
-    peers that a chain's later all-reduces find awake."""
+    (`level_calls`), at least 0; `resolved` is False where that mean is not above 0 (a
+    chain no slower than one call: noise), and `fit_links` then keeps the lone α. The flat
+    tree's all-reduces over all devices follow each other that way (XLA:CPU runs each
+    operand of a combined one as its own gloo all-reduce), the first after the kernel,
+    whose wait `waited_kernel_s` prices; each of a lone call's steps also carries its
+    share of waking peers that a chain's later all-reduces find awake. (The other methods
+    issue at most one all-reduce over all devices: the pass-KV ring's last. `one_pass` and
+    the 2-level tree reduce level by level, at the levels' α.)"""
     from ..perf import calibrate
 
     steps = 2 * (ctx.flat.size - 1)
@@ -124,25 +128,36 @@ def fit_chain(ctx: Context, times: Times) -> dict[str, Any]:
         for n in small
         for c, f in zip(times[f"chain {n}"], times[f"flat {n}"], strict=True)
     ]
+    mean = float(np.mean([t for _, t in points]))
     return {
-        "alpha_s": max(float(np.mean([t for _, t in points])), 0.0),
+        "alpha_s": max(mean, 0.0) if math.isfinite(mean) else 0.0,
+        "resolved": math.isfinite(mean) and mean > 0,
         "points": [[n, t] for n, t in points],
     }
 
 
 KINDS = {"all_gather": "all-gather", "all_to_all": "all-to-all"}
-"""The collectives over all devices that merges issue besides all-reduces and permutes,
-each measured on its own (`kind_calls`): `calibrate.COLLECTIVE_FNS` name ->
-`collective_stats` kind."""
+"""Collectives over all devices that merges issue, each measured on its own
+(`kind_calls`): `calibrate.COLLECTIVE_FNS` name -> `collective_stats` kind. Not the
+reduce-scatter: it slows later transfers (`methods.POISON`), so it stays priced by the
+formula from the levels' fits."""
 KIND_SIZES = (1024, 4096, 1 << 20, 4 << 20)
-"""Bytes per device, counted as `collective_stats` counts them (what each device receives
-for an all-gather, what it sends otherwise), of the calls that measure each of `KINDS`:
-two small ones (α, <= `calibrate.SMALL_MESSAGE`) and two large (β)."""
+"""Nominal bytes per device of the calls that measure each of `KINDS`: two small ones (α,
+<= `calibrate.SMALL_MESSAGE`) and two large (β). The calls use `kind_sizes`, these rounded
+to a multiple of `4·p`, counted as `collective_stats` counts them (what each device
+receives for an all-gather, what it sends otherwise)."""
+
+
+def kind_sizes(p: int) -> list[int]:
+    """`KIND_SIZES` as the calls measure them on `p` devices: rounded down to a multiple of
+    `4·p` bytes (at least `4·p`), so that each all-to-all splits its buffer into `p` equal
+    parts and each all-gather receives `p` equal ones (`calibrate.collective_times`' rule)."""
+    return [4 * max(n // 4 // p, 1) * p for n in KIND_SIZES]
 
 
 def kind_calls(ctx: Context) -> Calls:
     """Each of `KINDS` over every device of the 2-level mesh, as the merges issue them, at
-    `KIND_SIZES`: `"NAME BYTES" -> (fn, args)`."""
+    `kind_sizes`: `"NAME BYTES" -> (fn, args)`."""
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -155,7 +170,7 @@ def kind_calls(ctx: Context) -> Calls:
     for name in KINDS:
         body = calibrate.COLLECTIVE_FNS[name](axes, p)
         fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
-        for n in KIND_SIZES:
+        for n in kind_sizes(p):
             words = n // 4 // p if name == "all_gather" else n // 4  # what each device sends
             ones = np.ones(p * words, np.float32)
             args = (jax.device_put(ones, NamedSharding(mesh, spec)),)
@@ -163,17 +178,17 @@ def kind_calls(ctx: Context) -> Calls:
     return calls
 
 
-def fit_kinds(times: Times, overhead: float) -> dict[str, dict[str, Any]]:
+def fit_kinds(times: Times, overhead: float, p: int) -> dict[str, dict[str, Any]]:
     """Each of `KINDS` as a link (`calibrate.fit_link` on the points `(bytes, time −
-    overhead)` of its calls, `kind_calls`): `{kind: {"alpha_s", "beta_Bps", "points"}}`,
-    by `collective_stats` kind. On a machine with more threads than cores, most of a small
-    one's time is waking its peers, not the formula's steps: priced as measured
-    (`Topology.measured`)."""
+    overhead)` of its calls on `p` devices, `kind_calls`): `{kind: {"alpha_s", "beta_Bps",
+    "points"}}`, by `collective_stats` kind. On a machine with more threads than cores,
+    most of a small one's time is waking its peers, not the formula's steps: priced as
+    measured (`Topology.measured`)."""
     from ..perf import calibrate
 
     out = {}
     for name, kind in KINDS.items():
-        points = [(n, max(t - overhead, 0.0)) for n in KIND_SIZES for t in times[f"{name} {n}"]]
+        points = [(n, max(t - overhead, 0.0)) for n in kind_sizes(p) for t in times[f"{name} {n}"]]
         link = calibrate.fit_link(points)
         out[kind] = {
             "alpha_s": link.alpha_s,
@@ -232,12 +247,15 @@ def fit_links(ctx: Context, times: Times, rate_bps: float) -> dict[str, Any]:
     inter = fit_level(ctx, "node", times, overhead)
     intra = fit_level(ctx, "gpu", times, overhead)
     flat = fit_level(ctx, "flat", times, overhead)
-    # Every all-reduce over all devices in the methods follows another or the kernel
-    # (whose wait `fit_local` prices): a step as a chain pays it, the lone call's kept.
+    # The flat tree's all-reduces follow one another or the kernel (whose wait
+    # `fit_local` prices): a step as a chain pays it; the lone call's α is kept.
     flat["alpha_alone_s"] = flat["alpha_s"]
     flat["chain"] = fit_chain(ctx, times)
-    flat["alpha_s"] = flat["chain"]["alpha_s"]
-    kinds = fit_kinds(times, overhead)
+    if flat["chain"]["resolved"]:
+        flat["alpha_s"] = flat["chain"]["alpha_s"]
+    else:
+        ctx.say("the chain of all-reduces was no slower than one: the lone step's alpha kept")
+    kinds = fit_kinds(times, overhead, ctx.two.size)
     inter["set_Bps"] = rate_bps / 8
     ctx.say(
         f"link fit at {rate_bps / 1e9:g} Gbit/s: inter alpha {inter['alpha_s'] * 1e6:.0f} "
@@ -312,7 +330,12 @@ def waited_kernel_s(everyone: dict[str, list[list[float]]]) -> float:
     process's rounds (`rounds_by_process`), of "both" less "tiny" (`local_calls`), in
     seconds. Both calls pay the per-call overhead and the same 4-byte all-reduce, so their
     difference is the time from the call to the last device's kernel, its wake-up
-    included, with nothing else."""
+    included, less whatever that all-reduce costs alone beyond what it costs after the
+    kernel. One word over p devices takes a faster path in gloo than a decode's few kB
+    (`results/cluster/check/waits-by-length.json`: 1.4 ms against 11 to 13 ms), so how
+    the wake-up divides between this wait and the first all-reduce that follows is not
+    measured: the model charges it here, and prices that all-reduce like the others
+    (`fit_chain`)."""
     names = ("local both", "local tiny")
     both, tiny = (everyone[n] for n in names)
     return statistics.median(

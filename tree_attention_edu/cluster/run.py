@@ -470,8 +470,13 @@ def summary(rep: dict) -> str:
             f"set); intra alpha {intra['alpha_s'] * 1e6:.0f} us, beta "
             f"{intra['beta_Bps'] / 1e6:.0f} MB/s"
             + (
-                f"; ring over all devices, per step: alpha {flat['alpha_s'] * 1e6:.0f} us, "
-                f"beta {flat['beta_Bps'] / 1e6:.1f} MB/s"
+                f"; ring over all devices, per step: alpha {flat['alpha_s'] * 1e6:.0f} us"
+                + (
+                    f" (in a chain; {flat['alpha_alone_s'] * 1e6:.0f} us alone)"
+                    if "alpha_alone_s" in flat
+                    else ""
+                )
+                + f", beta {flat['beta_Bps'] / 1e6:.1f} MB/s"
                 if (flat := r["links"].get("flat"))
                 else ""
             )
