@@ -649,7 +649,7 @@ variants = {"now": {}, "before": dict(waited=False, kinds=False, chain=False),
             "without the kinds alone": dict(kinds=False),
             "without the chain": dict(chain=False)}
 errs = {v: {} for v in variants}  # variant -> (method, Gbit/s) -> error in each run
-for i, r in check.items():
+for r in check.values():
     for rate in r["rates"]:
         for v, terms in variants.items():
             links, local = model_inputs(rate, **terms)
