@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -179,23 +179,32 @@ def kind_calls(ctx: Context) -> Calls:
 
 
 def fit_kinds(times: Times, overhead: float, p: int) -> dict[str, dict[str, Any]]:
-    """Each of `KINDS` as a link (`calibrate.fit_link` on the points `(bytes, time −
-    overhead)` of its calls on `p` devices, `kind_calls`): `{kind: {"alpha_s", "beta_Bps",
+    """Each of `KINDS` as a link from its calls on `p` devices (`kind_calls`): the points
+    `(bytes, time − overhead)`, read by `alpha_beta` (α the mean of the small ones, as
+    `fit_level` reads a level's: a collective's time here has the same two modes; β the
+    inverse least-squares slope over the large ones): `{kind: {"alpha_s", "beta_Bps",
     "points"}}`, by `collective_stats` kind. On a machine with more threads than cores,
     most of a small one's time is waking its peers, not the formula's steps: priced as
     measured (`Topology.measured`)."""
-    from ..perf import calibrate
-
     out = {}
     for name, kind in KINDS.items():
         points = [(n, max(t - overhead, 0.0)) for n in kind_sizes(p) for t in times[f"{name} {n}"]]
-        link = calibrate.fit_link(points)
-        out[kind] = {
-            "alpha_s": link.alpha_s,
-            "beta_Bps": link.beta_Bps,
-            "points": [list(pt) for pt in points],
-        }
+        alpha, beta = alpha_beta(points)
+        out[kind] = {"alpha_s": alpha, "beta_Bps": beta, "points": [list(pt) for pt in points]}
     return out
+
+
+def alpha_beta(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """`(α, β)` from `(bytes, seconds)` points, the rule of this module's fits: α the mean
+    of the small messages' times (up to `calibrate.SMALL_MESSAGE` bytes), β the inverse
+    slope of a least-squares line through the large ones' (inf without two large sizes or
+    a positive slope). Why the mean and the slope: `fit_level`."""
+    from ..perf import calibrate
+
+    alpha = float(np.mean([t for n, t in points if n <= calibrate.SMALL_MESSAGE]))
+    big = np.array([(n, t) for n, t in points if n > calibrate.SMALL_MESSAGE])
+    slope = np.polyfit(big[:, 0], big[:, 1], 1)[0] if len(set(big[:, 0])) > 1 else 0.0
+    return alpha, float(1 / slope) if slope > 0 else math.inf
 
 
 def fit_level(ctx: Context, axis: Level, times: Times, overhead: float) -> dict[str, Any]:
@@ -215,7 +224,6 @@ def fit_level(ctx: Context, axis: Level, times: Times, overhead: float) -> dict[
     line through the large messages' points: the rate of the link itself, untouched by
     α and by the tbf bucket that lets a message's first 128 kB through unshaped, so
     comparable with the rate the tbf sets."""
-    from ..perf import calibrate
 
     g = ctx.flat.size if axis == "flat" else ctx.two.shape[axis]
     share = ctx.two.shape["gpu"] if axis == "node" else 1  # devices per uplink at once
@@ -225,12 +233,10 @@ def fit_level(ctx: Context, axis: Level, times: Times, overhead: float) -> dict[
         for n in sizes(ctx, axis)
         for t in times[f"{axis} {n}"]
     ]
-    alpha = float(np.mean([t for n, t in points if n <= calibrate.SMALL_MESSAGE]))
-    big = np.array([(n, t) for n, t in points if n > calibrate.SMALL_MESSAGE])
-    slope = np.polyfit(big[:, 0], big[:, 1], 1)[0] if len(set(big[:, 0])) > 1 else 0.0
+    alpha, beta = alpha_beta(points)
     return {
         "alpha_s": alpha,
-        "beta_Bps": float(1 / slope) if slope > 0 else math.inf,
+        "beta_Bps": beta,
         "steps": steps,
         "link_bytes_per_step_per_device_byte": share / g,
         "points": [[n, t] for n, t in points],
