@@ -945,8 +945,9 @@ def test_the_cluster_s_kind_calls_run_on_device_counts_that_do_not_divide_their_
 def test_the_cluster_prices_the_local_decode_as_the_collective_after_it_waits():
     """`levels.fit_local`: `mem_Bps` is a shard's K and V bytes over the median, over every
     process's rounds, of "both" less "tiny" (`waited_kernel_s`), never above the kernel
-    timed alone (`kernel_alone_Bps`, less the per-call overhead); `sync_s` is 0 (the wait
-    is in the rate, which scales with the length)."""
+    timed alone (`kernel_alone_Bps`: the median over every process's rounds, less the
+    per-call overhead); `sync_s` is 0 (the wait is in the rate, which scales with the
+    length)."""
     from tree_attention_edu.cluster import levels
 
     s = _cluster_settings()
@@ -963,11 +964,16 @@ def test_the_cluster_prices_the_local_decode_as_the_collective_after_it_waits():
         }
 
     procs = [proc(1.4e-3, (6e-3, 9e-3, 7e-3)), proc(5e-3, (5e-3, 8e-3, 6.5e-3))]
+    procs[1]["local kernel"] = [2e-3, 9e-3, 4e-3]  # the kernel alone: median of the six, 3 ms
     everyone = {n: [p_[n] for p_ in procs] for n in procs[0]}
     assert levels.waited_kernel_s(everyone) == pytest.approx(6.75e-3)  # of the six
     local = levels.fit_local(ctx, procs[0], overhead, everyone)
     assert local["mem_Bps"] == pytest.approx(shard / 6.75e-3)
     assert local["kernel_alone_Bps"] == pytest.approx(shard / (kernel - overhead))
+    procs[1]["local kernel"] = [9e-3, 9e-3, 9e-3]  # now 6 ms, pooled, whatever process 0's
+    everyone = {n: [p_[n] for p_ in procs] for n in procs[0]}
+    slower = levels.fit_local(ctx, procs[0], overhead, everyone)
+    assert slower["kernel_alone_Bps"] == pytest.approx(shard / (6e-3 - overhead))
     assert local["waited_kernel_s"] == pytest.approx(6.75e-3) and local["sync_s"] == 0.0
     # A wait shorter than the kernel alone (noise) does not make the kernel faster.
     quick = [proc(1.4e-3, (1e-3,) * 3)]

@@ -356,20 +356,22 @@ def fit_local(
     kernel sees it, and the copy rate (`calibrate.local_rates`).
 
     On this machine the workers' threads outnumber the cores. A process's kernel, timed
-    on its own, ends when its own devices finish ("kernel": `kernel_alone_Bps`); the
+    on its own, ends when its own devices finish ("kernel": `kernel_alone_Bps`, from the
+    median over every process's rounds, less the per-call overhead); the
     collective that follows ends only after the last device of every process has
     finished, and it and its peers have been woken. That wait grows with the kernel's
     length (`results/cluster/check/waits-by-length.json`), so it is priced as a rate, not
     a constant: `mem_Bps` is a shard's K and V bytes over `waited_kernel_s(everyone)`, at
-    `cal_len` (never above `kernel_alone_Bps`). `sync_s`, before this a constant charged
-    on every call, is 0: records made before keep theirs, and `methods.topologies` prices
-    each record by its own fields. `times` is this process's rounds, `everyone` every
-    process's (`rounds_by_process`)."""
+    `cal_len` (never above `kernel_alone_Bps`). `sync_s`, before this a constant added to
+    the per-call overhead (once per decode), is 0: records made before keep theirs, and
+    `methods.topologies` prices each record by its own fields. `times` is this process's
+    rounds (the copy's median), `everyone` every process's (`rounds_by_process`)."""
     from ..perf import calibrate
 
     prob = ctx.s.problem(cal_len(ctx))
     med = {n: statistics.median(times[f"local {n}"]) for n in ("kernel", "copy", "tiny", "both")}
-    alone, copy = calibrate.local_rates(prob, ctx.s.devices, med["kernel"], med["copy"], overhead_s)
+    kernel = statistics.median(t for proc in everyone["local kernel"] for t in proc)
+    alone, copy = calibrate.local_rates(prob, ctx.s.devices, kernel, med["copy"], overhead_s)
     waited = waited_kernel_s(everyone)
     shard = prob.kv_bytes / ctx.s.devices
     mem = min(alone, shard / waited) if waited > 0 else alone
