@@ -445,6 +445,47 @@ def _error_bound(err: float) -> str:
     return f"<1e{math.ceil(round(math.log10(err), 12))}"
 
 
+def _fit_lines(r: dict) -> list[str]:
+    """One rate's fits, as `summary` prints them above its table: the links, and where the
+    record holds them, the kinds timed alone and the local decode's two rates."""
+    inter, intra = r["links"]["inter"], r["links"]["intra"]
+    rows: list[str] = []
+    set_ = r["set_Bps"]
+    rows.append(
+        f"link set to {set_ * 8 / 1e9:g} Gbit/s ({set_ / 1e6:.1f} MB/s): inter "
+        f"alpha {inter['alpha_s'] * 1e6:.0f} us, beta "
+        f"{inter['beta_Bps'] / 1e6:.1f} MB/s ({inter['beta_Bps'] / set_:.0%} of "
+        f"set); intra alpha {intra['alpha_s'] * 1e6:.0f} us, beta "
+        f"{intra['beta_Bps'] / 1e6:.0f} MB/s"
+        + (
+            f"; ring over all devices, per step: alpha {flat['alpha_s'] * 1e6:.0f} us"
+            + (
+                f" (in a chain; {flat['alpha_alone_s'] * 1e6:.0f} us alone)"
+                if "alpha_alone_s" in flat
+                else ""
+            )
+            + f", beta {flat['beta_Bps'] / 1e6:.1f} MB/s"
+            if (flat := r["links"].get("flat"))
+            else ""
+        )
+    )
+    if kinds := r["links"].get("kinds"):
+        rows.append(
+            "over all devices, each alone: "
+            + "; ".join(
+                f"{kind} alpha {fit['alpha_s'] * 1e6:.0f} us, beta {fit['beta_Bps'] / 1e6:.1f} MB/s"
+                for kind, fit in kinds.items()
+            )
+        )
+    if (local := r.get("local")) and "waited_kernel_s" in local:
+        rows.append(
+            f"local decode per device: {local['mem_Bps'] / 1e9:.2f} GB/s as the "
+            f"collective after it waits for it, {local['kernel_alone_Bps'] / 1e9:.2f} "
+            "GB/s timed alone"
+        )
+    return rows
+
+
 def summary(rep: dict) -> str:
     """The report as fixed-width tables: links, methods at each rate, the comparisons."""
     c = rep["config"]
@@ -460,42 +501,7 @@ def summary(rep: dict) -> str:
         )
     ]
     for r in rep["rates"]:
-        inter, intra = r["links"]["inter"], r["links"]["intra"]
-        rows.append("")
-        set_ = r["set_Bps"]
-        rows.append(
-            f"link set to {set_ * 8 / 1e9:g} Gbit/s ({set_ / 1e6:.1f} MB/s): inter "
-            f"alpha {inter['alpha_s'] * 1e6:.0f} us, beta "
-            f"{inter['beta_Bps'] / 1e6:.1f} MB/s ({inter['beta_Bps'] / set_:.0%} of "
-            f"set); intra alpha {intra['alpha_s'] * 1e6:.0f} us, beta "
-            f"{intra['beta_Bps'] / 1e6:.0f} MB/s"
-            + (
-                f"; ring over all devices, per step: alpha {flat['alpha_s'] * 1e6:.0f} us"
-                + (
-                    f" (in a chain; {flat['alpha_alone_s'] * 1e6:.0f} us alone)"
-                    if "alpha_alone_s" in flat
-                    else ""
-                )
-                + f", beta {flat['beta_Bps'] / 1e6:.1f} MB/s"
-                if (flat := r["links"].get("flat"))
-                else ""
-            )
-        )
-        if kinds := r["links"].get("kinds"):
-            rows.append(
-                "over all devices, each alone: "
-                + "; ".join(
-                    f"{kind} alpha {fit['alpha_s'] * 1e6:.0f} us, beta "
-                    f"{fit['beta_Bps'] / 1e6:.1f} MB/s"
-                    for kind, fit in kinds.items()
-                )
-            )
-        if (local := r.get("local")) and "waited_kernel_s" in local:
-            rows.append(
-                f"local decode per device: {local['mem_Bps'] / 1e9:.2f} GB/s as the "
-                f"collective after it waits for it, {local['kernel_alone_Bps'] / 1e9:.2f} "
-                "GB/s timed alone"
-            )
+        rows += ["", *_fit_lines(r)]
         head = (
             f"{'method':<15}{'median ms':>11}{'predicted':>11}{'rel err':>9}"
             f"{'inter B/dev':>13}{'intra B/dev':>13}{'link B':>12}{'max |err|':>11}"
