@@ -115,8 +115,10 @@ def fit_chain(ctx: Context, times: Times) -> dict[str, Any]:
     chain no slower than one call: noise), and `fit_links` then keeps the lone α. The flat
     tree's all-reduces over all devices follow each other that way (XLA:CPU runs each
     operand of a combined one as its own gloo all-reduce), the first after the kernel,
-    whose wait `waited_kernel_s` prices; each of a lone call's steps also carries its
-    share of waking peers that a chain's later all-reduces find awake. (The other methods
+    whose wait `waited_kernel_s` prices. The hypothesis behind it, not measured: each of
+    a lone call's steps carries a share of waking peers that a chain's later all-reduces
+    find awake (in some runs the chain's step came out dearer, `results/cluster/README.md`).
+    (The other methods
     issue at most one all-reduce over all devices: the pass-KV ring's last. `one_pass` and
     the 2-level tree reduce level by level, at the levels' α.)"""
     from ..perf import calibrate
@@ -180,12 +182,11 @@ def kind_calls(ctx: Context) -> Calls:
 
 def fit_kinds(times: Times, overhead: float, p: int) -> dict[str, dict[str, Any]]:
     """Each of `KINDS` as a link from its calls on `p` devices (`kind_calls`): the points
-    `(bytes, time − overhead)`, read by `alpha_beta` (α the mean of the small ones, as
-    `fit_level` reads a level's: a collective's time here has the same two modes; β the
-    inverse least-squares slope over the large ones): `{kind: {"alpha_s", "beta_Bps",
-    "points"}}`, by `collective_stats` kind. On a machine with more threads than cores,
-    most of a small one's time is waking its peers, not the formula's steps: priced as
-    measured (`Topology.measured`)."""
+    `(bytes, time − overhead)`, read by `alpha_beta` (α the mean of the small calls' times,
+    per call, by the rule of the levels' fits; β the inverse least-squares slope over the
+    large ones): `{kind: {"alpha_s", "beta_Bps", "points"}}`, by `collective_stats` kind.
+    Priced as measured (`Topology.measured`): on this machine a small one takes
+    milliseconds, far above the formula's steps at the levels' α (why is not measured)."""
     out = {}
     for name, kind in KINDS.items():
         points = [(n, max(t - overhead, 0.0)) for n in kind_sizes(p) for t in times[f"{name} {n}"]]
@@ -218,8 +219,8 @@ def fit_level(ctx: Context, axis: Level, times: Times, overhead: float) -> dict[
 
     α is the mean over the small messages' points (up to `calibrate.SMALL_MESSAGE` on
     the link per step), not their median as `calibrate.fit_link` takes: on this loaded
-    machine a step's time has two modes (about 0.1 ms when its peers are awake, a
-    scheduler slice of about 2 ms when one must be woken), and a decode's latency adds
+    machine a step's time has two modes (about 0.1 ms and about 2 ms; probably a peer
+    awake or one to be woken by the scheduler, not measured), and a decode's latency adds
     many steps, whose sum follows their mean. β is the inverse slope of a least-squares
     line through the large messages' points: the rate of the link itself, untouched by
     α and by the tbf bucket that lets a message's first 128 kB through unshaped, so
@@ -335,13 +336,13 @@ def waited_kernel_s(everyone: dict[str, list[list[float]]]) -> float:
     """The local kernel as a collective after it waits for it: the median, over every
     process's rounds (`rounds_by_process`), of "both" less "tiny" (`local_calls`), in
     seconds. Both calls pay the per-call overhead and the same 4-byte all-reduce, so their
-    difference is the time from the call to the last device's kernel, its wake-up
-    included, less whatever that all-reduce costs alone beyond what it costs after the
-    kernel. One word over p devices takes a faster path in gloo than a decode's few kB
-    (`results/cluster/check/waits-by-length.json`: 1.4 ms against 11 to 13 ms), so how
-    the wake-up divides between this wait and the first all-reduce that follows is not
-    measured: the model charges it here, and prices that all-reduce like the others
-    (`fit_chain`)."""
+    difference is what the kernel costs a collective issued after it: the kernel, the
+    wait for the last device of every process, and whatever the all-reduce costs more
+    after the kernel than alone. One word over p devices is much faster than a decode's
+    few kB (`results/cluster/check/waits-by-length.json`: 1.4 ms against 11 to 13 ms;
+    apparently another path in gloo, not looked into), so how that cost divides between
+    the kernel and the first collective after it is not measured: the model charges it
+    all here, and prices that collective like the others."""
     names = ("local both", "local tiny")
     both, tiny = (everyone[n] for n in names)
     return statistics.median(
@@ -359,7 +360,8 @@ def fit_local(
     on its own, ends when its own devices finish ("kernel": `kernel_alone_Bps`, from the
     median over every process's rounds, less the per-call overhead); the
     collective that follows ends only after the last device of every process has
-    finished, and it and its peers have been woken. That wait grows with the kernel's
+    finished (and, probably, its peers have been woken: not measured). That wait grows
+    with the kernel's
     length (`results/cluster/check/waits-by-length.json`), so it is priced as a rate, not
     a constant: `mem_Bps` is a shard's K and V bytes over `waited_kernel_s(everyone)`, at
     `cal_len` (never above `kernel_alone_Bps`). `sync_s`, before this a constant added to
