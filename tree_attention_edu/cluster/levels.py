@@ -360,10 +360,12 @@ def fit_local(
     on its own, ends when its own devices finish ("kernel": `kernel_alone_Bps`, from the
     median over every process's rounds, less the per-call overhead); the
     collective that follows ends only after the last device of every process has
-    finished (and, probably, its peers have been woken: not measured). That wait grows
-    with the kernel's
-    length (`results/cluster/check/waits-by-length.json`), so it is priced as a rate, not
-    a constant: `mem_Bps` is a shard's K and V bytes over `waited_kernel_s(everyone)`, at
+    finished (and, probably, its peers have been woken: not measured). That wait grew
+    with the kernel's length from 2,048 to 16,384 keys
+    (`results/cluster/check/waits-by-length.json`), and it is priced as a rate (a choice
+    for a range of lengths: at one length a constant did as well, `results/cluster/
+    README.md`, "The model check"): `mem_Bps` is a shard's K and V bytes over
+    `waited_kernel_s(everyone)`, at
     `cal_len` (never above `kernel_alone_Bps`). `sync_s`, before this a constant added to
     the per-call overhead (once per decode), is 0: records made before keep theirs, and
     `methods.topologies` prices each record by its own fields. `times` is this process's
