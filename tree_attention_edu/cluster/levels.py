@@ -186,7 +186,7 @@ def fit_kinds(times: Times, overhead: float, p: int) -> dict[str, dict[str, Any]
     per call, by the rule of the levels' fits; β the inverse least-squares slope over the
     large ones): `{kind: {"alpha_s", "beta_Bps", "points"}}`, by `collective_stats` kind.
     Priced as measured (`Topology.measured`): on this machine a small one takes
-    milliseconds, far above the formula's steps at the levels' α (why is not measured)."""
+    milliseconds, far above what the formulas price it at (why is not measured)."""
     out = {}
     for name, kind in KINDS.items():
         points = [(n, max(t - overhead, 0.0)) for n in kind_sizes(p) for t in times[f"{name} {n}"]]
@@ -363,8 +363,9 @@ def fit_local(
     finished (and, probably, its peers have been woken: not measured). That wait grew
     with the kernel's length from 2,048 to 16,384 keys
     (`results/cluster/check/waits-by-length.json`), and it is priced as a rate (a choice
-    for a range of lengths: at one length a constant did as well, `results/cluster/
-    README.md`, "The model check"): `mem_Bps` is a shard's K and V bytes over
+    for that range, not measured below it; at one length a constant did as well,
+    `results/cluster/README.md`, "The model check"): `mem_Bps` is a shard's K and V bytes
+    over
     `waited_kernel_s(everyone)`, at
     `cal_len` (never above `kernel_alone_Bps`). `sync_s`, before this a constant added to
     the per-call overhead (once per decode), is 0: records made before keep theirs, and
