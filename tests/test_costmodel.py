@@ -874,6 +874,9 @@ def test_the_cluster_prices_all_gathers_and_all_to_alls_as_measured_alone():
     }
     bimodal = levels.fit_kinds(times | modes, overhead, 8)
     assert all(f["alpha_s"] == pytest.approx(7e-3 / 3) for f in bimodal.values())
+    # β unresolved (inf) with one large size, or none: the rule's edge, not an error
+    assert levels.alpha_beta([(1024, 1e-3), (2048, 2e-3)]) == (1.5e-3, math.inf)
+    assert levels.alpha_beta([(1024, 1e-3), (1 << 20, 9e-3)])[1] == math.inf
     s = SimpleNamespace(nodes=2, processes_per_node=2, devices_per_process=2, devices=8)
     fit = {
         "inter": {"alpha_s": 20e-3, "beta_Bps": 100e6},

@@ -186,7 +186,9 @@ def fit_kinds(times: Times, overhead: float, p: int) -> dict[str, dict[str, Any]
     per call, by the rule of the levels' fits; β the inverse least-squares slope over the
     large ones): `{kind: {"alpha_s", "beta_Bps", "points"}}`, by `collective_stats` kind.
     Priced as measured (`Topology.measured`): on this machine a small one takes
-    milliseconds, far above what the formulas price it at (why is not measured)."""
+    milliseconds, above what the formulas price it at (in the runs of
+    `results/cluster/README.md`, "The model check", several times for the all-to-all and
+    up to about twice for the all-gather; why is not measured)."""
     out = {}
     for name, kind in KINDS.items():
         points = [(n, max(t - overhead, 0.0)) for n in kind_sizes(p) for t in times[f"{name} {n}"]]
@@ -197,14 +199,15 @@ def fit_kinds(times: Times, overhead: float, p: int) -> dict[str, dict[str, Any]
 
 def alpha_beta(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """`(α, β)` from `(bytes, seconds)` points, the rule of this module's fits: α the mean
-    of the small messages' times (up to `calibrate.SMALL_MESSAGE` bytes), β the inverse
-    slope of a least-squares line through the large ones' (inf without two large sizes or
-    a positive slope). Why the mean and the slope: `fit_level`."""
+    of the small messages' times (up to `calibrate.SMALL_MESSAGE` bytes; at least one is
+    needed), β the inverse slope of a least-squares line through the large ones' (inf
+    without two large sizes or a positive slope). Why the mean and the slope: `fit_level`."""
     from ..perf import calibrate
 
     alpha = float(np.mean([t for n, t in points if n <= calibrate.SMALL_MESSAGE]))
-    big = np.array([(n, t) for n, t in points if n > calibrate.SMALL_MESSAGE])
-    slope = np.polyfit(big[:, 0], big[:, 1], 1)[0] if len(set(big[:, 0])) > 1 else 0.0
+    big = [(n, t) for n, t in points if n > calibrate.SMALL_MESSAGE]
+    sizes_, times_ = [n for n, _ in big], [t for _, t in big]
+    slope = np.polyfit(sizes_, times_, 1)[0] if len(set(sizes_)) > 1 else 0.0
     return alpha, float(1 / slope) if slope > 0 else math.inf
 
 
@@ -338,8 +341,8 @@ def waited_kernel_s(everyone: dict[str, list[list[float]]]) -> float:
     seconds. Both calls pay the per-call overhead and the same 4-byte all-reduce, so their
     difference is what the kernel costs a collective issued after it: the kernel, the
     wait for the last device of every process, and whatever the all-reduce costs more
-    after the kernel than alone. One word over p devices is much faster than a decode's
-    few kB (`results/cluster/check/waits-by-length.json`: 1.4 ms against 11 to 13 ms;
+    after the kernel than alone. One word over p devices is much faster than 64 B to 2 kB
+    (`results/cluster/check/waits-by-length.json`: 1.4 ms against 11 to 13 ms;
     apparently another path in gloo, not looked into), so how that cost divides between
     the kernel and the first collective after it is not measured: the model charges it
     all here, and prices that collective like the others."""
@@ -360,8 +363,9 @@ def fit_local(
     on its own, ends when its own devices finish ("kernel": `kernel_alone_Bps`, from the
     median over every process's rounds, less the per-call overhead); the
     collective that follows ends only after the last device of every process has
-    finished (and, probably, its peers have been woken: not measured). That wait grew
-    with the kernel's length from 2,048 to 16,384 keys
+    finished (and, probably, its peers have been woken: not measured). That wait never
+    shrank with the kernel's length from 2,048 to 16,384 keys, and was over three times
+    longer at the longest
     (`results/cluster/check/waits-by-length.json`), and it is priced as a rate (a choice
     for that range, not measured below it; at one length a constant did as well,
     `results/cluster/README.md`, "The model check"): `mem_Bps` is a shard's K and V bytes
