@@ -1052,10 +1052,9 @@ display(Markdown("\n".join(f"* {line}" for line in claim_lines)))
 #   each direction once (printed above). At 0.5 Gbit/s the model each run recorded
 #   predicted the 2-level tree faster in all six (flat / 2-level above 1), and the
 #   measured medians put the flat tree ahead (below 1) in most of them (printed above);
-#   the model over-predicts the flat tree there more than the 2-level tree in every one
-#   (asserted above), and prices the flat tree's rings at the chain's step but the 2-level
-#   tree's at each level's lone all-reduce (no chain was measured per level). On these two
-#   cores the slow link's verdict does not repeat.
+#   the model's error on the flat tree is larger than on the 2-level tree in every one
+#   (asserted above); why is not known. On these two cores the slow link's verdict
+#   repeated once in six: it does not reliably repeat.
 #   In the 4-device run both levels' 2-device rings fit a slower step than the ring over
 #   all four devices (§9.4 prints all three), and the model predicts the flat tree faster;
 #   the measurement finds no difference. The lengths of
@@ -1881,8 +1880,8 @@ else:
 #   delay the test is inconclusive (§9.5). In six later runs of the 8-device layout the
 #   model each recorded predicted the 2-level tree faster at 0.5 Gbit/s every time, the
 #   slow link's verdict repeated once, and the medians put the flat tree ahead in five. Priced at a step measured on its own ring over all devices, the flat
-#   tree is predicted within 20% in both records at every rate at Tk = 16,384 (§9.4; at
-#   0.5 Gbit/s over-predicted in all six later runs, by both models), though about 2×
+#   tree is predicted within 20% in both records at every rate at Tk = 16,384 (§9.4; not
+#   in every later run, and at 0.5 Gbit/s over-predicted in all six, by both models), though about 2×
 #   over at Tk ≤ 256 in both (§9.7); priced at
 #   the larger of the levels' fitted α, it is over-predicted in all four. In the 8-device
 #   record the model under-predicts every other method but the ring, at every rate each

@@ -186,9 +186,7 @@ def fit_kinds(times: Times, overhead: float, p: int) -> dict[str, dict[str, Any]
     per call, by the rule of the levels' fits; β the inverse least-squares slope over the
     large ones): `{kind: {"alpha_s", "beta_Bps", "points"}}`, by `collective_stats` kind.
     Priced as measured (`Topology.measured`): on this machine a small one takes
-    milliseconds, above what the formulas price it at (in the runs of
-    `results/cluster/README.md`, "The model check", several times for the all-to-all and
-    up to about twice for the all-gather; why is not measured)."""
+    milliseconds, more than the formulas price it at (why is not measured)."""
     out = {}
     for name, kind in KINDS.items():
         points = [(n, max(t - overhead, 0.0)) for n in kind_sizes(p) for t in times[f"{name} {n}"]]
