@@ -213,19 +213,22 @@ def fit_level(ctx: Context, axis: Level, times: Times, overhead: float) -> dict[
     """α and β of one level from its all-reduces (`level_calls`, timed in `times`).
 
     gloo runs an all-reduce over g ranks as a ring: 2(g−1) steps, each sending n/g of a
-    device's n bytes to the next rank. Over "node", all k devices of a node send at
-    once through its one uplink, so a step puts k·n/g bytes on the link; over "flat" (all
+    device's n bytes to the next rank. Over "node", the k devices of a node are counted
+    as sending at once through its one uplink, so a step puts k·n/g bytes on the link (true
+    only if their rings overlap in time, which with several processes per node they need
+    not: `results/cluster/README.md`, "Re-runs of the inter-node fit"); over "flat" (all
     p devices in node order) one hop per node crosses, so n/p. Every timed call is a
     point `(bytes on the link per step, (time − overhead) / 2(g−1))`.
 
     α is the mean over the small messages' points (up to `calibrate.SMALL_MESSAGE` on
     the link per step), not their median as `calibrate.fit_link` takes: on this loaded
-    machine a step's time has two modes (about 0.1 ms and about 2 ms; probably a peer
-    awake or one to be woken by the scheduler, not measured), and a decode's latency adds
+    machine a step's time spreads widely (from tenths of a millisecond to about 2 ms;
+    probably a peer awake or one to be woken by the scheduler, not measured), and a
+    decode's latency adds
     many steps, whose sum follows their mean. β is the inverse slope of a least-squares
     line through the large messages' points: the rate of the link itself, untouched by
     α and by the tbf bucket that lets a message's first 128 kB through unshaped, so
-    comparable with the rate the tbf sets."""
+    comparable with the rate the tbf sets where the k·n/g count holds."""
 
     g = ctx.flat.size if axis == "flat" else ctx.two.shape[axis]
     share = ctx.two.shape["gpu"] if axis == "node" else 1  # devices per uplink at once
