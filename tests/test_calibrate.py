@@ -566,7 +566,7 @@ def test_a_chain_runs_one_collective_per_step(request, mesh_name, kind):
 
     mesh8 = request.getfixturevalue(mesh_name)  # both meshes the check calibrates
     hlo_kind = microbench.COLLECTIVE_KIND[kind]
-    x = microbench._sharded(mesh8, 4 * 8 * 4)  # 32 words per device
+    x = microbench.sharded_ones(mesh8, 4 * 8 * 4)  # 32 words per device
     factor = 8.0 if kind in ("psum", "psum_scatter") else 1.0
     for count in (1, microbench.CHAIN):
         fn = microbench._chain_program(mesh8, kind, count)

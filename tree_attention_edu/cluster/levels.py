@@ -151,32 +151,27 @@ receives for an all-gather, what it sends otherwise)."""
 
 
 def kind_sizes(p: int) -> list[int]:
-    """`KIND_SIZES` as the calls measure them on `p` devices: rounded down to a multiple of
-    `4·p` bytes (at least `4·p`), so that each all-to-all splits its buffer into `p` equal
-    parts and each all-gather receives `p` equal ones (`calibrate.collective_times`' rule)."""
-    return [4 * max(n // 4 // p, 1) * p for n in KIND_SIZES]
+    """`KIND_SIZES` as the calls measure them on `p` devices (`microbench.collective_words`,
+    the rule of `calibrate.collective_times`): rounded down to a multiple of `4·p` bytes (at
+    least `4·p`), so that each all-to-all splits its buffer into `p` equal parts and each
+    all-gather receives `p` equal ones."""
+    from ..perf import microbench
+
+    return [4 * microbench.collective_words(n, p, "psum")[0] for n in KIND_SIZES]
 
 
 def kind_calls(ctx: Context) -> Calls:
     """Each of `KINDS` over every device of the 2-level mesh, as the merges issue them, at
     `kind_sizes`: `"NAME BYTES" -> (fn, args)`."""
-    import jax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
+    from ..perf import microbench
 
-    from ..perf import calibrate
-
-    mesh, axes, p = ctx.two, ("node", "gpu"), ctx.two.size
-    spec = P(axes)
+    mesh, p = ctx.two, ctx.two.size
     calls: Calls = {}
     for name in KINDS:
-        body = calibrate.COLLECTIVE_FNS[name](axes, p)
-        fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
-        for n in kind_sizes(p):
-            words = n // 4 // p if name == "all_gather" else n // 4  # what each device sends
-            ones = np.ones(p * words, np.float32)
-            args = (jax.device_put(ones, NamedSharding(mesh, spec)),)
-            calls[f"{name} {n}"] = (fn, args)
+        fn = microbench.collective_program(mesh, name)
+        for n in KIND_SIZES:
+            words, sent = microbench.collective_words(n, p, name)
+            calls[f"{name} {4 * words}"] = (fn, (microbench.sharded_ones(mesh, 4 * sent),))
     return calls
 
 

@@ -41,11 +41,26 @@ from . import benchmark
 from .links import CollectiveKind, Link
 
 
-def _sharded(mesh: Mesh, nbytes: int) -> jax.Array:
-    """`nbytes` of float32 per device, sharded along axis 0 over all mesh axes."""
+def sharded_ones(mesh: Mesh, nbytes: int) -> jax.Array:
+    """`nbytes` of float32 ones per device, sharded along axis 0 over all mesh axes."""
     n = max(nbytes // 4, 1)
     spec = NamedSharding(mesh, P(tuple(mesh.axis_names)))
     return jax.device_put(jnp.ones((mesh.size * n,), jnp.float32), spec)
+
+
+def collective_words(nbytes: int, p: int, kind: str) -> tuple[int, int]:
+    """`(words, sent)`: float32 words of a collective of `kind` (among `COLLECTIVE_FNS`)
+    measured at `nbytes` over `p` devices, counted as `collective_stats` counts them
+    (rounded down to a multiple of `p`, at least `p`), and the words each device sends
+    (`words / p` for "all_gather", whose count is what each device receives)."""
+    words = max(nbytes // 4 // p, 1) * p
+    return words, words // p if kind == "all_gather" else words
+
+
+def collective_program(mesh: Mesh, kind: str) -> Callable:
+    """One collective of `kind` (among `COLLECTIVE_FNS`) over all of `mesh`'s axes, on each
+    device's flat buffer sharded along axis 0 (`sharded_ones`)."""
+    return _smap(mesh, COLLECTIVE_FNS[kind](tuple(mesh.axis_names), mesh.size))
 
 
 def _smap(mesh: Mesh, body: Callable) -> Callable:
@@ -65,19 +80,17 @@ def collective_times(
     the buffer each device receives for "all_gather" (each contributes `n/p`), the buffer it
     contributes otherwise; they are rounded down to a multiple of `4·p` bytes.
     """
-    axes = tuple(mesh.axis_names)
     p = mesh.size
     kinds = tuple(kinds)
     for kind in kinds:
         validate.check_choice(kind, tuple(COLLECTIVE_FNS), "kinds")
     fns = {"noop": _smap(mesh, lambda x: x + 1)}
-    fns.update({k: _smap(mesh, COLLECTIVE_FNS[k](axes, p)) for k in kinds})
+    fns.update({k: collective_program(mesh, k) for k in kinds})
     out: dict[str, list[tuple[int, float]]] = {k: [] for k in fns}
     for n in sizes:
-        words = max(n // 4 // p, 1) * p  # float32 words, a multiple of p
         for name, fn in fns.items():
-            contributed = words // p if name == "all_gather" else words
-            x = _sharded(mesh, 4 * contributed)
+            words, sent = collective_words(n, p, name)
+            x = sharded_ones(mesh, 4 * sent)
             out[name].append((4 * words, benchmark.median_time(fn, x, repeats=repeats)))
     return out
 
@@ -173,7 +186,7 @@ def collective_chain_times(
         )
     validate.check_int(repeats, "repeats", example="`repeats=21`")
     p = mesh.size
-    x = _sharded(mesh, max(nbytes // 4 // p, 1) * p * 4)  # whole float32 words, p | words
+    x = sharded_ones(mesh, max(nbytes // 4 // p, 1) * p * 4)  # whole float32 words, p | words
     calls: dict[str, tuple[Callable, tuple]] = {"noop": (_smap(mesh, lambda x: x + 1), (x,))}
     for kind in kinds:
         for count in (1, chain):
