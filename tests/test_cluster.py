@@ -310,7 +310,7 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
             "cluster",
             *SMALL,
             "--methods",
-            "tree,tree_2level,ring",
+            "tree,tree_2level,ring,reduce_scatter",
             "--link-gbit",
             "2,1",
             "--repeats",
@@ -336,12 +336,15 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
     prob = benchmark.Problem(seq_len=64, q_heads=4, kv_heads=2, head_dim=16)
     q, k, v = benchmark.make_inputs(prob, seed=0)
     want = np_attention(q, k, v)
-    for rate in rep["rates"]:
-        assert set(rate["methods"]) == {"tree", "tree_2level", "ring"}
+    for i, rate in enumerate(rep["rates"]):  # the reduce-scatter at the first rate only
+        assert set(rate["methods"]) == {"tree", "tree_2level", "ring"} | (
+            {"reduce_scatter"} if i == 0 else set()
+        )
         for name, m in rate["methods"].items():
-            np.testing.assert_allclose(
-                np.array(m["output"]), want, rtol=2e-5, atol=2e-5, err_msg=name
-            )
+            if name != "reduce_scatter":  # its output is scattered by heads: no copy kept
+                np.testing.assert_allclose(
+                    np.array(m["output"]), want, rtol=2e-5, atol=2e-5, err_msg=name
+                )
             assert m["max_abs_err"] <= 2e-5
             assert m["median_s"] > 0 and m["predicted_s"] > 0
         # Every process's rounds of every call: process 0's are the record's own, and a
@@ -377,6 +380,15 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
     for fit in rep["links"]["kinds"].values():
         assert len(fit["points"]) == len(levels.KIND_SIZES) * rep["config"]["repeats"]
         assert fit["alpha_s"] >= 0 and fit["beta_Bps"] > 0
+    # The reduce-scatter, last, priced with its collectives timed in its own rounds: each
+    # alone, and the reduce-scatter after an all-gather (`levels.fit_last`).
+    last = m["reduce_scatter"]["kinds_last"]
+    assert set(last) == set(levels.LAST_KINDS.values())
+    rs = last["reduce-scatter"]
+    small = [t for _, t in rs["after"]["points"]]
+    assert len(small) == 2 * rep["config"]["repeats"]  # the two small sizes
+    assert rs["alpha_s"] == (np.mean(small) if rs["after"]["resolved"] else rs["alpha_alone_s"])
+    assert "measured last" in m["reduce_scatter"]["note"]
     flat = rep["links"]["flat"]
     chain = flat["chain"]
     assert flat["alpha_s"] == (chain["alpha_s"] if chain["resolved"] else flat["alpha_alone_s"])

@@ -945,6 +945,64 @@ def test_the_cluster_s_kind_calls_run_on_device_counts_that_do_not_divide_their_
         assert out.size == p * int(name.split()[1]) // 4 and np.all(out == 1), name
 
 
+def test_the_cluster_prices_a_reduce_scatter_after_another_collective_from_its_pair():
+    """`levels.fit_last`: each of `LAST_KINDS` fitted alone (`fit_kinds`); the
+    reduce-scatter's α is the mean over the small sizes and rounds of "after" (an
+    all-gather, then a reduce-scatter) less the all-gather alone of that size and round,
+    its lone α kept beside it; β the lone calls' slope. A pair no slower than the
+    all-gather alone (noise) is not resolved, and the lone α stays."""
+    from tree_attention_edu.cluster import levels
+    from tree_attention_edu.perf import calibrate
+
+    overhead, p = 3e-4, 8
+    lone = {"all-gather": cm.Link(9e-3, 100e6), "reduce-scatter": cm.Link(4e-3, 150e6)}
+    times = {
+        f"{name} {n}": [overhead + lone[kind].send(n) + j for j in (-1e-5, 0.0, 1e-5)]
+        for name, kind in levels.LAST_KINDS.items()
+        for n in levels.kind_sizes(p)
+    }
+    small = [n for n in levels.kind_sizes(p) if n <= calibrate.SMALL_MESSAGE]
+    after = [12e-3, 6e-3, 15e-3]  # the reduce-scatter's share of the pair, per round
+    for n in small:
+        ag = times[f"all_gather {n}"]
+        times[f"after {n}"] = [a + r for a, r in zip(ag, after, strict=True)]
+    fits = levels.fit_last(times, overhead, p)
+    alone = levels.fit_kinds(times, overhead, p, levels.LAST_KINDS)
+    rs = fits["reduce-scatter"]
+    assert rs["after"]["resolved"] and rs["alpha_s"] == pytest.approx(11e-3, rel=1e-9)
+    assert rs["alpha_alone_s"] == alone["reduce-scatter"]["alpha_s"] != rs["alpha_s"]
+    assert rs["beta_Bps"] == pytest.approx(150e6, rel=1e-9)
+    assert len(rs["after"]["points"]) == 3 * len(small)
+    assert fits["all-gather"] == alone["all-gather"]
+    quicker = times | {f"after {n}": times[f"all_gather {n}"] for n in small}
+    rs = levels.fit_last(quicker, overhead, p)["reduce-scatter"]
+    assert not rs["after"]["resolved"] and rs["alpha_s"] == rs["alpha_alone_s"]
+
+
+@pytest.mark.parametrize("shape", [(2, 4), (7, 1)])
+def test_the_cluster_s_last_calls_time_the_reduce_scatter_alone_and_after_an_all_gather(shape):
+    """`levels.last_calls`: each of `LAST_KINDS` at `kind_sizes`, and "after" at the small
+    ones, whose all-gather of ones receives the whole buffer and whose reduce-scatter
+    sums p copies of it (scaled by 1.0001 between the two), tiled back to that size."""
+    from jax.sharding import Mesh
+
+    from tree_attention_edu.cluster import levels
+    from tree_attention_edu.perf import calibrate
+
+    p = shape[0] * shape[1]
+    mesh = Mesh(np.array(jax.devices()[:p]).reshape(shape), ("node", "gpu"))
+    calls = levels.last_calls(SimpleNamespace(two=mesh))
+    sizes = levels.kind_sizes(p)
+    small = [n for n in sizes if n <= calibrate.SMALL_MESSAGE]
+    assert set(calls) == {f"{k} {n}" for k in levels.LAST_KINDS for n in sizes} | {
+        f"after {n}" for n in small
+    }
+    for n in small:
+        fn, args = calls[f"after {n}"]
+        out = np.asarray(fn(*args))
+        assert out.size == p * n // 4 and np.allclose(out, p * 1.0001, rtol=1e-6), n
+
+
 def test_the_cluster_prices_the_local_decode_as_the_collective_after_it_waits():
     """`levels.fit_local`: `mem_Bps` is a shard's K and V bytes over the median, over every
     process's rounds, of "both" less "tiny" (`waited_kernel_s`), never above the kernel

@@ -4,7 +4,9 @@ interleaved rounds as the methods, with every device busy:
 * each level's link (α and β, from all-reduces over the 2-level mesh's "node" and "gpu"
   axes) and the ring over all devices (from all-reduces over all of them, alone and in a
   chain of `CHAIN`: `fit_chain`);
-* the all-gather and all-to-all over all devices, each measured on its own (`KINDS`);
+* the all-gather and all-to-all over all devices, each measured on its own (`KINDS`), and
+  the reduce-scatter with the all-gather again in the reduce-scatter's own rounds, last
+  (`LAST_KINDS`);
 * each device's local work: the decode bandwidth as the collective after the kernel waits
   for it (`waited_kernel_s`), and the copy rate.
 
@@ -141,8 +143,13 @@ def fit_chain(ctx: Context, times: Times) -> dict[str, Any]:
 KINDS = {"all_gather": "all-gather", "all_to_all": "all-to-all"}
 """Collectives over all devices that merges issue, each measured on its own
 (`kind_calls`): `calibrate.COLLECTIVE_FNS` name -> `collective_stats` kind. Not the
-reduce-scatter: it slows later transfers (`methods.POISON`), so it stays priced by the
-formula from the levels' fits."""
+reduce-scatter: it slows later transfers (`methods.POISON`), so it is measured in the
+reduce-scatter's own rounds, last (`LAST_KINDS`)."""
+LAST_KINDS = {"psum_scatter": "reduce-scatter", "all_gather": "all-gather"}
+"""The collectives of the "reduce_scatter" merge, each measured on its own in that
+method's rounds, after everything else (`worker`): the reduce-scatter, which cannot be
+timed earlier (`methods.POISON`), and the all-gather as it runs after one. That method is
+priced with these in place of `KINDS`' fits."""
 KIND_SIZES = (1024, 4096, 1 << 20, 4 << 20)
 """Nominal bytes per device of the calls that measure each of `KINDS`: two small ones (α,
 <= `calibrate.SMALL_MESSAGE`) and two large (β). The calls use `kind_sizes`, these rounded
@@ -160,14 +167,14 @@ def kind_sizes(p: int) -> list[int]:
     return [4 * microbench.collective_words(n, p, "psum")[0] for n in KIND_SIZES]
 
 
-def kind_calls(ctx: Context) -> Calls:
-    """Each of `KINDS` over every device of the 2-level mesh, as the merges issue them, at
-    `kind_sizes`: `"NAME BYTES" -> (fn, args)`."""
+def kind_calls(ctx: Context, kinds: dict[str, str] = KINDS) -> Calls:
+    """Each of `kinds` (`KINDS` or `LAST_KINDS`) over every device of the 2-level mesh, as
+    the merges issue them, at `kind_sizes`: `"NAME BYTES" -> (fn, args)`."""
     from ..perf import microbench
 
     mesh, p = ctx.two, ctx.two.size
     calls: Calls = {}
-    for name in KINDS:
+    for name in kinds:
         fn = microbench.collective_program(mesh, name)
         for n in KIND_SIZES:
             words, sent = microbench.collective_words(n, p, name)
@@ -175,19 +182,84 @@ def kind_calls(ctx: Context) -> Calls:
     return calls
 
 
-def fit_kinds(times: Times, overhead: float, p: int) -> dict[str, dict[str, Any]]:
-    """Each of `KINDS` as a link from its calls on `p` devices (`kind_calls`): the points
-    `(bytes, time − overhead)`, read by `alpha_beta` (α the mean of the small calls' times,
-    per call, by the rule of the levels' fits; β the inverse least-squares slope over the
-    large ones): `{kind: {"alpha_s", "beta_Bps", "points"}}`, by `collective_stats` kind.
-    Priced as measured (`Topology.measured`): on this machine a small one takes
-    milliseconds, more than the formulas price it at (why is not measured)."""
+def fit_kinds(
+    times: Times, overhead: float, p: int, kinds: dict[str, str] = KINDS
+) -> dict[str, dict[str, Any]]:
+    """Each of `kinds` (`KINDS` or `LAST_KINDS`) as a link from its calls on `p` devices
+    (`kind_calls`): the points `(bytes, time − overhead)`, read by `alpha_beta` (α the mean
+    of the small calls' times, per call, by the rule of the levels' fits; β the inverse
+    least-squares slope over the large ones): `{kind: {"alpha_s", "beta_Bps", "points"}}`,
+    by `collective_stats` kind. Priced as measured (`Topology.measured`): on this machine
+    a small one takes milliseconds, more than the formulas price it at (why is not
+    measured)."""
     out = {}
-    for name, kind in KINDS.items():
+    for name, kind in kinds.items():
         points = [(n, max(t - overhead, 0.0)) for n in kind_sizes(p) for t in times[f"{name} {n}"]]
         alpha, beta = alpha_beta(points)
         out[kind] = {"alpha_s": alpha, "beta_Bps": beta, "points": [list(pt) for pt in points]}
     return out
+
+
+AFTER = ("all_gather", "psum_scatter")
+"""The "reduce_scatter" merge's collectives as it issues them, the second on the first's
+result (`after_calls`): on this machine a reduce-scatter after another collective took
+more than twice its time alone (`results/cluster/README.md`), an all-reduce in a chain
+less than alone (`fit_chain`)."""
+
+
+def last_calls(ctx: Context) -> Calls:
+    """What is timed in the reduce-scatter's own rounds, last (`methods.POISON`): each of
+    `LAST_KINDS` alone (`kind_calls`), and at the small `kind_sizes` the two of `AFTER` in
+    one program ("after BYTES": an all-gather whose result each device receives as
+    BYTES, then the reduce-scatter of that result, as "psum_scatter BYTES" is alone)."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    from ..perf import calibrate, microbench
+
+    mesh, p = ctx.two, ctx.two.size
+    spec = P(tuple(mesh.axis_names))
+    first, then = (microbench.CHAIN_STEPS[k](tuple(mesh.axis_names), p) for k in AFTER)
+    # scaled between the two, so that XLA cannot fold them (`microbench._chain_program`)
+    fn = jax.jit(
+        jax.shard_map(
+            lambda x: then(first(x) * 1.0001),
+            mesh=mesh,
+            in_specs=spec,
+            out_specs=spec,
+            check_vma=False,
+        )
+    )
+    calls = kind_calls(ctx, LAST_KINDS)
+    for n in kind_sizes(p):
+        if n <= calibrate.SMALL_MESSAGE:
+            calls[f"after {n}"] = (fn, (microbench.sharded_ones(mesh, n),))
+    return calls
+
+
+def fit_last(times: Times, overhead: float, p: int) -> dict[str, dict[str, Any]]:
+    """`LAST_KINDS` from `last_calls`' times (`fit_kinds`), the reduce-scatter's α as it
+    runs after another collective: the mean over the small sizes and the rounds of
+    "after" less the all-gather alone of the same size and round, at least 0 (the rule of
+    `fit_chain`). Its lone α is kept as `alpha_alone_s`, and used where that mean is not
+    above 0 (`after.resolved` False). β stays the lone calls'."""
+    from ..perf import calibrate
+
+    kinds = fit_kinds(times, overhead, p, LAST_KINDS)
+    rs = kinds[LAST_KINDS[AFTER[1]]]
+    points = [
+        (n, a - b)
+        for n in kind_sizes(p)
+        if n <= calibrate.SMALL_MESSAGE
+        for a, b in zip(times[f"after {n}"], times[f"{AFTER[0]} {n}"], strict=True)
+    ]
+    mean = float(np.mean([t for _, t in points]))
+    resolved = math.isfinite(mean) and mean > 0
+    rs["after"] = {"resolved": resolved, "points": [[n, t] for n, t in points]}
+    rs["alpha_alone_s"] = rs["alpha_s"]
+    if resolved:
+        rs["alpha_s"] = mean
+    return kinds
 
 
 def alpha_beta(points: Sequence[tuple[float, float]]) -> tuple[float, float]:

@@ -117,22 +117,36 @@ def _phase(
 
 
 def _reduce_scatter_last(ctx: Context, phases: list[dict[str, Any]]) -> None:
-    """The reduce-scatter, back at the first rate, after everything else (`POISON`); its
+    """The reduce-scatter, back at the first rate, after everything else (`POISON`), in
+    interleaved rounds with its collectives, each alone and one after the other
+    (`levels.last_calls`); it is priced by the first rate's fits with those
+    (`levels.fit_last`, recorded as its `kinds_last`) in place of `levels.KINDS`'. Its
     record joins the first rate's, in the order of `methods`."""
     from ..perf import benchmark
 
     s = ctx.s
     if len(s.rates_bps) > 1:
         request_rate(ctx, len(s.rates_bps), s.rates_bps[0])
-    topo = methods.topologies(ctx, phases[0]["links"], phases[0]["local"])
+    first = phases[0]
     calls, static = methods.method_calls(ctx, ["reduce_scatter"], s.seq_len)
-    times = benchmark.interleaved_times(calls, repeats=s.repeats)
+    calls |= levels.last_calls(ctx)
     label = f"[{s.rates_bps[0] / 1e9:g} Gbit/s, last]"
+    ctx.say(
+        f"{label} timing reduce_scatter and {len(calls) - 1} programs that measure its "
+        f"collectives, {s.repeats} interleaved rounds"
+    )
+    times = benchmark.interleaved_times(calls, repeats=s.repeats)
+    kinds = levels.fit_last(times, first["links"]["overhead_s"], ctx.two.size)
+    links = {**first["links"], "kinds": {**first["links"]["kinds"], **kinds}}
+    topo = methods.topologies(ctx, links, first["local"])
     rec = methods.method_records(ctx, ["reduce_scatter"], s.seq_len, times, static, topo, label)
     rec["reduce_scatter"]["note"] = "measured last: " + methods.POISON
-    phases[0]["round_s_by_process"].update(methods.rounds_by_process(times))
-    merged = {**phases[0]["methods"], **rec}
-    phases[0]["methods"] = {m: merged[m] for m in s.methods if m in merged}
+    rec["reduce_scatter"]["kinds_last"] = kinds
+    first["round_s_by_process"].update(
+        methods.rounds_by_process({"reduce_scatter": times["reduce_scatter"]})
+    )
+    merged = {**first["methods"], **rec}
+    first["methods"] = {m: merged[m] for m in s.methods if m in merged}
 
 
 def crossover_sweep(
