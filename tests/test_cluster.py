@@ -386,7 +386,9 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
     assert set(last) == set(levels.LAST_KINDS.values())
     rs = last["reduce-scatter"]
     small = [t for _, t in rs["after"]["points"]]
-    assert len(small) == 2 * rep["config"]["repeats"]  # the two small sizes
+    rounds = m["reduce_scatter"]["last_round_s_by_process"]  # every process's, pooled
+    assert len(small) == 2 * 2 * rep["config"]["repeats"]  # 2 small sizes, 2 processes
+    assert rounds["reduce_scatter"] == rep["rates"][0]["round_s_by_process"]["reduce_scatter"]
     assert rs["alpha_s"] == (np.mean(small) if rs["after"]["resolved"] else rs["alpha_alone_s"])
     assert "measured last" in m["reduce_scatter"]["note"]
     flat = rep["links"]["flat"]

@@ -202,9 +202,9 @@ def fit_kinds(
 
 AFTER = ("all_gather", "psum_scatter")
 """The "reduce_scatter" merge's collectives as it issues them, the second on the first's
-result (`after_calls`): on this machine a reduce-scatter after another collective took
-more than twice its time alone (`results/cluster/README.md`), an all-reduce in a chain
-less than alone (`fit_chain`)."""
+result (`last_calls`): on this machine a reduce-scatter after another collective added
+more to a program's time than it took alone, an all-gather less
+(`results/cluster/README.md`, "The reduce-scatter after another collective")."""
 
 
 def last_calls(ctx: Context) -> Calls:
@@ -237,12 +237,17 @@ def last_calls(ctx: Context) -> Calls:
     return calls
 
 
-def fit_last(times: Times, overhead: float, p: int) -> dict[str, dict[str, Any]]:
-    """`LAST_KINDS` from `last_calls`' times (`fit_kinds`), the reduce-scatter's α as it
-    runs after another collective: the mean over the small sizes and the rounds of
-    "after" less the all-gather alone of the same size and round, at least 0 (the rule of
-    `fit_chain`). Its lone α is kept as `alpha_alone_s`, and used where that mean is not
-    above 0 (`after.resolved` False). β stays the lone calls'."""
+def fit_last(
+    times: Times, overhead: float, p: int, everyone: dict[str, list[list[float]]]
+) -> dict[str, dict[str, Any]]:
+    """`LAST_KINDS` from `last_calls`' times (`fit_kinds`, this process's `times`), the
+    reduce-scatter's α as it runs after another collective: the mean over the small sizes
+    and over every process's rounds (`everyone`, `name -> [process][round]`) of "after"
+    less the all-gather alone of the same size, process and round, at least 0 (the rule
+    of `fit_chain`). Every process's rounds, as for the waited-for kernel: a difference
+    of two calls whose times each spread over tens of milliseconds. Its lone α is kept
+    as `alpha_alone_s`, and used where that mean is not above 0 (`after.resolved`
+    False). β stays the lone calls'."""
     from ..perf import calibrate
 
     kinds = fit_kinds(times, overhead, p, LAST_KINDS)
@@ -251,7 +256,8 @@ def fit_last(times: Times, overhead: float, p: int) -> dict[str, dict[str, Any]]
         (n, a - b)
         for n in kind_sizes(p)
         if n <= calibrate.SMALL_MESSAGE
-        for a, b in zip(times[f"after {n}"], times[f"{AFTER[0]} {n}"], strict=True)
+        for pair, first in zip(everyone[f"after {n}"], everyone[f"{AFTER[0]} {n}"], strict=True)
+        for a, b in zip(pair, first, strict=True)
     ]
     mean = float(np.mean([t for _, t in points]))
     resolved = math.isfinite(mean) and mean > 0

@@ -120,8 +120,9 @@ def _reduce_scatter_last(ctx: Context, phases: list[dict[str, Any]]) -> None:
     """The reduce-scatter, back at the first rate, after everything else (`POISON`), in
     interleaved rounds with its collectives, each alone and one after the other
     (`levels.last_calls`); it is priced by the first rate's fits with those
-    (`levels.fit_last`, recorded as its `kinds_last`) in place of `levels.KINDS`'. Its
-    record joins the first rate's, in the order of `methods`."""
+    (`levels.fit_last`, recorded as its `kinds_last`, with every process's rounds as
+    `last_round_s_by_process`) in place of `levels.KINDS`'. Its record joins the first
+    rate's, in the order of `methods`."""
     from ..perf import benchmark
 
     s = ctx.s
@@ -136,15 +137,15 @@ def _reduce_scatter_last(ctx: Context, phases: list[dict[str, Any]]) -> None:
         f"collectives, {s.repeats} interleaved rounds"
     )
     times = benchmark.interleaved_times(calls, repeats=s.repeats)
-    kinds = levels.fit_last(times, first["links"]["overhead_s"], ctx.two.size)
+    everyone = methods.rounds_by_process(times)
+    kinds = levels.fit_last(times, first["links"]["overhead_s"], ctx.two.size, everyone)
     links = {**first["links"], "kinds": {**first["links"]["kinds"], **kinds}}
     topo = methods.topologies(ctx, links, first["local"])
     rec = methods.method_records(ctx, ["reduce_scatter"], s.seq_len, times, static, topo, label)
     rec["reduce_scatter"]["note"] = "measured last: " + methods.POISON
     rec["reduce_scatter"]["kinds_last"] = kinds
-    first["round_s_by_process"].update(
-        methods.rounds_by_process({"reduce_scatter": times["reduce_scatter"]})
-    )
+    rec["reduce_scatter"]["last_round_s_by_process"] = everyone
+    first["round_s_by_process"]["reduce_scatter"] = everyone["reduce_scatter"]
     merged = {**first["methods"], **rec}
     first["methods"] = {m: merged[m] for m in s.methods if m in merged}
 
