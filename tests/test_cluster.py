@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -34,9 +35,10 @@ from tree_attention_edu.cluster.methods import (
     crossover,
     level_bytes,
     reference_attention,
+    topologies,
 )
 from tree_attention_edu.cluster.run import ClusterConfig
-from tree_attention_edu.perf import benchmark
+from tree_attention_edu.perf import benchmark, calibrate
 from tree_attention_edu.perf.introspect import Collective
 
 PREFIX = "tae-cltest"  # this module's runs only: a real run elsewhere is never touched
@@ -387,8 +389,26 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
     rs = last["reduce-scatter"]
     small = [t for _, t in rs["after"]["points"]]
     rounds = m["reduce_scatter"]["last_round_s_by_process"]  # every process's, pooled
-    assert len(small) == 2 * 2 * rep["config"]["repeats"]  # 2 small sizes, 2 processes
-    assert rounds["reduce_scatter"] == rep["rates"][0]["round_s_by_process"]["reduce_scatter"]
+    sizes = [n for n in levels.kind_sizes(4) if n <= calibrate.SMALL_MESSAGE]
+    assert len(small) == len(sizes) * rep["config"]["processes"] * rep["config"]["repeats"]
+    assert rounds["reduce_scatter"][0] == m["reduce_scatter"]["round_s"]  # process 0's
+    # ...and priced with them, in place of the first rounds' all-gather and the formula
+    c = rep["config"]
+    layout = SimpleNamespace(
+        **{k: c[k] for k in ("nodes", "processes_per_node", "devices_per_process", "devices")}
+    )
+    first = rep["rates"][0]
+    prob = benchmark.Problem(seq_len=c["seq_len"], **c["problem"])
+
+    def priced(kinds: dict) -> float:
+        links = first["links"] | {"kinds": kinds}
+        two, _ = topologies(SimpleNamespace(s=layout), links, first["local"])
+        return calibrate.predict("reduce_scatter", c["seq_len"], two, prob).total_s
+
+    assert priced(first["links"]["kinds"] | last) == pytest.approx(
+        m["reduce_scatter"]["predicted_s"], rel=1e-12
+    )
+    assert priced(first["links"]["kinds"]) != pytest.approx(priced(first["links"]["kinds"] | last))
     assert rs["alpha_s"] == (np.mean(small) if rs["after"]["resolved"] else rs["alpha_alone_s"])
     assert "measured last" in m["reduce_scatter"]["note"]
     flat = rep["links"]["flat"]

@@ -994,6 +994,7 @@ def test_the_cluster_s_last_calls_time_the_reduce_scatter_alone_and_after_an_all
 
     from tree_attention_edu.cluster import levels
     from tree_attention_edu.perf import calibrate
+    from tree_attention_edu.perf.introspect import parse_hlo
 
     p = shape[0] * shape[1]
     mesh = Mesh(np.array(jax.devices()[:p]).reshape(shape), ("node", "gpu"))
@@ -1007,6 +1008,13 @@ def test_the_cluster_s_last_calls_time_the_reduce_scatter_alone_and_after_an_all
         fn, args = calls[f"after {n}"]
         out = np.asarray(fn(*args))
         assert out.size == p * n // 4 and np.allclose(out, p * 1.0001, rtol=1e-6), n
+        # the merge's order, each collective of the size it has alone (as compiled)
+        pair, *alone = (
+            parse_hlo(f.lower(*a).compile().as_text() or "").collectives
+            for f, a in (calls[f"after {n}"], calls[f"all_gather {n}"], calls[f"psum_scatter {n}"])
+        )
+        assert [c.kind for c in pair] == ["all-gather", "reduce-scatter"], pair
+        assert [c.bytes for c in pair] == [c.bytes for one in alone for c in one], pair
 
 
 def test_the_cluster_prices_the_local_decode_as_the_collective_after_it_waits():

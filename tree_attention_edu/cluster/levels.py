@@ -220,7 +220,8 @@ def last_calls(ctx: Context) -> Calls:
     mesh, p = ctx.two, ctx.two.size
     spec = P(tuple(mesh.axis_names))
     first, then = (microbench.CHAIN_STEPS[k](tuple(mesh.axis_names), p) for k in AFTER)
-    # scaled between the two, so that XLA cannot fold them (`microbench._chain_program`)
+    # scaled between the two, as `microbench._chain_program` scales its steps (a guard:
+    # XLA:CPU has no rule today that would fold the pair)
     fn = jax.jit(
         jax.shard_map(
             lambda x: then(first(x) * 1.0001),
@@ -243,11 +244,13 @@ def fit_last(
     """`LAST_KINDS` from `last_calls`' times (`fit_kinds`, this process's `times`), the
     reduce-scatter's α as it runs after another collective: the mean over the small sizes
     and over every process's rounds (`everyone`, `name -> [process][round]`) of "after"
-    less the all-gather alone of the same size, process and round, at least 0 (the rule
-    of `fit_chain`). Every process's rounds, as for the waited-for kernel: a difference
-    of two calls whose times each spread over tens of milliseconds. Its lone α is kept
-    as `alpha_alone_s`, and used where that mean is not above 0 (`after.resolved`
-    False). β stays the lone calls'."""
+    less the all-gather alone of the same size, process and round. Every process's
+    rounds, as for the waited-for kernel: a difference of two calls whose times each
+    spread over tens of milliseconds. The merge is then priced at this process's lone
+    all-gather (as every kind is) plus that pooled excess. Its lone α is kept as
+    `alpha_alone_s`, and used where the mean is not above 0 (`after.resolved` False: a
+    pair no slower than its all-gather, noise; `fit_chain`'s test). β stays the lone
+    calls'."""
     from ..perf import calibrate
 
     kinds = fit_kinds(times, overhead, p, LAST_KINDS)
