@@ -657,7 +657,8 @@ assert all(small_ar[4] < t / 5 for b, t in small_ar.items() if b > 4)
 #   all-reduce: no chain was measured per level.
 #
 # Three runs made with a first version of these terms (`check/design/`; the commit is named
-# in `results/cluster/README.md`) took the kinds' (the all-gather's and the all-to-all's
+# in `results/cluster/README.md`; begun as the check of that version, their commands name
+# the check runs' paths, and they became design runs when it changed) took the kinds' (the all-gather's and the all-to-all's
 # timed alone) α and β as medians and the kernel alone
 # from process 0. Code reviews after those runs found both inconsistent (with the levels'
 # rule; with the waited-for kernel, read from every process), and they were changed; the
@@ -972,7 +973,10 @@ display(Markdown(
 # rounds, as for the waited-for kernel, another difference of two calls), keeps the lone
 # α beside it, and takes β and the all-gather from the lone calls; the merge is priced with these in place of the first
 # rounds' all-gather and the formula (the record's `kinds_last`). Nothing is measured at
-# the merge's own sizes or on its program; every other cell is priced as above.
+# the merge's own sizes or on its program; every other cell is priced as above. That is
+# literally true, but the pair is the merge's two collectives in its order, at 1 kB and
+# 4 kB per device, which bracket its own 2 kB: this cell is now close to a timing of its
+# own collectives, and its agreement is weak evidence for the model as a whole.
 #
 # Six design runs came first (`rs-after/design/`): run 1 with the lone calls only, runs 2
 # and 3 with the pair read from process 0's rounds, and runs 4 to 6, made as the check of
@@ -1066,16 +1070,31 @@ for variant in ("the pair taken back", "the first rounds' fits"):
     assert all(a >= b for a, b in zip(model_counts, last_counts[variant], strict=True))
     assert sum(model_counts) > sum(last_counts[variant])
 assert min(rs_ratio) > 1 and sum(len(r_) for r_ in last_out.values()) == 1
-assert last_counts["the pair from process 0"] == model_counts  # pooling: inert here
-with_pair = [e for r, e in zip(rs_design.values(), design_rs, strict=True)
-             if "after" in r["rates"][0]["methods"]["reduce_scatter"]["kinds_last"]["reduce-scatter"]]
-with_pair += rs_rows["the model"]
-print(f"the reduce-scatter in the {len(with_pair)} runs priced with the pair: "
-      + ", ".join(f"{e:+.1%}" for e in with_pair))
-assert len(with_pair) == 8 and sum(abs(e) <= band for e in with_pair) == 7
+assert last_counts["the pair from process 0"] == model_counts  # pooling: no count moves
+assert any(abs(e) <= band for e in first_fits)  # the first rounds' fits: not always outside
+pair_p0 = [e for r, e in zip(rs_design.values(), design_rs, strict=True)
+           if "after" in r["rates"][0]["methods"]["reduce_scatter"]["kinds_last"]["reduce-scatter"]]
+print("the reduce-scatter with the pair from process 0 (design runs 2 to 6): "
+      + ", ".join(f"{e:+.1%}" for e in pair_p0))
+assert len(pair_p0) == 5 and sum(abs(e) <= band for e in pair_p0) == 4
+# Every other cell is priced as in the runs above: the last rounds move no other prediction
+other = [k for k in last_now if k != ("reduce_scatter", 1.0)]
+same = last_errors(rs_check, "the first rounds' fits")
+assert all(np.allclose(last_now[k], same[k]) for k in other)
+miss_before = [sum(abs(now[k][j]) > band for k in other) for j in range(3)]
+miss_after = [sum(abs(last_now[k][j]) > band for k in other) for j in range(3)]
+print(f"the other {len(other)} cells outside the band: the runs above {miss_before}, these "
+      f"{miss_after}")
+six_flat = now["tree", 0.5] + errors(design, {})["tree", 0.5]  # round 18's six runs
+gain_first = sum(model_counts) - sum(last_counts["the first rounds' fits"])
+gain_alone = sum(model_counts) - sum(last_counts["the pair taken back"])
+assert gain_first > gain_alone > 0
 flat_slow = last_errors(rs_design)["tree", 0.5] + last_now["tree", 0.5]  # the nine runs
-print("the flat tree at 0.5 Gbit/s in the nine runs: " + ", ".join(f"{e:+.0%}" for e in flat_slow))
+print("the flat tree at 0.5 Gbit/s in the nine runs: " + ", ".join(f"{e:+.0%}" for e in flat_slow)
+      + f"; in the six above: {min(six_flat):+.0%} to {max(six_flat):+.0%}")
 assert len(flat_slow) == 9 and sum(e > 0 for e in flat_slow) == 7
+assert max(map(abs, flat_slow)) <= band and sum(e > band for e in six_flat) == 2
+assert np.mean(flat_slow) < np.mean(six_flat)
 display(Markdown(
     f"The model puts {', '.join(map(str, model_counts))} of the {len(last_now)} cells within "
     f"±{band:.0%} in the three check runs. The reduce-scatter is inside the band in each "
@@ -1083,13 +1102,23 @@ display(Markdown(
     f"from its own rounds gives {', '.join(f'{e:+.0%}' for e in rs_rows['the pair taken back'])}, "
     f"and the first rounds' fits, the model of the runs above, "
     f"{', '.join(f'{e:+.0%}' for e in first_fits)}: "
-    f"under-predicted in each, as there (here not always outside the band). The pair's α was {min(rs_ratio):.1f} to "
-    f"{max(rs_ratio):.1f} times the lone one. Read from process 0's rounds alone, the pair "
+    f"under-predicted in each, as there (here not always outside the band). The pair's α "
+    f"was {min(rs_ratio):.1f} to {max(rs_ratio):.1f} times the lone one (process 0's lone "
+    f"α, less the per-call overhead; the exploratory run's ratio above compares with every "
+    f"process's lone means: another baseline). Read from process 0's rounds alone, the pair "
     f"gives the same counts here (the reduce-scatter "
     f"{', '.join(f'{e:+.0%}' for e in rs_rows['the pair from process 0'])}): in these runs "
-    f"pooling changed nothing measurable. Over the {len(with_pair)} runs priced with the pair "
-    f"(design runs 2 to 6 and these), the reduce-scatter was inside the band in "
-    f"{sum(abs(e) <= band for e in with_pair)}. Issue 30's target, every cell in each run, is "
+    f"pooling moved no count. With the pair from process 0's rounds (design runs 2 to 6) "
+    f"the reduce-scatter was inside the band in {sum(abs(e) <= band for e in pair_p0)} of "
+    f"{len(pair_p0)}; with it from every process's (these runs), in all three: in effect six "
+    f"runs checked the pair (design runs 4 to 6 and these: "
+    f"{', '.join(map(str, [*design_counts[3:], *model_counts]))} cells). In these runs the "
+    f"pair is worth {gain_first} cells over the first rounds' fits and {gain_alone} over the "
+    f"lone reduce-scatter from its own rounds. Every other "
+    f"cell is priced exactly as in the runs above (asserted), which left "
+    f"{', '.join(map(str, miss_before))} of those {len(other)} cells outside; these runs left "
+    f"{', '.join(map(str, miss_after))}: that difference is from run to run, not from this "
+    f"change. Issue 30's target, every cell in each run, is "
     f"still not met: outside the band, "
     + "; ".join(f"{name} at {g:g} Gbit/s in run {', '.join(map(str, r_))} ("
                 + ", ".join(f"{last_now[name, g][j - 1]:+.1%}" for j in r_) + ")"
@@ -1098,8 +1127,13 @@ display(Markdown(
     f"recorded (run 1 from the lone calls, the others with the pair's α from process 0's "
     f"rounds, the only ones their records keep, so the rule now used cannot re-read them); in the "
     f"fourth, with the pair read from process 0's rounds, the reduce-scatter was "
-    f"over-predicted by {design_rs[3]:+.0%}; after design runs 4 to 6 the pair was read from "
-    f"every process's rounds, as the waited-for kernel is (a difference of two noisy calls). A "
+    f"over-predicted by {design_rs[3]:+.0%}. That miss prompted a look at the pair's rule, and "
+    f"after design runs 4 to 6 the pair was read from every process's rounds, as the "
+    f"waited-for kernel is (a difference of two noisy calls). The flat tree at 0.5 Gbit/s, "
+    f"over-predicted by {min(six_flat):+.0%} to {max(six_flat):+.0%} in the six runs above "
+    f"(outside the band in two), was off by {min(flat_slow):+.0%} to {max(flat_slow):+.0%} in "
+    f"these nine (inside in each), priced by the same rule: why the later batch sits lower "
+    f"(mean {np.mean(flat_slow):+.0%} against {np.mean(six_flat):+.0%}) is not known. A "
     f"reading of one of these runs is one sample of a spread: the "
     f"same merge's measured median ranged over these {len(rs_medians)} runs from "
     f"{min(rs_medians) * 1e3:.1f} to {max(rs_medians) * 1e3:.1f} ms."))
@@ -1221,7 +1255,14 @@ further_model = [r["topology_claim"]["flat_predicted_s"] / r["topology_claim"]["
                  for r in further.values()]
 print("their flat / 2-level at 0.5 Gbit/s, predicted: " + ", ".join(f"{x:.3f}" for x in further_model)
       + "; measured: " + ", ".join(f"{x:.2f}" for x in further_meas))
-assert further_slow.count("2-level faster") == 3 and sum(x > 1 for x in further_model) == 8
+assert further_slow.count("2-level faster") == 3 and sum(x > 1.01 for x in further_model) == 7
+assert sum(abs(x - 1) <= 0.01 for x in further_model) == 1  # a tie
+all_slow, all_meas = slow_v + further_slow, later_meas + further_meas  # all 15 later runs
+print(f"all {len(all_slow)} later runs at 0.5 Gbit/s: 2-level faster in "
+      f"{all_slow.count('2-level faster')}, flat faster in {all_slow.count('flat faster')}; "
+      f"medians with the 2-level tree ahead in {sum(x > 1 for x in all_meas)}")
+assert all_slow.count("2-level faster") == 4 and "flat faster" not in all_slow
+assert sum(x > 1 for x in all_meas) == 9
 assert further_slow.count("no measurable difference") == 6 and sum(x > 1 for x in further_meas) == 8
 display(Markdown("\n".join(f"* {line}" for line in claim_lines)))
 
@@ -1271,8 +1312,14 @@ display(Markdown("\n".join(f"* {line}" for line in claim_lines)))
 #   the model's error on the flat tree is larger than on the 2-level tree in every one
 #   (asserted above); why is not known. On these two cores the slow link's verdict
 #   repeated once in six, and in three of nine further runs (the reduce-scatter's, §9.4's
-#   end), where the model predicted the 2-level tree faster in all but one and the medians
-#   put it ahead in eight: it does not reliably repeat.
+#   end), where the model predicted the 2-level tree faster in all but two (one of them a
+#   tie, within 1%) and the medians put it ahead in eight, unlike the six: it does not
+#   reliably repeat. The methods and the programs timed with them were the same in both
+#   batches (the later runs add calls only in the reduce-scatter's own rounds, after every
+#   other method is timed), so the difference is between batches of runs on this machine,
+#   for a reason not known. Over all fifteen, the verdict was "2-level faster" in four and
+#   "flat faster" in none, and the medians put the 2-level tree ahead in nine (printed
+#   above).
 #   In the 4-device run both levels' 2-device rings fit a slower step than the ring over
 #   all four devices (§9.4 prints all three), and the model predicts the flat tree faster;
 #   the measurement finds no difference. The lengths of
@@ -2101,23 +2148,25 @@ else:
 #   in nine further runs the verdict repeated three times, and the medians put the
 #   2-level tree ahead in eight (§9.5). Priced at a step measured on its own ring over all devices, the flat
 #   tree is predicted within 20% in both records at every rate at Tk = 16,384 (§9.4; not
-#   in every later run, and at 0.5 Gbit/s over-predicted in all six, by both models, and in
-#   seven of nine further runs), though about 2×
+#   in every later run, and at 0.5 Gbit/s over-predicted in all six, by both models; in
+#   nine further runs inside ±30% in each and lower on average, for a reason not known),
+#   though about 2×
 #   over at Tk ≤ 256 in both (§9.7); priced at
 #   the larger of the levels' fitted α, it is over-predicted in all four. In the 8-device
 #   record the model under-predicts every other method but the ring, at every rate each
-#   was timed at. Measured since: a collective issued after the kernel waits for it longer
-#   than the kernel takes alone, by a wait that never shrinks with the length and was over
-#   three times longer at 16,384 keys than at 2,048. With that wait read
-#   from every process's rounds, the all-gather and all-to-all timed alone and a chain's
+#   was timed at. Measured since, in one exploratory run (a patch not kept): a collective
+#   issued after the kernel waits for it longer than the kernel takes alone, by a wait
+#   that never shrinks with the length (within 0.1 ms) and was over three times longer at
+#   16,384 keys than at 2,048. With that wait read as a rate, the all-gather and all-to-all timed alone and a chain's
 #   step for the flat tree, the model puts more cells within ±30% than these records'
 #   model does in each of three new runs, short of issue 30's target of every cell; the
 #   flat tree is over-predicted at 0.5 Gbit/s in all three (§9.4's end). The one cell
 #   missed in all three is the reduce-scatter merge, whose reduce-scatter costs more after
 #   another collective than alone; priced from its two collectives timed in its own
-#   rounds, alone and as a pair, it was inside the band in seven of the eight runs that
-#   priced it so, and the three check runs among them missed one cell in total (§9.4's
-#   end). The course's 2-level schedule (the idea behind the paper's
+#   rounds, alone and as a pair, it was inside the band in four of five design runs (the
+#   pair from process 0's rounds) and in three check runs (from every process's), which
+#   missed one other cell in total; the other cells are priced as before, and their
+#   fewer misses are from run to run (§9.4's end). The course's 2-level schedule (the idea behind the paper's
 #   §5.3 topology argument) wins at every delay above 0 once the link is slow in latency
 #   (§9.8's sweep, 2 nodes × 2 processes × 1 device; at δ = 0 no measurable difference).
 # * Measured, both trees beat the ring from Tk = 256 on in both runs; in the 4-device run

@@ -419,8 +419,9 @@ def waited_kernel_s(everyone: dict[str, list[list[float]]]) -> float:
     difference is what the kernel costs a collective issued after it: the kernel, the
     wait for the last device of every process, and whatever the all-reduce costs more
     after the kernel than alone. One word over p devices is much faster than 64 B to 2 kB
-    (`results/cluster/check/waits-by-length.json`: 1.4 ms against 11 to 13 ms;
-    apparently another path in gloo, not looked into), so how that cost divides between
+    (`results/cluster/check/waits-by-length.json`: 1.4 ms against 11 to 13 ms; gloo's
+    ring skips empty segments, and one word fills one of 2p, `results/cluster/README.md`),
+    so how that cost divides between
     the kernel and the first collective after it is not measured: the model charges it
     all here, and prices that collective like the others."""
     names = ("local both", "local tiny")
