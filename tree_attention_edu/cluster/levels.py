@@ -149,7 +149,8 @@ LAST_KINDS = {"psum_scatter": "reduce-scatter", "all_gather": "all-gather"}
 """The collectives of the "reduce_scatter" merge, each measured on its own in that
 method's rounds, after everything else (`worker`): the reduce-scatter, which cannot be
 timed earlier (`methods.POISON`), and the all-gather as it runs after one. That method is
-priced with these in place of `KINDS`' fits."""
+priced with these in place of the first rounds' all-gather (a `KINDS` fit) and the
+reduce-scatter's formula from the levels' fits."""
 KIND_SIZES = (1024, 4096, 1 << 20, 4 << 20)
 """Nominal bytes per device of the calls that measure each of `KINDS`: two small ones (α,
 <= `calibrate.SMALL_MESSAGE`) and two large (β). The calls use `kind_sizes`, these rounded
@@ -245,8 +246,9 @@ def fit_last(
     reduce-scatter's α as it runs after another collective: the mean over the small sizes
     and over every process's rounds (`everyone`, `name -> [process][round]`) of "after"
     less the all-gather alone of the same size, process and round. Every process's
-    rounds, as for the waited-for kernel: a difference of two calls whose times each
-    spread over tens of milliseconds. The merge is then priced at this process's lone
+    rounds, pooled as for the waited-for kernel (a difference of two calls whose times
+    each spread over tens of milliseconds), but summarised by the mean, `fit_chain`'s
+    rule, where the kernel's wait takes the median. The merge is then priced at this process's lone
     all-gather (as every kind is) plus that pooled excess. Its lone α is kept as
     `alpha_alone_s`, and used where the mean is not above 0 (`after.resolved` False: a
     pair no slower than its all-gather, noise; `fit_chain`'s test). β stays the lone

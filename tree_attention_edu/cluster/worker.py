@@ -121,8 +121,9 @@ def _reduce_scatter_last(ctx: Context, phases: list[dict[str, Any]]) -> None:
     interleaved rounds with its collectives, each alone and one after the other
     (`levels.last_calls`); it is priced by the first rate's fits with those
     (`levels.fit_last`, recorded as its `kinds_last`, with every process's rounds as
-    `last_round_s_by_process`) in place of `levels.KINDS`'. Its record joins the first
-    rate's, in the order of `methods`."""
+    `last_round_s_by_process`) in place of the first rounds' all-gather and the
+    reduce-scatter's formula. Its record joins the first rate's, in the order of
+    `methods`."""
     from ..perf import benchmark
 
     s = ctx.s
