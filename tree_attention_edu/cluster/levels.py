@@ -148,9 +148,9 @@ reduce-scatter's own rounds, last (`LAST_KINDS`)."""
 LAST_KINDS = {"psum_scatter": "reduce-scatter", "all_gather": "all-gather"}
 """The collectives of the "reduce_scatter" merge, each measured on its own in that
 method's rounds, after everything else (`worker`): the reduce-scatter, which cannot be
-timed earlier (`methods.POISON`), and the all-gather as it runs after one. That method is
-priced with these in place of the first rounds' all-gather (a `KINDS` fit) and the
-reduce-scatter's formula from the levels' fits."""
+timed earlier (`methods.POISON`), and the all-gather as it runs once a reduce-scatter has
+run. That method is priced with these in place of the first rounds' all-gather (a `KINDS`
+fit) and the reduce-scatter's formula from the levels' fits."""
 KIND_SIZES = (1024, 4096, 1 << 20, 4 << 20)
 """Nominal bytes per device of the calls that measure each of `KINDS`: two small ones (α,
 <= `calibrate.SMALL_MESSAGE`) and two large (β). The calls use `kind_sizes`, these rounded
