@@ -380,7 +380,9 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
     # all devices also as a chain; the local decode as the collective after it waits.
     assert set(rep["links"]["kinds"]) == set(levels.KINDS.values())
     for fit in rep["links"]["kinds"].values():
-        assert len(fit["points"]) == len(levels.KIND_SIZES) * rep["config"]["repeats"]
+        # every process's rounds (`levels.pooled`)
+        cfg = rep["config"]
+        assert len(fit["points"]) == len(levels.KIND_SIZES) * cfg["repeats"] * cfg["processes"]
         assert fit["alpha_s"] >= 0 and fit["beta_Bps"] > 0
     # The reduce-scatter, last, priced with its collectives timed in its own rounds: each
     # alone, and the reduce-scatter after an all-gather (`levels.fit_last`).
@@ -411,6 +413,24 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
     assert priced(first["links"]["kinds"]) != pytest.approx(priced(first["links"]["kinds"] | last))
     assert rs["alpha_s"] == (np.mean(small) if rs["after"]["resolved"] else rs["alpha_alone_s"])
     assert "measured last" in m["reduce_scatter"]["note"]
+    # Every link fitted from every process's rounds pooled (`levels.pooled`), each ring
+    # with the call_s of its all-reduce of a few elements (`levels.fit_few`), within
+    # [0, 2(g−1)α] of the ring's lone calls.
+    gpu = c["processes_per_node"] * c["devices_per_process"]
+    ctx = SimpleNamespace(
+        two=SimpleNamespace(shape={"node": c["nodes"], "gpu": gpu}, size=c["devices"]),
+        flat=SimpleNamespace(size=c["devices"]),
+        say=lambda *_: None,
+    )
+    for rate in rep["rates"]:
+        refit = levels.fit_links(
+            ctx, levels.pooled(rate["round_s_by_process"]), rate["set_Bps"] * 8
+        )
+        assert json.loads(json.dumps(refit)) == rate["links"]
+        for level, g in (("inter", c["nodes"]), ("intra", gpu), ("flat", c["devices"])):
+            fit = rate["links"][level]
+            alpha = fit.get("alpha_alone_s", fit["alpha_s"])
+            assert 0 <= fit["call_s"] <= 2 * (g - 1) * alpha
     flat = rep["links"]["flat"]
     chain = flat["chain"]
     assert flat["alpha_s"] == (chain["alpha_s"] if chain["resolved"] else flat["alpha_alone_s"])

@@ -946,8 +946,8 @@ def test_the_cluster_s_kind_calls_run_on_device_counts_that_do_not_divide_their_
 
 
 def test_the_cluster_prices_a_reduce_scatter_after_another_collective_from_its_pair():
-    """`levels.fit_last`: each of `LAST_KINDS` fitted alone from this process's times
-    (`fit_kinds`); the reduce-scatter's α is the mean over the small sizes and over every
+    """`levels.fit_last`: each of `LAST_KINDS` fitted alone from every process's times
+    pooled (`fit_kinds`); the reduce-scatter's α is the mean over the small sizes and over every
     process's rounds of "after" (an all-gather, then a reduce-scatter) less the
     all-gather alone of that size, process and round, its lone α kept beside it; β the
     lone calls' slope. A pair no slower than the all-gather alone (noise) is not
@@ -972,8 +972,8 @@ def test_the_cluster_prices_a_reduce_scatter_after_another_collective_from_its_p
         everyone[f"after {n}"] = [
             [a + r for a, r in zip(ag[i], after[i], strict=True)] for i in (0, 1)
         ]
-    fits = levels.fit_last(times, overhead, p, everyone)
-    alone = levels.fit_kinds(times, overhead, p, levels.LAST_KINDS)
+    fits = levels.fit_last(everyone, overhead, p)
+    alone = levels.fit_kinds(levels.pooled(everyone), overhead, p, levels.LAST_KINDS)
     rs = fits["reduce-scatter"]
     assert rs["after"]["resolved"] and rs["alpha_s"] == pytest.approx(11.5e-3, rel=1e-9)
     assert rs["alpha_alone_s"] == alone["reduce-scatter"]["alpha_s"] != rs["alpha_s"]
@@ -981,7 +981,7 @@ def test_the_cluster_prices_a_reduce_scatter_after_another_collective_from_its_p
     assert len(rs["after"]["points"]) == 2 * 3 * len(small)
     assert fits["all-gather"] == alone["all-gather"]
     quicker = everyone | {f"after {n}": everyone[f"all_gather {n}"] for n in small}
-    rs = levels.fit_last(times, overhead, p, quicker)["reduce-scatter"]
+    rs = levels.fit_last(quicker, overhead, p)["reduce-scatter"]
     assert not rs["after"]["resolved"] and rs["alpha_s"] == rs["alpha_alone_s"]
 
 

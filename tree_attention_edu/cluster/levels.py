@@ -3,7 +3,8 @@ interleaved rounds as the methods, with every device busy:
 
 * each level's link (α and β, from all-reduces over the 2-level mesh's "node" and "gpu"
   axes) and the ring over all devices (from all-reduces over all of them, alone and in a
-  chain of `CHAIN`: `fit_chain`);
+  chain of `CHAIN`: `fit_chain`), and each ring's `call_s` from an all-reduce of
+  `FEW_BYTES`, which leaves most of its segments empty (`fit_few`);
 * the all-gather and all-to-all over all devices, each measured on its own (`KINDS`), and
   the reduce-scatter with the all-gather again in the reduce-scatter's own rounds, last
   (`LAST_KINDS`);
@@ -11,7 +12,8 @@ interleaved rounds as the methods, with every device busy:
   for it (`waited_kernel_s`), and the copy rate.
 
 `level_calls` (with `kind_calls`) and `local_calls` are the programs to time
-(`name -> (fn, args)`); `fit_links` and `fit_local` read their times.
+(`name -> (fn, args)`); `fit_links` and `fit_local` read their times, every process's
+rounds pooled (`pooled`): each is one collective, seen from every process.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def level_calls(ctx: Context) -> Calls:
     all-reduces do): on the 2-level mesh an all-reduce over "node" and one over "gpu", on
     the flat mesh one over all devices (one ring of 2(p−1) steps, over which each call's
     fixed cost spreads more thinly than over a level's ring of 2(g−1)), each of `sizes`
-    bytes per device, and the 2-level program with no collective (the per-call overhead)."""
+    bytes per device and of `FEW_BYTES` ("few NAME 8", `fit_few`), and the 2-level program
+    with no collective (the per-call overhead)."""
     import jax
     from jax import lax
     from jax.sharding import NamedSharding
@@ -101,7 +104,52 @@ def level_calls(ctx: Context) -> Calls:
                 continue
             ones = np.ones(ctx.two.size * (n // 4), np.float32)
             calls[f"{name} {n}"] = (fn, (jax.device_put(ones, NamedSharding(mesh, spec)),))
+        if name in LEVELS:
+            ones = np.ones(ctx.two.size * (FEW_BYTES // 4), np.float32)
+            calls[f"few {name} {FEW_BYTES}"] = (
+                fn,
+                (jax.device_put(ones, NamedSharding(mesh, spec)),),
+            )
     return {**calls, **kind_calls(ctx)}
+
+
+LEVELS: tuple[Level, ...] = ("node", "gpu", "flat")
+"""The rings the cost model prices: each axis of the 2-level mesh, and all devices."""
+FEW_BYTES = 8
+"""Bytes per device of the all-reduce that measures each ring's `call_s` (`fit_few`): two
+float32 elements, which leave all but two of a ring's 2g segments empty (two of four on
+the 2-device ring over "node"). At the default problem no merge all-reduces an operand of
+this size (its flag is one element; its maxima and denominators one per head, 8)."""
+
+
+def fit_few(
+    ctx: Context, axis: Level, times: Times, overhead: float, alpha_s: float
+) -> float | None:
+    """`Link.call_s` of the ring over `axis`: the part of one all-reduce's fixed cost that it
+    pays whole however few of its segments hold bytes. gloo's ring skips empty segments
+    (`costmodel.gloo_segments`), and the cost model prices a ring of few elements at
+    `c + (2(g−1)α − c)·h/2g` (`costmodel.gloo_ring_time`); the "few" call (`FEW_BYTES`,
+    h = 2) solves that for c, with α the ring's lone call's (`alpha_s`, from calls that
+    fill every segment): c = (t − 2(g−1)α·h/2g) / (1 − h/2g), t the mean over the rounds
+    of the call's time less the per-call overhead (the mean, as for α: `fit_level`), at
+    least 0 and at most 2(g−1)α (its 8 bytes' time on the wire, under a microsecond, left
+    out). None where the call fills every segment (one device per ring)."""
+    from ..perf import costmodel
+
+    g = ctx.flat.size if axis == "flat" else ctx.two.shape[axis]
+    held, total = costmodel.gloo_segments(FEW_BYTES, g)
+    if g <= 1 or held >= total:
+        return None
+    t = float(np.mean([max(x - overhead, 0.0) for x in times[f"few {axis} {FEW_BYTES}"]]))
+    steps = 2 * (g - 1) * alpha_s
+    share = held / total
+    return min(max((t - steps * share) / (1 - share), 0.0), steps)
+
+
+def pooled(everyone: dict[str, list[list[float]]]) -> Times:
+    """Every process's rounds of each call in one list (process by process, each in its
+    rounds' order, so that two calls' k-th entries are the same process and round)."""
+    return {name: [t for rounds in procs for t in rounds] for name, procs in everyone.items()}
 
 
 CHAIN = 3
@@ -240,22 +288,20 @@ def last_calls(ctx: Context) -> Calls:
 
 
 def fit_last(
-    times: Times, overhead: float, p: int, everyone: dict[str, list[list[float]]]
+    everyone: dict[str, list[list[float]]], overhead: float, p: int
 ) -> dict[str, dict[str, Any]]:
-    """`LAST_KINDS` from `last_calls`' times (`fit_kinds`, this process's `times`), the
-    reduce-scatter's α as it runs after another collective: the mean over the small sizes
-    and over every process's rounds (`everyone`, `name -> [process][round]`) of "after"
-    less the all-gather alone of the same size, process and round. Every process's
-    rounds, pooled as for the waited-for kernel (a difference of two calls whose times
-    each spread over tens of milliseconds), but summarised by the mean, `fit_chain`'s
-    rule, where the kernel's wait takes the median. The merge is then priced at this process's lone
-    all-gather (as every kind is) plus that pooled excess. Its lone α is kept as
-    `alpha_alone_s`, and used where the mean is not above 0 (`after.resolved` False: a
+    """`LAST_KINDS` from `last_calls`' times, every process's rounds (`everyone`, `name ->
+    [process][round]`) pooled (`pooled`, `fit_kinds`), and the reduce-scatter's α as it
+    runs after another collective: the mean over the small sizes and over those rounds of
+    "after" less the all-gather alone of the same size, process and round (the mean:
+    `fit_chain`'s rule, where the kernel's wait takes the median). The merge is then
+    priced at the lone all-gather (as every kind is) plus that excess. Its lone α is kept
+    as `alpha_alone_s`, and used where the mean is not above 0 (`after.resolved` False: a
     pair no slower than its all-gather, noise; `fit_chain`'s test). β stays the lone
     calls'."""
     from ..perf import calibrate
 
-    kinds = fit_kinds(times, overhead, p, LAST_KINDS)
+    kinds = fit_kinds(pooled(everyone), overhead, p, LAST_KINDS)
     rs = kinds[LAST_KINDS[AFTER[1]]]
     points = [
         (n, a - b)
@@ -330,8 +376,9 @@ def fit_level(ctx: Context, axis: Level, times: Times, overhead: float) -> dict[
 
 
 def fit_links(ctx: Context, times: Times, rate_bps: float) -> dict[str, Any]:
-    """Both levels' fits and the flat ring's (`fit_level`) at the set rate, each of
-    `KINDS` (`fit_kinds`), and the per-call overhead."""
+    """Both levels' fits and the flat ring's (`fit_level`, with `fit_few`'s `call_s`) at the
+    set rate, each of `KINDS` (`fit_kinds`), and the per-call overhead, from `times`
+    (every process's rounds: `pooled`)."""
     overhead = statistics.median(t for n in LEVEL_SIZES for t in times[f"noop {n}"])
     inter = fit_level(ctx, "node", times, overhead)
     intra = fit_level(ctx, "gpu", times, overhead)
@@ -339,6 +386,8 @@ def fit_links(ctx: Context, times: Times, rate_bps: float) -> dict[str, Any]:
     # The flat tree's all-reduces follow one another or the kernel (whose wait
     # `fit_local` prices): a step as a chain pays it; the lone call's α is kept.
     flat["alpha_alone_s"] = flat["alpha_s"]
+    for axis, fit in (("node", inter), ("gpu", intra), ("flat", flat)):
+        fit["call_s"] = fit_few(ctx, axis, times, overhead, fit["alpha_s"])
     flat["chain"] = fit_chain(ctx, times)
     if flat["chain"]["resolved"]:
         flat["alpha_s"] = flat["chain"]["alpha_s"]
@@ -357,6 +406,11 @@ def fit_links(ctx: Context, times: Times, rate_bps: float) -> dict[str, Any]:
         + "; ".join(
             f"{kind} alpha {fit['alpha_s'] * 1e6:.0f} us, beta {fit['beta_Bps'] / 1e6:.1f} MB/s"
             for kind, fit in kinds.items()
+        )
+        + "; the part of a call a ring of few elements pays whole (call_s): "
+        + ", ".join(
+            f"{name} " + ("-" if fit["call_s"] is None else f"{fit['call_s'] * 1e6:.0f} us")
+            for name, fit in (("inter", inter), ("intra", intra), ("flat", flat))
         )
     )
     return {"inter": inter, "intra": intra, "flat": flat, "kinds": kinds, "overhead_s": overhead}

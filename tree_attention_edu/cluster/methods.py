@@ -193,11 +193,15 @@ def topologies(ctx: Context, links: dict[str, Any], local: dict[str, Any]) -> To
     from ..perf import costmodel
 
     s = ctx.s
-    inter = costmodel.Link(links["inter"]["alpha_s"], links["inter"]["beta_Bps"])
-    intra = costmodel.Link(links["intra"]["alpha_s"], links["intra"]["beta_Bps"])
+
+    def link(fit: dict[str, Any]) -> costmodel.Link:
+        # call_s: absent from records before it was measured, which price every step at α
+        return costmodel.Link(fit["alpha_s"], fit["beta_Bps"], call_s=fit.get("call_s"))
+
+    inter, intra = link(links["inter"]), link(links["intra"])
     # A step of the ring over all devices, measured on it (absent from records before it was)
     ring = links.get("flat")
-    flat_ring = None if ring is None else costmodel.Link(ring["alpha_s"], ring["beta_Bps"])
+    flat_ring = None if ring is None else link(ring)
     # All-gathers and all-to-alls over all devices, each measured on its own (ditto)
     measured = tuple(
         (kind, costmodel.Link(fit["alpha_s"], fit["beta_Bps"]))

@@ -103,8 +103,8 @@ def _phase(
         f"measure the links and the local work, {s.repeats} interleaved rounds"
     )
     times = benchmark.interleaved_times(calls, repeats=s.repeats)
-    links = levels.fit_links(ctx, times, rate)
     everyone = methods.rounds_by_process(times)
+    links = levels.fit_links(ctx, levels.pooled(everyone), rate)
     local = levels.fit_local(ctx, times, links["overhead_s"], everyone)
     topo = methods.topologies(ctx, links, local)
     records = methods.method_records(ctx, names, s.seq_len, times, static, topo, label)
@@ -139,7 +139,7 @@ def _reduce_scatter_last(ctx: Context, phases: list[dict[str, Any]]) -> None:
     )
     times = benchmark.interleaved_times(calls, repeats=s.repeats)
     everyone = methods.rounds_by_process(times)
-    kinds = levels.fit_last(times, first["links"]["overhead_s"], ctx.two.size, everyone)
+    kinds = levels.fit_last(everyone, first["links"]["overhead_s"], ctx.two.size)
     links = {**first["links"], "kinds": {**first["links"]["kinds"], **kinds}}
     topo = methods.topologies(ctx, links, first["local"])
     rec = methods.method_records(ctx, ["reduce_scatter"], s.seq_len, times, static, topo, label)

@@ -58,6 +58,7 @@ from .formulas import (
 )
 from .links import (
     COLLECTIVE_KINDS,
+    GLOO_ITEMSIZE,
     Collective,
     CollectiveKind,
     Link,
@@ -68,6 +69,8 @@ from .links import (
     butterfly_time,
     collective_time,
     collectives_time,
+    gloo_ring_time,
+    gloo_segments,
     hierarchical_allreduce_time,
     read_curve,
     reduce_scatter_time,
@@ -121,6 +124,7 @@ same names as `core.merges.MERGES`, the registry of their functions), kept here 
 __all__ = [
     "COLLECTIVE_KINDS",
     "DGX_H100",
+    "GLOO_ITEMSIZE",
     "LLAMA_3_1_8B",
     "MAX_SIZE",
     "MERGES",
@@ -152,6 +156,8 @@ __all__ = [
     "decode_intensity",
     "fold_time",
     "generation_time",
+    "gloo_ring_time",
+    "gloo_segments",
     "hierarchical_allreduce_time",
     "kv_read_bytes",
     "local_decode_time",

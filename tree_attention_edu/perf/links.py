@@ -74,11 +74,18 @@ class Link:
     reads the curve (a measured collective, a collective-permute, a butterfly round, a hop of
     `tree_allreduce_time`), while the formulas written in α and β (`ring_allreduce_time`,
     `reduce_scatter_time`, `all_to_all_time`, ...) read those two. The points are stored as
-    floats."""
+    floats.
+
+    `call_s`: for a gloo ring only (`Topology.ring_only`), the part of one all-reduce's
+    fixed cost that a ring pays whole however few of its segments hold bytes; with it, the
+    ring's 2(g−1)·α is priced by the share of its segments that do (`gloo_ring_time`).
+    None: every step at α, whatever the operand's size (the published links, and cluster
+    records from before it was measured)."""
 
     alpha_s: float
     beta_Bps: float
     points: tuple[tuple[float, float], ...] = ()
+    call_s: float | None = None
 
     def __post_init__(self):
         check_real(
@@ -96,6 +103,8 @@ class Link:
 
         if not (isinstance(self.points, tuple) and self.points == ()):
             object.__setattr__(self, "points", _check_curve(self.points))
+        if self.call_s is not None:
+            check_real(self.call_s, "call_s", low=0.0, hint="seconds per all-reduce, or None")
 
     def send(self, nbytes: float) -> float:
         """Seconds to send one message of `nbytes`: `alpha_s + nbytes / beta_Bps`, or read
@@ -195,6 +204,10 @@ class Topology:
       level at a time are rings over that level (`hierarchical_allreduce_time`);
     * an all-reduce with several operands runs one ring per operand, one after the other
       (XLA:CPU's `AllReduceThunk`): `patterns.merge_collectives(operands_apart=True)`;
+    * a ring skips the segments of its buffer that hold no bytes (an operand of fewer
+      elements than 2g, such as `one_pass`'s one-element flag): where its links carry
+      `Link.call_s`, its steps are priced by the share of segments that hold bytes
+      (`gloo_ring_time`);
     * an all-to-all is XLA's own, every send posted at once: one message time;
     * a reduce-scatter is still priced in two stages as below (gloo runs halving-doubling
       over all ranks; no merge the cluster times depends on it alone).
@@ -352,7 +365,8 @@ class Topology:
         across at once (`uplinks`)."""
         if self.uplinks is None or self.uplinks >= self.devices_per_node:
             return self.inter
-        return Link(self.inter.alpha_s, self.inter.beta_Bps * self.uplinks / self.devices_per_node)
+        shared = self.inter.beta_Bps * self.uplinks / self.devices_per_node
+        return Link(self.inter.alpha_s, shared, call_s=self.inter.call_s)
 
     @property
     def ridge_point(self) -> float:
@@ -368,8 +382,14 @@ class Topology:
         # folds timed with this many devices sharing the host (the window curve holds a
         # permute over all of them).
         same = p == self.devices
+        # and a ring's call_s was measured on rings of this layout's levels
+        intra, inter = (
+            (self.intra, self.inter) if same else (_no_call(self.intra), _no_call(self.inter))
+        )
         kept = replace(
             self,
+            intra=intra,
+            inter=inter,
             measured=self.measured if same else (),
             flat_ring=self.flat_ring if same else None,
             fold_points=self.fold_points if same else (),
@@ -378,6 +398,10 @@ class Topology:
         if p <= self.devices_per_node:
             return replace(kept, nodes=1, devices_per_node=p)
         return replace(kept, nodes=p // self.devices_per_node)
+
+
+def _no_call(link: Link) -> Link:
+    return link if link.call_s is None else replace(link, call_s=None)
 
 
 def _allreduce_args(nbytes: float, p: int, link: Link) -> None:
@@ -392,6 +416,46 @@ def ring_allreduce_time(nbytes: float, p: int, link: Link) -> float:
     if p <= 1:
         return 0.0
     return 2 * (p - 1) * link.alpha_s + 2 * (p - 1) / p * nbytes / link.beta_Bps
+
+
+GLOO_ITEMSIZE = 4
+"""Bytes per element of the operands the cluster's merges all-reduce (float32): gloo cuts
+a buffer into segments of whole elements."""
+
+
+def gloo_segments(nbytes: float, p: int, itemsize: int = GLOO_ITEMSIZE) -> tuple[int, int]:
+    """`(holding bytes, all)`: the segments of gloo's ring all-reduce of `nbytes` over `p`
+    ranks, by the rule of `gloo/allreduce.cc` (`ring()`) for buffers under its maximum
+    segment size: `2p` segments of `ceil(ceil(n/2p)/itemsize)` elements each, so that an
+    operand of fewer elements than `2p` leaves some empty (9 elements over 8 segments:
+    segments of 2, five holding bytes). The ring sends or receives a segment only if it
+    holds bytes."""
+    check_nbytes(nbytes)
+    check_no_symbols("gloo_segments counts segments", nbytes=nbytes)
+    check_size(p, "p")
+    check_size(itemsize, "itemsize")
+    total = 2 * p
+    elements = math.ceil(nbytes / itemsize)
+    if elements == 0:
+        return 0, total
+    per = math.ceil(elements / total)
+    return math.ceil(elements / per), total
+
+
+def gloo_ring_time(nbytes: float, p: int, link: Link) -> float:
+    """gloo's ring all-reduce of `nbytes` over `p` ranks (`Topology.ring_only`): with
+    `link.call_s` = c, `c + (2(p−1)α − c)·h/2p + 2(p−1)/p·n/β`, h of its 2p segments
+    holding bytes (`gloo_segments`), c capped at 2(p−1)α; an operand that fills every
+    segment costs `ring_allreduce_time`. Measured on this machine (`cluster.levels`), a
+    step's α is mostly work per message, not the wire's latency, so a ring that skips
+    empty segments saves it. Without `call_s`: `ring_allreduce_time`."""
+    _allreduce_args(nbytes, p, link)
+    if link.call_s is None or p <= 1:
+        return ring_allreduce_time(nbytes, p, link)
+    held, total = gloo_segments(nbytes, p)
+    steps = 2 * (p - 1) * link.alpha_s
+    call = min(link.call_s, steps)
+    return call + (steps - call) * held / total + 2 * (p - 1) / p * nbytes / link.beta_Bps
 
 
 def tree_allreduce_time(nbytes: float, p: int, link: Link) -> float:
@@ -428,7 +492,7 @@ def slowest_link(topo: Topology) -> Link:
     if topo.devices_per_node == 1:
         return topo.inter
     intra, inter = topo.intra, topo.inter
-    return Link(max(intra.alpha_s, inter.alpha_s), min(intra.beta_Bps, inter.beta_Bps))
+    return Link(max(intra.alpha_s, inter.alpha_s), min(intra.beta_Bps, inter.beta_Bps))  # no call_s
 
 
 def ring_step_link(topo: Topology) -> Link:
@@ -467,7 +531,7 @@ def hierarchical_allreduce_time(nbytes: float, topo: Topology) -> float:
     validate.check_instance(topo, Topology, "topo", "e.g. DGX_H100.with_devices(16)")
     inter = topo.shared_inter  # every device of a node takes part in the second stage
     if topo.ring_only:
-        return ring_allreduce_time(nbytes, topo.devices_per_node, topo.intra) + ring_allreduce_time(
+        return gloo_ring_time(nbytes, topo.devices_per_node, topo.intra) + gloo_ring_time(
             nbytes, topo.nodes, inter
         )
     return (
@@ -583,7 +647,7 @@ def _gloo_time(kind: CollectiveKind, nbytes: float, topo: Topology) -> float:
         return 0.0
     link = ring_step_link(topo)
     if kind == "all-reduce":
-        return ring_allreduce_time(nbytes, p, link)
+        return gloo_ring_time(nbytes, p, link)
     if kind == "all-gather":  # nbytes received; each rank contributes nbytes/p
         return (p - 1) * link.send(nbytes / p)
     inside = (dpn - 1) / p * nbytes / topo.intra.beta_Bps
