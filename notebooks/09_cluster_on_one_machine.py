@@ -1166,6 +1166,314 @@ display(Markdown(
 
 
 # %% [markdown]
+# ### Rings of few elements (issue 30, continued)
+#
+# The model priced `one_pass` and the 2-level tree alike. On this cluster each runs six
+# gloo rings, three per level, one level after the other: the tree its maxima, numerators
+# and denominators, `one_pass` its numerators, denominators and a one-element flag
+# (XLA:CPU runs each operand of an all-reduce as a ring of its own). Every ring was priced
+# at 2(g−1) steps of its level's α whatever its size, so the two predictions differed only
+# by the maxima's few bytes more than the flag's. The next cell compares the two methods
+# in every recorded run of this layout before this subsection.
+
+# %%
+CLUSTER = ROOT / "results" / "cluster"
+FEW_DIR = CHECK / "few"
+older_runs = [json.loads(p_.read_text()) for p_ in sorted(CLUSTER.glob("**/2x2x2*.json"))
+              if "few" not in p_.parts]
+pairs_2l = [(rate["methods"]["tree_2level"], rate["methods"]["one_pass"])
+            for r in older_runs for rate in r["rates"]
+            if {"tree_2level", "one_pass"} <= set(rate["methods"])]
+ratio_meas = [a["median_s"] / b["median_s"] for a, b in pairs_2l]
+ratio_pred = [a["predicted_s"] / b["predicted_s"] for a, b in pairs_2l]
+print(f"{len(older_runs)} runs, {len(pairs_2l)} (run, rate) cells with both methods")
+print(f"2-level tree / one_pass, measured: median {statistics.median(ratio_meas):.2f} "
+      f"({min(ratio_meas):.2f} to {max(ratio_meas):.2f}), above 1 in "
+      f"{sum(x > 1 for x in ratio_meas)}; predicted: {min(ratio_pred):.5f} to "
+      f"{max(ratio_pred):.5f}")
+assert all(abs(x - 1) < 1e-3 for x in ratio_pred)  # a tie, to within the flag's bytes
+assert sum(x > 1 for x in ratio_meas) > 0.8 * len(ratio_meas)
+assert statistics.median(ratio_meas) > 1.15
+
+# %% [markdown]
+# Measured, the 2-level tree was the slower of the two in most cells, by about a fifth
+# (the median), where the model saw a tie. gloo's ring all-reduce
+# (`gloo/allreduce.cc`, `ring()`) cuts its buffer into 2g segments of whole elements over
+# g ranks, and sends or receives a segment only if it holds bytes: a one-element flag
+# leaves all but one empty; the 8 maxima of §9.4's problem fill the 8 segments of a
+# 4-device level and the 4 of a 2-device one, and half of the 16 over all 8 devices
+# (`costmodel.gloo_segments` counts them by that rule).
+#
+# An exploratory run (`results/cluster/check/few/explore.json`, with programs added for it
+# by a patch not kept; one rate, three methods, four times a run's rounds: its command is
+# printed below)
+# timed, at each level and over all devices, lone all-reduces of 1, 2, 8, 64 and 512
+# float32 elements per device (`x aW LEVEL` in its rounds), in the same interleaved rounds
+# as the methods. The next cell prints each one's mean over every process's rounds, less
+# the per-call overhead, with the standard error of the round means, and two prices of it
+# by the model from the same record's link fits (refitted from every process's rounds, as
+# the runs now fit them): the rule before (every step at α) and the rule that prices the
+# held segments (below). That rule's one new number per ring, `call_s`, is fitted from the
+# 2-element call, so that row agrees by construction.
+
+# %%
+from tree_attention_edu.perf import costmodel
+
+explore = json.loads((FEW_DIR / "explore.json").read_text())
+ex_rate = explore["rates"][0]
+ex_rounds = ex_rate["round_s_by_process"]
+ex_ctx = SimpleNamespace(two=SimpleNamespace(shape={"node": 2, "gpu": 4}, size=8),
+                         flat=SimpleNamespace(size=8), say=lambda *_: None)
+ex_times = levels.pooled(ex_rounds) | {
+    f"few {ax} {levels.FEW_BYTES}": levels.pooled(ex_rounds)[f"x a2 {ax}"]
+    for ax in levels.LEVELS}
+ex_links = levels.fit_links(ex_ctx, ex_times, ex_rate["set_Bps"] * 8)
+ex_over = ex_links["overhead_s"]
+assert explore["config"]["repeats"] == 4 * check[1]["config"]["repeats"]  # 4 x 9 rounds
+print(f"command: {explore['config']['command']}; {explore['config']['repeats']} rounds, "
+      f"{len(ex_rounds['tree'])} processes")
+print(f"{'ring':<6}{'elements':>9}{'held':>7}{'measured, ms':>15}{'rule before':>16}"
+      f"{'held segments':>18}")
+few_err = {}
+for ax, g, key in (("node", 2, "inter"), ("gpu", 4, "intra"), ("flat", 8, "flat")):
+    fit = ex_links[key]
+    lone_alpha = fit.get("alpha_alone_s", fit["alpha_s"])  # the calls are lone ones
+    before = costmodel.Link(lone_alpha, fit["beta_Bps"])
+    now_link = costmodel.Link(lone_alpha, fit["beta_Bps"], call_s=fit["call_s"])
+    for w in (1, 2, 8, 64, 512):
+        x = np.array(ex_rounds[f"x a{w} {ax}"])  # [process][round]
+        mean_, se = x.mean() - ex_over, x.mean(axis=0).std(ddof=1) / np.sqrt(x.shape[1])
+        held, segs = costmodel.gloo_segments(4 * w, g)
+        old_, new_ = (costmodel.gloo_ring_time(4 * w, g, k_) for k_ in (before, now_link))
+        few_err[ax, w] = (old_ / mean_ - 1, new_ / mean_ - 1)
+        print(f"{ax:<6}{w:>9}{f'{held}/{segs}':>7}{mean_ * 1e3:>9.2f} ± {se * 1e3:.2f}"
+              f"{old_ * 1e3:>9.2f} ({old_ / mean_ - 1:+4.0%}){new_ * 1e3:>9.2f} "
+              f"({new_ / mean_ - 1:+4.0%})")
+    print(f"{'':<6}call_s {fit['call_s'] * 1e3:.2f} ms; 2(g-1)α {2 * (g - 1) * lone_alpha * 1e3:.2f} ms")
+one_old = [few_err[ax, 1][0] for ax in levels.LEVELS]
+one_new = [few_err[ax, 1][1] for ax in levels.LEVELS]
+small_new = [few_err[ax, w][1] for ax in levels.LEVELS for w in (1, 8)]
+assert all(e > 0.8 for e in one_old) and all(abs(e) <= 0.35 for e in small_new)
+assert all(abs(few_err[ax, 2][1]) < 1e-3 for ax in levels.LEVELS)  # fitted (but its 8 bytes)
+assert all(e < 0 for e in one_new)
+assert few_err["flat", 8][0] > 0.3 > abs(few_err["flat", 8][1])
+display(Markdown(
+    f"A one-element all-reduce cost a fraction of a full ring at every level; the rule "
+    f"before over-priced it by {min(one_old):+.0%} to {max(one_old):+.0%}, the rule of held "
+    f"segments under-prices it by {min(one_new):+.0%} to {max(one_new):+.0%}. Over all 8 "
+    f"devices 8 elements (8 of 16 segments) cost between, "
+    f"{few_err['flat', 8][0]:+.0%} by the rule before and {few_err['flat', 8][1]:+.0%} by the "
+    f"new one. At 64 and 512 elements every segment holds bytes and the two rules agree."))
+
+# %% [markdown]
+# The rule (`costmodel.gloo_ring_time`): a ring of g ranks whose operand holds h of its 2g
+# segments costs c + (2(g−1)α − c)·h/2g plus its bytes' time, c its link's `call_s` (at
+# most 2(g−1)α), the part of one call paid whole however few segments send. A full
+# operand costs 2(g−1)α as before. The one-element rows suggest that a ring's α here is
+# mostly work per message, not the wire's latency: in gloo's pipelined ring one element
+# still makes all 2(g−1) hops one after the other, as the full ring's segments do, but the
+# ranks send, receive and wake for one segment instead of all of them (a reading of the
+# source and the table, not a measurement of that work).
+# Each run now times, at every level and over all devices, an all-reduce of
+# `levels.FEW_BYTES` (2 elements, no operand's size at the default problem) and fits c
+# from it and the lone α (`levels.fit_few`, the mean over the rounds). The runs also fit
+# every link from every process's rounds pooled (`levels.pooled`), not process 0's alone:
+# each call is one collective, seen from every process, and the pooled fits spread less
+# from run to run.
+#
+# The same record timed the two merges' collectives in sequence, each in one program
+# without the kernel: the 2-level tree's maxima over "gpu" then "node", then its sums
+# over "gpu" then "node"; `one_pass`'s sums over "gpu" then "node"; the flat tree's
+# maximum then sums over all devices. The next cell compares each with its collectives
+# timed alone (less the per-call overhead of the extra programs).
+
+# %%
+seq_parts = {"q2": ["m8 gpu", "m8 node", "t2 gpu", "t2 node"], "q1": ["t3 gpu", "t3 node"],
+             "qf": ["m8 flat", "t2 flat"]}
+seq_names = {"q2": "2-level tree", "q1": "one_pass", "qf": "flat tree"}
+seq_excess = {}
+for key, parts in seq_parts.items():
+    whole = np.array(ex_rounds[f"x {key}"]).mean(axis=0)  # per round, over processes
+    alone = sum(np.array(ex_rounds[f"x {p_}"]).mean(axis=0) for p_ in parts)
+    alone = alone - (len(parts) - 1) * ex_over
+    diff = whole - alone
+    seq_excess[key] = (diff.mean(), diff.std(ddof=1) / np.sqrt(diff.size))
+    print(f"{seq_names[key]:<13} in one program {whole.mean() * 1e3:6.2f} ms; its "
+          f"{len(parts)} collectives alone {alone.mean() * 1e3:6.2f} ms; excess "
+          f"{diff.mean() * 1e3:+.2f} ± {seq_excess[key][1] * 1e3:.2f} ms")
+assert seq_excess["q2"][0] > 2 * seq_excess["q2"][1]  # the 2-level tree's: resolved
+assert all(abs(seq_excess[k_][0]) < seq_excess["q2"][0] / 2 for k_ in ("q1", "qf"))
+display(Markdown(
+    f"The 2-level tree's four all-reduces took {seq_excess['q2'][0] * 1e3:.1f} ms more in one "
+    f"program than alone ({seq_excess['q2'][1] * 1e3:.1f} ms standard error); `one_pass`'s two "
+    f"and the flat tree's two, under half that. Nothing in the model prices this excess, "
+    f"and why it arises is not measured: the model's price of the 2-level tree misses it, "
+    f"whatever the price of its rings."))
+
+# %% [markdown]
+# Three design runs came first (`few/design/`), then three check runs, one after the other
+# (`few/2x2x2-run{1,2,3}.json`), all with the command of §9.4. The next cell recomputes
+# every prediction from the records' rounds (the links refitted from every process's
+# rounds equal the recorded ones: asserted) and compares the model with three variants:
+# `call_s` taken back (every step at α, the rule before), the links fitted from process
+# 0's rounds alone (the rule before), and both (the model of the previous subsection;
+# the reduce-scatter priced by its last rounds' fits as recorded in each).
+
+# %%
+def refit(r, rate, procs=None, call=True):
+    """A rate's links refitted from its rounds (`levels.fit_links`): every process's
+    pooled, or only `procs`; without `call_s` where `call` is False."""
+    c = r["config"]
+    gpu = c["processes_per_node"] * c["devices_per_process"]
+    ctx = SimpleNamespace(two=SimpleNamespace(shape={"node": c["nodes"], "gpu": gpu},
+                                              size=c["devices"]),
+                          flat=SimpleNamespace(size=c["devices"]), say=lambda *_: None)
+    rounds = rate["round_s_by_process"]
+    if procs is not None:
+        rounds = {k: [v[i] for i in procs] for k, v in rounds.items()}
+    links = levels.fit_links(ctx, levels.pooled(rounds), rate["set_Bps"] * 8)
+    if not call:
+        links |= {k: {f: v for f, v in links[k].items() if f != "call_s"}
+                  for k in ("inter", "intra", "flat")}
+    return links
+
+
+FEW_VARIANTS = {"the model": {}, "call_s taken back": dict(call=False),
+                "process 0's fits": dict(procs=[0]),
+                "both taken back": dict(procs=[0], call=False)}
+
+
+def few_errors(runs, variant="the model"):
+    """(method, Gbit/s) -> the relative error in each run, priced by `variant`."""
+    out = {}
+    for r in runs.values():
+        for rate in r["rates"]:
+            links = refit(r, rate, **FEW_VARIANTS[variant])
+            if variant == "the model":
+                assert json.loads(json.dumps(links)) == rate["links"]  # as recorded
+            for name, m in rate["methods"].items():
+                kl = m.get("kinds_last", {})
+                pred = predicted_by(r, name, links | {"kinds": links["kinds"] | kl},
+                                    rate["local"])
+                if variant == "the model":
+                    assert np.isclose(pred, m["predicted_s"])  # the record's, recomputed
+                out.setdefault((name, rate["set_Bps"] * 8 / 1e9), []).append(
+                    pred / m["median_s"] - 1)
+    return out
+
+
+few_check = {i: json.loads((FEW_DIR / f"2x2x2-run{i}.json").read_text()) for i in (1, 2, 3)}
+few_design = {i: json.loads((FEW_DIR / "design" / f"2x2x2-run{i}.json").read_text())
+              for i in (1, 2, 3)}
+few_now = few_errors(few_check)
+print(f"{'method':<15}{'Gbit/s':>7}   run 1   run 2   run 3")
+for (name, gbit), e_now in few_now.items():
+    print(f"{name:<15}{gbit:>7g}" + "".join(f"{e:>+8.1%}" for e in e_now))
+few_counts = {v: in_band(few_errors(few_check, v)) for v in FEW_VARIANTS}
+few_design_counts = {v: in_band(few_errors(few_design, v)) for v in FEW_VARIANTS}
+print(f"\nwithin ±{band:.0%}, of {len(few_now)} cells: check runs 1, 2, 3; design runs 1, 2, 3")
+for v in FEW_VARIANTS:
+    print(f"  {v:<20}{few_counts[v]}  {few_design_counts[v]}")
+six_runs = [*few_design.values(), *few_check.values()]
+few_all = {v: few_errors({i: r for i, r in enumerate(six_runs)}, v) for v in FEW_VARIANTS}
+print("\nmean error over the six runs, by method and rate (the model; call_s taken back):")
+for cell in few_now:
+    print(f"  {cell[0]:<15}{cell[1]:>4g}  {np.mean(few_all['the model'][cell]):+6.1%}"
+          f"  {np.mean(few_all['call_s taken back'][cell]):+6.1%}")
+few_cells = {v: [x for e in few_all[v].values() for x in e] for v in FEW_VARIANTS}
+few_mae = {v: float(np.mean(np.abs(x))) for v, x in few_cells.items()}
+few_bias = {v: float(np.mean(x)) for v, x in few_cells.items()}
+print(f"\nover the six runs' {len(few_cells['the model'])} cells: mean |error| and mean error")
+for v in FEW_VARIANTS:
+    print(f"  {v:<20}{few_mae[v]:>7.1%}{few_bias[v]:>+8.1%}")
+
+
+def ordered(variant):
+    """Pairs of methods (the ring left out: every model orders it last) that the model
+    orders as measured, in each (run, rate) of the six runs, where their medians differ
+    by over 5%: `(agreeing, pairs)`."""
+    agree = total = 0
+    for r in six_runs:
+        for rate in r["rates"]:
+            links = refit(r, rate, **FEW_VARIANTS[variant])
+            meas = {k: m["median_s"] for k, m in rate["methods"].items() if k != "ring"}
+            pred = {k: predicted_by(r, k, links | {"kinds": links["kinds"]
+                                                    | rate["methods"][k].get("kinds_last", {})},
+                                    rate["local"]) for k in meas}
+            for a, b in itertools.combinations(sorted(meas), 2):
+                if abs(meas[a] / meas[b] - 1) > 0.05:
+                    total += 1
+                    agree += (pred[a] < pred[b]) == (meas[a] < meas[b])
+    return agree, total
+
+
+few_order = {v: ordered(v) for v in ("the model", "call_s taken back")}
+for v, (a, t) in few_order.items():
+    print(f"pairs ordered as measured, {v}: {a} of {t}")
+two_vs_one = [(rate["methods"]["tree_2level"], rate["methods"]["one_pass"])
+              for r in six_runs for rate in r["rates"]]
+new_meas = [a["median_s"] / b["median_s"] for a, b in two_vs_one]
+new_pred = [a["predicted_s"] / b["predicted_s"] for a, b in two_vs_one]
+print(f"2-level tree / one_pass in the six runs: measured {min(new_meas):.2f} to "
+      f"{max(new_meas):.2f} (median {statistics.median(new_meas):.2f}), predicted "
+      f"{min(new_pred):.2f} to {max(new_pred):.2f}")
+slow = [(r["topology_claim"], r["rates"][1]["methods"]) for r in six_runs]
+flat_pred = [m["tree"]["predicted_s"] / m["tree_2level"]["predicted_s"] for _, m in slow]
+verdicts = [c["verdict"] for c, _ in slow]
+print("flat / 2-level at 0.5 Gbit/s, predicted: " + ", ".join(f"{x:.2f}" for x in flat_pred)
+      + "; verdicts: " + ", ".join(verdicts))
+tree_now = [x for g in (1.0, 0.5) for x in few_all["the model"]["tree", g]]
+tree_before = [x for g in (1.0, 0.5) for x in few_all["call_s taken back"]["tree", g]]
+op_now = [x for g in (1.0, 0.5) for x in few_all["the model"]["one_pass", g]]
+op_before = [x for g in (1.0, 0.5) for x in few_all["call_s taken back"]["one_pass", g]]
+few_out = {cell: [j + 1 for j, e in enumerate(errs_) if abs(e) > band]
+           for cell, errs_ in few_now.items()}
+few_out = {cell: runs_ for cell, runs_ in few_out.items() if runs_}
+assert few_counts["the model"] == [16, 17, 17] and list(few_out) == [("allgather", 1.0)]
+assert all(few_errors(few_check, v)["allgather", 1.0][0] < -band for v in FEW_VARIANTS)
+assert sum(few_counts["the model"]) > sum(few_counts["call_s taken back"])
+assert sum(few_design_counts["the model"]) == sum(few_design_counts["call_s taken back"])
+assert few_mae["the model"] > few_mae["call_s taken back"]  # a little worse on average
+assert few_bias["the model"] < few_bias["call_s taken back"] < 0
+assert few_order["the model"][0] > few_order["call_s taken back"][0]
+assert min(new_pred) > 1.1 and statistics.median(new_meas) > 1.1
+assert all(e < 0 for e in tree_now) and max(tree_before) > 0
+assert max(map(abs, op_now)) < max(map(abs, op_before))
+assert sum(x < 1 for x in flat_pred) >= 5 and "flat faster" not in verdicts
+display(Markdown(
+    f"The model puts {', '.join(map(str, few_counts['the model']))} of the {len(few_now)} cells "
+    f"within ±{band:.0%} in the three check runs (the design runs "
+    f"{', '.join(map(str, few_design_counts['the model']))}). The one cell outside, the "
+    f"all-gather merge at 1 Gbit/s in run 1 ({few_now['allgather', 1.0][0]:+.0%}), is priced "
+    f"alike by every variant (no all-gather is a ring of few elements), so issue 30's target, "
+    f"every cell in each run, is still not met. With `call_s` taken back the check runs put "
+    f"{', '.join(map(str, few_counts['call_s taken back']))} cells inside (the design runs "
+    f"{', '.join(map(str, few_design_counts['call_s taken back']))}): the rule is worth one "
+    f"cell here, `one_pass` at 0.5 Gbit/s in run 3. Over the six runs it moved `one_pass`'s "
+    f"errors from the range {min(op_before):+.0%} to {max(op_before):+.0%} to the range "
+    f"{min(op_now):+.0%} to {max(op_now):+.0%}, and the flat tree's from {min(tree_before):+.0%} "
+    f"to {max(tree_before):+.0%} to {min(tree_now):+.0%} to {max(tree_now):+.0%}: the flat tree "
+    f"is now under-predicted in every run, in part because its half-full rings over all "
+    f"devices are under-priced (the table above). Over all the six runs' cells the mean |error| is {few_mae['the model']:.1%} "
+    f"against {few_mae['call_s taken back']:.1%} without the rule, and the mean error "
+    f"{few_bias['the model']:+.1%} against {few_bias['call_s taken back']:+.1%}: the rule "
+    f"takes away an over-price that had hidden part of a shortfall the model does not "
+    f"explain (the 2-level tree's excess above is one piece of it). It orders pairs of "
+    f"methods as measured more often, {few_order['the model'][0]} of "
+    f"{few_order['the model'][1]} against {few_order['call_s taken back'][0]} (the ring left "
+    f"out, pairs whose medians differ by over 5%). The 2-level tree over `one_pass`, a tie "
+    f"by the model before, is now predicted {min(new_pred):.2f} to {max(new_pred):.2f} times "
+    f"slower, measured {min(new_meas):.2f} to {max(new_meas):.2f} (median "
+    f"{statistics.median(new_meas):.2f}). Fitting the links from every process's rounds moved "
+    f"no count in these runs (the process-0 variants). And the topology test of §9.5 reads "
+    f"differently through this model: at 0.5 Gbit/s it predicts the flat tree faster in "
+    f"{sum(x < 1 for x in flat_pred)} of the six runs (flat over 2-level "
+    f"{min(flat_pred):.2f} to {max(flat_pred):.2f}), where the runs measured "
+    f"{verdicts.count('no measurable difference')} \"no measurable difference\" and "
+    f"{verdicts.count('2-level faster')} \"2-level faster\"."))
+
+
+# %% [markdown]
 # ## 9.5 The course's test of the topology argument: 2-level against flat, on the slow link
 #
 # The paper does not compare a two-level tree with a flat one; its argument is that NCCL's
@@ -2227,7 +2535,14 @@ else:
 #   from every process's), which missed one other cell in all three together; that cell is now close to a timing of its own
 #   collectives, weak evidence for the model as a whole, and the other cells missed less
 #   with their predictions untouched by the change: the measurements moved (noise, or a
-#   shift between batches not explained; §9.4's end). The course's 2-level schedule (the idea behind the paper's
+#   shift between batches not explained; §9.4's end). A gloo ring skips the segments of
+#   its operand that hold no bytes: priced by those that do (`one_pass`'s one-element flag),
+#   the model predicts the 2-level tree slower than `one_pass`, as the runs mostly measure
+#   it, where it predicted a tie; but it under-predicts the flat tree in every run since,
+#   its errors are a little larger on average, and at 0.5 Gbit/s it predicts the flat tree
+#   faster in most runs since, where they measured no difference or the 2-level tree
+#   faster: the old price of small rings had hidden part of a shortfall the model does not
+#   explain (§9.4's end). The course's 2-level schedule (the idea behind the paper's
 #   §5.3 topology argument) wins at every delay above 0 once the link is slow in latency
 #   (§9.8's sweep, 2 nodes × 2 processes × 1 device; at δ = 0 no measurable difference).
 # * Measured, both trees beat the ring from Tk = 256 on in both runs; in the 4-device run

@@ -386,7 +386,12 @@ def fit_links(ctx: Context, times: Times, rate_bps: float) -> dict[str, Any]:
     # The flat tree's all-reduces follow one another or the kernel (whose wait
     # `fit_local` prices): a step as a chain pays it; the lone call's α is kept.
     flat["alpha_alone_s"] = flat["alpha_s"]
-    for axis, fit in (("node", inter), ("gpu", intra), ("flat", flat)):
+    rings: tuple[tuple[Level, dict[str, Any]], ...] = (
+        ("node", inter),
+        ("gpu", intra),
+        ("flat", flat),
+    )
+    for axis, fit in rings:  # each at its lone calls' α (the flat ring's, before the chain's)
         fit["call_s"] = fit_few(ctx, axis, times, overhead, fit["alpha_s"])
     flat["chain"] = fit_chain(ctx, times)
     if flat["chain"]["resolved"]:
