@@ -1399,7 +1399,7 @@ COST_CALLS = (
     (costmodel.paper_memory_ring, dict(b=1, t=8, n_h=2, d_h=4)),
     (costmodel.peak_memory_tree, dict(batch=1, t=8, n_h=2, d_h=4, itemsize=2)),
     (costmodel.peak_memory_ring, dict(batch=1, t=8, n_h=2, d_h=4, itemsize=2)),
-    (costmodel.Link, dict(alpha_s=1e-6, beta_Bps=1e9)),
+    (costmodel.Link, dict(alpha_s=1e-6, beta_Bps=1e9, call_s=1e-6)),
     (costmodel.Link.send, dict(self=LINK, nbytes=1e3)),
     (
         costmodel.Topology,
@@ -1418,6 +1418,8 @@ COST_CALLS = (
     ),
     (costmodel.Topology.with_devices, dict(self=TOPO, p=4)),
     (costmodel.ring_allreduce_time, dict(nbytes=1e3, p=4, link=LINK)),
+    (costmodel.gloo_segments, dict(nbytes=1e3, p=4, itemsize=4)),
+    (costmodel.gloo_ring_time, dict(nbytes=1e3, p=4, link=LINK)),
     (costmodel.tree_allreduce_time, dict(nbytes=1e3, p=4, link=LINK)),
     (costmodel.allreduce_time, dict(nbytes=1e3, p=4, link=LINK)),
     (costmodel.hierarchical_allreduce_time, dict(nbytes=1e3, topo=TOPO)),

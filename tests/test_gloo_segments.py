@@ -8,6 +8,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
+import sympy
 
 from tree_attention_edu.perf import costmodel as cm
 
@@ -68,8 +69,14 @@ def test_a_ring_of_few_elements_pays_its_call_and_the_share_of_its_steps_that_se
     big = cm.Link(1e-3, 400e6, call_s=1.0)
     assert cm.gloo_ring_time(4, p, big) == pytest.approx(cm.ring_allreduce_time(4, p, big))
     assert cm.gloo_ring_time(4, 1, link) == 0.0
+    assert cm.gloo_ring_time(0, p, link) == 0.0  # no element: gloo returns before its ring
     with pytest.raises(ValueError, match="call_s"):
         cm.Link(1e-3, 400e6, call_s=-1e-3)
+    alpha = sympy.Symbol("alpha", positive=True)
+    symbolic = cm.Link(alpha, 400e6)
+    assert cm.gloo_ring_time(4, p, symbolic) == cm.ring_allreduce_time(4, p, symbolic)
+    with pytest.raises(TypeError, match="gloo_ring_time"):
+        cm.gloo_ring_time(4, p, cm.Link(alpha, 400e6, call_s=1e-3))
 
 
 def test_gloo_topologies_price_each_level_s_ring_by_its_held_segments():
@@ -94,9 +101,13 @@ def test_gloo_topologies_price_each_level_s_ring_by_its_held_segments():
         cm.hierarchical_allreduce_time(32, GLOO), rel=1e-12
     )  # 8 elements fill both levels' segments
     assert cm.hierarchical_allreduce_time(4, older) > 2 * flag
-    assert GLOO.with_devices(8).intra.call_s == 0.6e-3
-    assert GLOO.with_devices(4).intra.call_s is None
+    # call_s stays with a ring of its measured size only
+    assert GLOO.with_devices(8) == GLOO
+    assert GLOO.with_devices(4).intra.call_s == 0.6e-3  # one node of 4: the same "gpu" ring
+    assert GLOO.with_devices(4).inter.call_s is None
+    assert GLOO.with_devices(16).intra.call_s == 0.6e-3  # four nodes of 4
     assert GLOO.with_devices(16).inter.call_s is None
+    assert GLOO.with_devices(2).intra.call_s is None
     # The flat ring over all 8 devices: the flag holds 1 of 16 segments
     ring = dataclasses.replace(GLOO, flat_ring=cm.Link(3e-3, 50e6, call_s=1e-3))
     want = 1e-3 + (2 * 7 * 3e-3 - 1e-3) / 16 + 2 * 7 / 8 * 4 / 50e6
@@ -117,6 +128,8 @@ def test_one_pass_and_the_2_level_tree_part_on_gloo_by_their_small_operands():
     assert tree.comm_s - fast.comm_s == pytest.approx(saved, rel=1e-9)
     assert saved > 4e-3
     older = dataclasses.replace(GLOO, intra=cm.Link(1e-3, 400e6), inter=cm.Link(2e-3, 100e6))
+    with pytest.raises(ValueError, match="stat_itemsize"):
+        cm.predict_merge("one_pass", 8192, GLOO, **(prob | dict(stat_itemsize=8)))
     tree, fast = (cm.predict_merge(m, 8192, older, **prob) for m in ("allreduce", "one_pass"))
     # the maxima's 28 more bytes, on both levels' rings
     assert tree.comm_s - fast.comm_s == pytest.approx(28 * (1.5 / 400e6 + 1 / 25e6), rel=1e-9)
@@ -136,9 +149,11 @@ def test_the_cluster_fits_call_s_from_an_all_reduce_of_two_elements():
     for axis, g in (("node", 2), ("gpu", 4), ("flat", 8)):
         share = 2 / (2 * g)
         steps = 2 * (g - 1) * alpha
-        rounds = [overhead + call + (steps - call) * share + j for j in (-2e-4, 0.0, 2e-4)]
+        # skewed about the model's time (mean 0, median −1e-4): the mean is read
+        rounds = [overhead + call + (steps - call) * share + j for j in (-1e-4, -1e-4, 2e-4)]
         times = {f"few {axis} {levels.FEW_BYTES}": rounds}
         assert levels.fit_few(ctx, axis, times, overhead, alpha) == pytest.approx(call)
+        assert levels.fit_few(ctx, axis, {}, overhead, alpha) is None  # a record from before
         low = {k: [overhead + steps * share / 2] * 3 for k in times}
         assert levels.fit_few(ctx, axis, low, overhead, alpha) == 0.0
         high = {k: [overhead + 2 * steps] * 3 for k in times}
@@ -147,3 +162,58 @@ def test_the_cluster_fits_call_s_from_an_all_reduce_of_two_elements():
     assert levels.fit_few(one, "gpu", {}, overhead, alpha) is None
     everyone = {"a": [[1.0, 2.0], [3.0, 4.0]], "b": [[5.0, 6.0], [7.0, 8.0]]}
     assert levels.pooled(everyone) == {"a": [1.0, 2.0, 3.0, 4.0], "b": [5.0, 6.0, 7.0, 8.0]}
+
+
+def test_the_cluster_s_links_carry_call_s_fitted_at_the_lone_alpha():
+    """`levels.fit_links` on every call a run times (synthetic, in closed form): each ring's
+    `call_s` from its few call at that ring's lone α, the flat ring's too, though the flat
+    ring is then priced at the chain's step; `methods.topologies` hands each to its link
+    (the flat tree's ring included), and a record without them prices as before."""
+    from tree_attention_edu.cluster import levels, methods
+    from tree_attention_edu.perf import calibrate
+
+    ctx = SimpleNamespace(
+        two=SimpleNamespace(shape={"node": 2, "gpu": 4}, size=8),
+        flat=SimpleNamespace(size=8),
+        say=lambda *_: None,
+    )
+    overhead, lone, chained, call = 2e-4, 0.9e-3, 0.6e-3, 0.8e-3
+    alpha = {"node": 1.5e-3, "gpu": 0.7e-3, "flat": lone}
+    times: dict[str, list[float]] = {}
+    for n in levels.LEVEL_SIZES:
+        times[f"noop {n}"] = [overhead] * 3
+    for axis, g in (("node", 2), ("gpu", 4), ("flat", 8)):
+        for n in levels.sizes(ctx, axis):
+            wire = n * 1e-9 if n > calibrate.SMALL_MESSAGE else 0.0  # β from the large only
+            times[f"{axis} {n}"] = [overhead + 2 * (g - 1) * alpha[axis] + wire] * 3
+        steps = 2 * (g - 1) * alpha[axis]
+        times[f"few {axis} {levels.FEW_BYTES}"] = [
+            overhead + call + (steps - call) * 2 / (2 * g)
+        ] * 3
+    for n in levels.sizes(ctx, "flat"):
+        if n <= calibrate.SMALL_MESSAGE:
+            lone_t = times[f"flat {n}"][0]
+            times[f"chain {n}"] = [lone_t + (levels.CHAIN - 1) * 14 * chained] * 3
+    for name in levels.KINDS:
+        for n in levels.kind_sizes(8):
+            times[f"{name} {n}"] = [overhead + 1e-3 + n * 1e-8] * 3
+    links = levels.fit_links(ctx, times, 1e9)
+    assert links["flat"]["alpha_s"] == pytest.approx(chained)  # the chain's step, priced
+    for key in ("inter", "intra", "flat"):
+        assert links[key]["call_s"] == pytest.approx(call, rel=1e-6)
+    s = SimpleNamespace(nodes=2, processes_per_node=2, devices_per_process=2, devices=8)
+    local = {"mem_Bps": 1e9, "sync_s": 0.0, "copy_Bps": 1e9}
+    two, flat = methods.topologies(SimpleNamespace(s=s), links, local)
+    assert two.intra.call_s == links["intra"]["call_s"]
+    assert two.inter.call_s == links["inter"]["call_s"]
+    assert two.flat_ring.call_s == flat.intra.call_s == links["flat"]["call_s"]
+    older = {
+        k: {f: v for f, v in links[k].items() if f != "call_s"} for k in ("inter", "intra", "flat")
+    }
+    two_old, flat_old = methods.topologies(SimpleNamespace(s=s), links | older, local)
+    assert two_old.intra.call_s is None and flat_old.intra.call_s is None
+    flag = cm.hierarchical_allreduce_time(4, two)
+    assert flag < cm.hierarchical_allreduce_time(4, two_old)
+    assert cm.hierarchical_allreduce_time(2048, two) == cm.hierarchical_allreduce_time(
+        2048, two_old
+    )

@@ -133,14 +133,20 @@ def fit_few(
     fill every segment): c = (t − 2(g−1)α·h/2g) / (1 − h/2g), t the mean over the rounds
     of the call's time less the per-call overhead (the mean, as for α: `fit_level`), at
     least 0 and at most 2(g−1)α (its 8 bytes' time on the wire, under a microsecond, left
-    out). None where the call fills every segment (one device per ring)."""
+    out). The flat ring's c is fitted at its lone α and priced with the chain's step
+    (`fit_chain`), as back-to-back all-reduces pay it. None where the call fills every
+    segment (one device per ring), and where `times` has no such call or no finite mean
+    (records made before it was timed, which price every step at α)."""
     from ..perf import costmodel
 
     g = ctx.flat.size if axis == "flat" else ctx.two.shape[axis]
     held, total = costmodel.gloo_segments(FEW_BYTES, g)
-    if g <= 1 or held >= total:
+    name = f"few {axis} {FEW_BYTES}"
+    if g <= 1 or held >= total or not times.get(name):
         return None
-    t = float(np.mean([max(x - overhead, 0.0) for x in times[f"few {axis} {FEW_BYTES}"]]))
+    t = float(np.mean([max(x - overhead, 0.0) for x in times[name]]))
+    if not math.isfinite(t):
+        return None
     steps = 2 * (g - 1) * alpha_s
     share = held / total
     return min(max((t - steps * share) / (1 - share), 0.0), steps)
@@ -148,7 +154,9 @@ def fit_few(
 
 def pooled(everyone: dict[str, list[list[float]]]) -> Times:
     """Every process's rounds of each call in one list (process by process, each in its
-    rounds' order, so that two calls' k-th entries are the same process and round)."""
+    rounds' order, so that two calls' k-th entries are the same process and round, as
+    `fit_chain` and `fit_last` pair them: every call has the same number of rounds on
+    every process, as `methods.rounds_by_process` gathers them)."""
     return {name: [t for rounds in procs for t in rounds] for name, procs in everyone.items()}
 
 

@@ -80,7 +80,8 @@ class Link:
     fixed cost that a ring pays whole however few of its segments hold bytes; with it, the
     ring's 2(g−1)·α is priced by the share of its segments that do (`gloo_ring_time`).
     None: every step at α, whatever the operand's size (the published links, and cluster
-    records from before it was measured)."""
+    records from before it was measured). A topology that is not `ring_only` never reads
+    it."""
 
     alpha_s: float
     beta_Bps: float
@@ -205,9 +206,9 @@ class Topology:
     * an all-reduce with several operands runs one ring per operand, one after the other
       (XLA:CPU's `AllReduceThunk`): `patterns.merge_collectives(operands_apart=True)`;
     * a ring skips the segments of its buffer that hold no bytes (an operand of fewer
-      elements than 2g, such as `one_pass`'s one-element flag): where its links carry
-      `Link.call_s`, its steps are priced by the share of segments that hold bytes
-      (`gloo_ring_time`);
+      elements than 2g or a few more, such as `one_pass`'s one-element flag): where its
+      links carry `Link.call_s`, its steps are priced by the share of segments that hold
+      bytes (`gloo_ring_time`, float32 elements);
     * an all-to-all is XLA's own, every send posted at once: one message time;
     * a reduce-scatter is still priced in two stages as below (gloo runs halving-doubling
       over all ranks; no merge the cluster times depends on it alone).
@@ -375,17 +376,23 @@ class Topology:
         return self.flops / self.mem_Bps
 
     def with_devices(self, p: int) -> Topology:
-        """The same hardware with `p` devices: whole nodes once `p` exceeds a node."""
+        """The same hardware with `p` devices: whole nodes once `p` exceeds a node. What was
+        measured on this device count goes (`measured`, `flat_ring`, the fold curves), and a
+        link's `call_s`, measured on a ring of its level's size, goes where that ring's
+        size changes (`intra` once a node holds another count, `inter` once the nodes do)."""
         check_size(p, "p")
         check_whole_nodes(p, self.devices_per_node)
         # Collectives measured on this many devices say nothing about another count, nor do
         # folds timed with this many devices sharing the host (the window curve holds a
         # permute over all of them).
         same = p == self.devices
-        # and a ring's call_s was measured on rings of this layout's levels
-        intra, inter = (
-            (self.intra, self.inter) if same else (_no_call(self.intra), _no_call(self.inter))
+        nodes, per_node = (
+            (1, p)
+            if p <= self.devices_per_node
+            else (p // self.devices_per_node, self.devices_per_node)
         )
+        intra = self.intra if per_node == self.devices_per_node else _no_call(self.intra)
+        inter = self.inter if nodes == self.nodes else _no_call(self.inter)
         kept = replace(
             self,
             intra=intra,
@@ -395,9 +402,7 @@ class Topology:
             fold_points=self.fold_points if same else (),
             window_points=self.window_points if same else (),
         )
-        if p <= self.devices_per_node:
-            return replace(kept, nodes=1, devices_per_node=p)
-        return replace(kept, nodes=p // self.devices_per_node)
+        return replace(kept, nodes=nodes, devices_per_node=per_node)
 
 
 def _no_call(link: Link) -> Link:
@@ -425,11 +430,12 @@ a buffer into segments of whole elements."""
 
 def gloo_segments(nbytes: float, p: int, itemsize: int = GLOO_ITEMSIZE) -> tuple[int, int]:
     """`(holding bytes, all)`: the segments of gloo's ring all-reduce of `nbytes` over `p`
-    ranks, by the rule of `gloo/allreduce.cc` (`ring()`) for buffers under its maximum
-    segment size: `2p` segments of `ceil(ceil(n/2p)/itemsize)` elements each, so that an
-    operand of fewer elements than `2p` leaves some empty (9 elements over 8 segments:
-    segments of 2, five holding bytes). The ring sends or receives a segment only if it
-    holds bytes."""
+    ranks, by the rule of `gloo/allreduce.cc` (`ring()`) for buffers up to `2p` times its
+    maximum segment size (1 MiB): `2p` segments of `ceil(ceil(n/2p)/itemsize)` elements
+    each, so that an operand of fewer elements than `2p`, or a few more, leaves some empty
+    (9 elements over 8 segments: segments of 2, five holding bytes). Above that size gloo
+    cuts more segments, every one holding bytes; this returns `(2p, 2p)` there, the same
+    share. The ring sends or receives a segment only if it holds bytes."""
     check_nbytes(nbytes)
     check_no_symbols("gloo_segments counts segments", nbytes=nbytes)
     check_size(p, "p")
@@ -438,21 +444,32 @@ def gloo_segments(nbytes: float, p: int, itemsize: int = GLOO_ITEMSIZE) -> tuple
     elements = math.ceil(nbytes / itemsize)
     if elements == 0:
         return 0, total
-    per = math.ceil(elements / total)
-    return math.ceil(elements / per), total
+    per = -(-elements // total)  # integer ceilings: exact at any size
+    return -(-elements // per), total
 
 
 def gloo_ring_time(nbytes: float, p: int, link: Link) -> float:
     """gloo's ring all-reduce of `nbytes` over `p` ranks (`Topology.ring_only`): with
     `link.call_s` = c, `c + (2(p−1)α − c)·h/2p + 2(p−1)/p·n/β`, h of its 2p segments
-    holding bytes (`gloo_segments`), c capped at 2(p−1)α; an operand that fills every
-    segment costs `ring_allreduce_time`. Measured on this machine (`cluster.levels`), a
-    step's α is mostly work per message, not the wire's latency, so a ring that skips
-    empty segments saves it. Without `call_s`: `ring_allreduce_time`."""
+    holding bytes (`gloo_segments`, elements of `GLOO_ITEMSIZE` bytes: float32 operands),
+    c capped at 2(p−1)α; an operand that fills every segment costs `ring_allreduce_time`,
+    and an empty one nothing (gloo returns before its ring). On the cluster's machine,
+    lone all-reduces of one or two elements cost a fraction of a full ring
+    (`results/cluster/README.md`), which suggests that a step's α there is mostly work
+    per message rather than the wire's latency (in gloo's pipelined ring one element
+    still makes every hop), and that a ring skipping empty segments saves it. Without
+    `call_s`: `ring_allreduce_time`."""
     _allreduce_args(nbytes, p, link)
     if link.call_s is None or p <= 1:
         return ring_allreduce_time(nbytes, p, link)
+    check_no_symbols(
+        "gloo_ring_time counts segments and caps call_s at the ring's steps",
+        nbytes=nbytes,
+        **_link_fields(link),
+    )
     held, total = gloo_segments(nbytes, p)
+    if held == 0:
+        return 0.0
     steps = 2 * (p - 1) * link.alpha_s
     call = min(link.call_s, steps)
     return call + (steps - call) * held / total + 2 * (p - 1) / p * nbytes / link.beta_Bps

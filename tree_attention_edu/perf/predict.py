@@ -21,6 +21,7 @@ from ..core.names import MERGE_NAMES, MergeName
 from .checks import check_concrete_sizes, check_no_symbols, check_pattern, check_sizes
 from .formulas import decode_flops, kv_read_bytes
 from .links import (
+    GLOO_ITEMSIZE,
     Collective,
     Topology,
     butterfly_time,
@@ -314,6 +315,7 @@ def predict_merge(
         v_dim=v_dim,
         stat_itemsize=stat_itemsize,
     )
+    _check_gloo_elements(topo, stat_itemsize)
     v_dim = head_dim if v_dim is None else v_dim
     p = topo.devices
     t = -(-seq_len // p)
@@ -331,6 +333,19 @@ def predict_merge(
     comm = _merge_comm_time(collectives, topo)
     merge = merge_read_bytes(pattern, **shape) / topo.mem_Bps
     return Prediction(pattern, p, seq_len, compute, comm, topo.overhead_s, merge)
+
+
+def _check_gloo_elements(topo: Topology, stat_itemsize: int) -> None:
+    """`gloo_ring_time` counts a ring's segments in float32 elements (`GLOO_ITEMSIZE`): a
+    merge whose statistics travel in another size would be priced by the wrong count."""
+    links = (topo.intra, topo.inter, topo.flat_ring)
+    if topo.ring_only and any(k is not None and k.call_s is not None for k in links):
+        if stat_itemsize != GLOO_ITEMSIZE:
+            raise ValueError(
+                f"`stat_itemsize` is {stat_itemsize}, but this gloo topology prices rings of "
+                f"few elements by segments of {GLOO_ITEMSIZE}-byte elements (`Link.call_s`): "
+                f"pass stat_itemsize={GLOO_ITEMSIZE}, or links without call_s"
+            )
 
 
 def _merge_comm_time(collectives: list[Collective], topo: Topology) -> float:
