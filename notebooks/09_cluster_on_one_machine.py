@@ -1466,6 +1466,21 @@ calls = {k: [rate["links"][k]["call_s"] for r in six_runs for rate in r["rates"]
 print("call_s in the six runs' fits, ms: " + "; ".join(
     f"{k} " + ", ".join(f"{c * 1e3:.2f}" for c in v) for k, v in calls.items()))
 at_floor = {k: sum(c == 0 for c in v) for k, v in calls.items()}
+extra = set(few_check[1]["rates"][0]["round_s_by_process"]) - set(
+    rs_check[1]["rates"][0]["round_s_by_process"])
+assert extra == {f"few {ax} {levels.FEW_BYTES}" for ax in levels.LEVELS}  # three more calls
+half_share = []  # the price of the flat tree's 8-element rings over a full ring's α part
+for r in six_runs:
+    for rate in r["rates"]:
+        fl = rate["links"]["flat"]
+        ring8 = costmodel.Link(fl["alpha_s"], fl["beta_Bps"], call_s=fl["call_s"])
+        half_share.append(costmodel.gloo_ring_time(32, 8, ring8) / (14 * fl["alpha_s"]))
+ex_share = [np.mean(ex_rounds["x a8 flat"]) / np.mean(ex_rounds[f"x {k} flat"])
+            for k in ("a64", "a512")]
+print(f"the flat tree's 8-element rings priced at {min(half_share):.2f} to "
+      f"{max(half_share):.2f} of a full ring in the six runs; measured alone, "
+      f"{min(ex_share):.2f} to {max(ex_share):.2f} of the 64- and 512-element rings")
+assert 0.5 < min(half_share) and max(half_share) < 0.65 and 0.6 < min(ex_share) < max(ex_share) < 0.7
 tree_now = [x for g in (1.0, 0.5) for x in few_all["the model"]["tree", g]]
 tree_before = [x for g in (1.0, 0.5) for x in few_all["call_s taken back"]["tree", g]]
 op_now = [x for g in (1.0, 0.5) for x in few_all["the model"]["one_pass", g]]
@@ -1502,6 +1517,7 @@ assert all(e < 0 for e in tree_now) and max(tree_before) > 0
 assert max(map(abs, op_now)) < max(map(abs, op_before))
 assert sum(x < 1 for x in flat_pred) >= 5 and "flat faster" not in verdicts
 assert sum(abs(x - 1) <= 0.06 for x in flat_meas) == 5 and sum(x < 0.9 for x in flat_pred) >= 3
+assert sum(x < 1 for x in flat_meas) == 3 and min(flat_meas) > 0.94  # "by about 5% or less"
 assert 1.2 < few_gap["flat", 8] < 1.8  # "about one and a half standard errors"
 pool_cells = [k for k in few_now if (abs(few_errors(few_design, "the model")[k][2]) <= band)
               != (abs(few_errors(few_design, "process 0's fits")[k][2]) <= band)]
@@ -1530,7 +1546,7 @@ display(Markdown("\n".join(f"* {line}" for line in [
     f"range {min(op_now):+.0%} to {max(op_now):+.0%}, and the flat tree's from "
     f"{min(tree_before):+.0%} to {max(tree_before):+.0%} to {min(tree_now):+.0%} to "
     f"{max(tree_now):+.0%}: the flat tree is now under-predicted in every run. By method "
-    f"(the table above), the model's mean error on the flat tree went from "
+    f"(the per-method table above), the model's mean error on the flat tree went from "
     f"{np.mean(few_all['call_s taken back']['tree', 1.0]):+.1%} and "
     f"{np.mean(few_all['call_s taken back']['tree', 0.5]):+.1%} (1 and 0.5 Gbit/s) to "
     f"{np.mean(few_all['the model']['tree', 1.0]):+.1%} and "
@@ -1542,7 +1558,7 @@ display(Markdown("\n".join(f"* {line}" for line in [
     f"{few_mae['the model']:.1%} against {few_mae['call_s taken back']:.1%} without the rule, "
     f"and the mean error {few_bias['the model']:+.1%} against "
     f"{few_bias['call_s taken back']:+.1%}. A reading, not a measurement: part of that is the "
-    f"rule's own under-price of rings of few elements (the table above; possibly the flat "
+    f"rule's own under-price of rings of few elements (the exploratory run's table; possibly the flat "
     f"tree's two half-full rings, though that row is one run's, about one and a half "
     f"standard errors from the rule, and the table prices the flat ring at a lone call's "
     f"step where the runs price it at the chain's step, {min(chain_over_lone):.2f} to "
@@ -1558,7 +1574,7 @@ display(Markdown("\n".join(f"* {line}" for line in [
     f"{at_floor['inter']} of its {len(calls['inter'])} fits, the \"gpu\" ring's in "
     f"{at_floor['intra']}, the flat ring's in none (printed above): where it is 0 the rule "
     f"prices a ring at its held share of 2(g−1)α, and a one-element ring lower still than "
-    f"the table's rule. The number rests on one call per ring in each run's rounds, and "
+    f"the exploratory run's table does. The number rests on one call per ring in each run's rounds, and "
     f"over \"node\" the solve doubles that call's error (it divides by 1 − h/2g = 1/2): it "
     f"is weakly determined.",
     f"**Pooling** the links' rounds moved no count in the check runs; in design run "
@@ -1739,11 +1755,11 @@ display(Markdown("\n".join(f"* {line}" for line in claim_lines)))
 # measurably different in the 4-device run (the verdicts above); on the fast link neither
 # run shows a difference. Bytes are not what decides it: the states are a
 # few kB, and what the 2-level tree saves is ring steps (fewer, though on these cores a
-# ring whose buffer leaves segments empty costs less than a full one, which
-# narrows the gap, or reverses it: the model of §9.4's last subsection predicts the flat
-# tree faster in most of its runs, though there the medians were within 6% of a tie in
-# five and the sixth measured the 2-level tree faster; no run measured the flat tree
-# faster). But of the six later runs of §9.4's `check/` and `check/design/`, one
+# ring whose buffer leaves segments empty costs less than a full one, in one exploratory
+# run, which narrows the gap or, in the model of §9.4's last subsection, reverses it: that
+# model predicts the flat tree faster in five of its six runs at 0.5 Gbit/s, though no
+# run's verdict was "flat faster" and the medians put the flat tree ahead, by about 5% or
+# less, in three). But of the six later runs of §9.4's `check/` and `check/design/`, one
 # repeated the verdict and five did not, and their medians put the flat tree ahead in
 # five; of nine further runs, three repeated it, and their medians put the 2-level tree
 # ahead in eight (all printed above): on this machine the fewer steps did not reliably
@@ -1759,7 +1775,8 @@ display(Markdown("\n".join(f"* {line}" for line in claim_lines)))
 #   puts *more* bytes on the link here: its second stage runs $k$ all-reduces at once, one per
 #   device of the node, each carrying the whole state, while the flat ring crosses the
 #   link with $2\frac{p-1}{p}$ of one state per direction.
-# * **The latency count favours the 2-level tree; how much depends on each step's α.**
+# * **The latency count favours the 2-level tree; how much depends on each step's α, and
+#   on how full each ring is.**
 #   Counted with the merge's three rings, the flat tree takes $3 \cdot 2(p-1)$ ring steps
 #   per decode and the 2-level tree $3 \cdot 2(k-1) + 3 \cdot 2$ (the list above gives both
 #   runs' counts): fewer. These records' cost model prices exactly these steps, every one
@@ -1770,20 +1787,20 @@ display(Markdown("\n".join(f"* {line}" for line in claim_lines)))
 #   (§9.4's last subsection) the flat tree's two rings of 8 elements over all devices, half
 #   of whose segments are empty, would be priced lower; this record cannot check that (it
 #   times no call of a few bytes), and its flat tree was priced under its measurement
-#   (printed above). In the six runs that record both rules, the rule of held segments
-#   predicts the flat tree faster in five and the rule before the 2-level tree faster in
-#   all six (both printed there). The measurement agrees on
-#   the slow link, but the same test on the 1 Gbit/s rounds, where the states' bytes
+#   (printed above). In the six runs of `check/few/` (priced both ways in §9.4's last
+#   subsection), at 0.5 Gbit/s, the rule of held segments predicts the flat tree faster in
+#   five and the rule before the 2-level tree faster in all six (both printed there). The
+#   8-device record's verdict ("2-level faster") agrees with its model on the slow link, but the same test on the 1 Gbit/s rounds, where the states' bytes
 #   matter even less, finds no measurable difference (printed above): without a delay on
-#   the link the test is inconclusive. Six later runs of the same layout (§9.4's check
-#   runs) bear that out: at 0.5 Gbit/s the same rule found the 2-level tree faster in one of
+#   the link the test is inconclusive. Six later runs of the same layout (`check/` and
+#   `check/design/`) bear that out: at 0.5 Gbit/s the same verdict rule found the 2-level tree faster in one of
 #   six and no measurable difference in the rest, and at 1 Gbit/s it named a winner in
 #   each direction once (printed above). At 0.5 Gbit/s the model each run recorded
 #   predicted the 2-level tree faster in all six (flat / 2-level above 1), and the
 #   measured medians put the flat tree ahead (below 1) in most of them (printed above);
 #   the model's error on the flat tree is larger than on the 2-level tree in every one
-#   (asserted above), likely in part from the over-price of its half-full rings (§9.4's
-#   last subsection). On these two cores the slow link's verdict
+#   (asserted above), likely in part (a reading) from the over-price of its half-full rings
+#   (§9.4's last subsection). On these two cores the slow link's verdict
 #   repeated once in six, and in three of nine further runs (the reduce-scatter's, in
 #   §9.4's subsection on it), where the model each of the nine recorded predicted the
 #   2-level tree faster in all but two (one of them a
@@ -1793,7 +1810,8 @@ display(Markdown("\n".join(f"* {line}" for line in claim_lines)))
 #   in the reduce-scatter's own rounds, after every other method is timed), so the
 #   difference is noise, or a shift between batches not explained; at 1 Gbit/s the same
 #   nine lean the other way (below). Over
-#   all fifteen (the runs before the last subsection of §9.4) at 0.5 Gbit/s, the verdict
+#   all fifteen later runs (`check/`, `check/design/`, `check/rs-after/` and its `design/`)
+#   at 0.5 Gbit/s, the verdict
 #   was "2-level faster" in four and "flat faster" in none, and the medians put the 2-level
 #   tree ahead in nine; at 1 Gbit/s, over all fifteen, "flat faster" in three and "2-level
 #   faster" in two, and the medians put the flat tree ahead in nine, six of them among the
@@ -1802,15 +1820,16 @@ display(Markdown("\n".join(f"* {line}" for line in claim_lines)))
 #   measurable difference in the rest; the model they record prices a ring by the segments
 #   of its buffer that hold bytes, so the flat tree's two rings of 8 elements over all 8
 #   devices (half their segments empty) are priced at a little over half a full ring
-#   (measured alone in one exploratory run, about two thirds: the table there), and it
+#   (measured alone in one exploratory run, about two thirds; both shares printed there),
+#   and it
 #   predicts the flat tree faster at 0.5 Gbit/s
 #   in five of them: in four the medians were within 6% of a tie, and in the one run whose
 #   verdict named a winner ("2-level faster") it had predicted the flat tree faster. Those
 #   six are left out of the totals above: their rounds time three more calls (the few-byte
-#   all-reduces), so they are not the same programs as the fifteen.
+#   all-reduces, asserted there), so they are not the same programs as the fifteen.
 #   In the 4-device run both levels' 2-device rings fit a slower step than the ring over
-#   all four devices (§9.4 prints all three), and the model predicts the flat tree faster;
-#   the measurement finds no difference. The lengths of
+#   all four devices (§9.4 prints all three), and the record's model (the rule before)
+#   predicts the flat tree faster; the measurement finds no measurable difference. The lengths of
 #   §9.7 (at 1 Gbit/s, one median each, so no verdict; the gaps are printed above) point
 #   both ways: in the 4-device run the 2-level tree took less time than the flat one at
 #   the three shortest lengths and more at Tk = 1,024 and 4,096, and in the 8-device run
@@ -2632,9 +2651,11 @@ else:
 #   reason).
 # * 2-level against flat, on a link slow only in bandwidth: the 2-level tree takes fewer
 #   ring steps; on the slow link it is faster in the 8-device run, as these records' cost model
-#   predicts (in part through its over-price of the flat tree's half-full rings; §9.5), and not measurably different in the 4-device run, where the model predicts
+#   predicts (whether its price of the flat tree's half-full rings played a part, this
+#   record cannot check; §9.5), and not measurably different in the 4-device run, where the model predicts
 #   the flat tree faster; on the fast link neither run shows a difference, so without a
-#   delay the test is inconclusive (§9.5). In six later runs of the 8-device layout (`check/`) the
+#   delay the test is inconclusive (§9.5). In six later runs of the 8-device layout
+#   (`check/` and `check/design/`) the
 #   model each recorded predicted the 2-level tree faster at 0.5 Gbit/s every time (by over
 #   1% each), the
 #   slow link's verdict repeated once, and the medians put the flat tree ahead in five;
@@ -2667,13 +2688,13 @@ else:
 #   shift between batches not explained; §9.4). A gloo ring skips the segments of
 #   its operand that hold no bytes. The model of `check/few/` prices such a ring (e.g.
 #   `one_pass`'s one-element flag) by the segments that hold bytes, and predicts the
-#   2-level tree slower than `one_pass`, as the runs mostly measure it, where the model
+#   2-level tree slower than `one_pass`, as most earlier runs measured it (§9.4), where the model
 #   before predicted a tie. Over those six runs that rule is worth one cell of the 102,
 #   orders the methods as measured more often, and makes the errors a little larger on
-#   average: it under-predicts the flat tree in every run since, and at 0.5 Gbit/s predicts
+#   average: it under-predicts the flat tree in each of those six runs, and at 0.5 Gbit/s predicts
 #   it faster than the 2-level tree in five of six, where the medians were mostly close to
-#   a tie and the one verdict that named a winner named the 2-level tree. Probably (a reading, not a
-#   measurement) part of that is the rule's own under-price of rings of few elements, and
+#   a tie and the one verdict that named a winner named the 2-level tree. Probably (a
+#   reading, not a measurement) part of the larger errors is the rule's own under-price of rings of few elements, and
 #   part a shortfall the old price of small rings had hidden and the model does not
 #   explain (the last subsection of §9.4). The course's 2-level schedule (the idea behind the paper's
 #   §5.3 topology argument) wins at every delay above 0 once the link is slow in latency
