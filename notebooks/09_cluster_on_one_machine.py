@@ -1755,8 +1755,9 @@ display(Markdown("\n".join(f"* {line}" for line in claim_lines)))
 # measurably different in the 4-device run (the verdicts above); on the fast link neither
 # run shows a difference. Bytes are not what decides it: the states are a
 # few kB, and what the 2-level tree saves is ring steps (fewer, though on these cores a
-# ring whose buffer leaves segments empty costs less than a full one, in one exploratory
-# run, which narrows the gap or, in the model of §9.4's last subsection, reverses it: that
+# ring whose buffer leaves segments empty costs less than a full one, measured alone in
+# one exploratory run, which would narrow the gap (a reading, not a measurement) or, in
+# the model of §9.4's last subsection, reverses it: that
 # model predicts the flat tree faster in five of its six runs at 0.5 Gbit/s, though no
 # run's verdict was "flat faster" and the medians put the flat tree ahead, by about 5% or
 # less, in three). But of the six later runs of §9.4's `check/` and `check/design/`, one
@@ -1785,8 +1786,8 @@ display(Markdown("\n".join(f"* {line}" for line in claim_lines)))
 #   three).
 #   In the 8-device run it predicts the 2-level tree faster. By the rule of held segments
 #   (§9.4's last subsection) the flat tree's two rings of 8 elements over all devices, half
-#   of whose segments are empty, would be priced lower; this record cannot check that (it
-#   times no call of a few bytes), and its flat tree was priced under its measurement
+#   of whose segments are empty, would be priced lower; this record cannot price them so
+#   (it times no few-byte call from which to fit `call_s`), and its flat tree was priced under its measurement
 #   (printed above). In the six runs of `check/few/` (priced both ways in §9.4's last
 #   subsection), at 0.5 Gbit/s, the rule of held segments predicts the flat tree faster in
 #   five and the rule before the 2-level tree faster in all six (both printed there). The
@@ -1819,9 +1820,8 @@ display(Markdown("\n".join(f"* {line}" for line in claim_lines)))
 #   which prints their verdicts and ratios) found "2-level faster" once at 0.5 Gbit/s and no
 #   measurable difference in the rest; the model they record prices a ring by the segments
 #   of its buffer that hold bytes, so the flat tree's two rings of 8 elements over all 8
-#   devices (half their segments empty) are priced at a little over half a full ring
-#   (measured alone in one exploratory run, about two thirds; both shares printed there),
-#   and it
+#   devices (half their segments empty) are priced at 0.52 to 0.62 of a full ring in those
+#   runs (measured alone in one exploratory run, 0.61 to 0.69; both printed there), and it
 #   predicts the flat tree faster at 0.5 Gbit/s
 #   in five of them: in four the medians were within 6% of a tie, and in the one run whose
 #   verdict named a winner ("2-level faster") it had predicted the flat tree faster. Those
@@ -2651,8 +2651,8 @@ else:
 #   reason).
 # * 2-level against flat, on a link slow only in bandwidth: the 2-level tree takes fewer
 #   ring steps; on the slow link it is faster in the 8-device run, as these records' cost model
-#   predicts (whether its price of the flat tree's half-full rings played a part, this
-#   record cannot check; §9.5), and not measurably different in the 4-device run, where the model predicts
+#   predicts (this record cannot price the flat tree's half-full rings by the rule of held
+#   segments, so whether their price played a part is not known; §9.5), and not measurably different in the 4-device run, where the model predicts
 #   the flat tree faster; on the fast link neither run shows a difference, so without a
 #   delay the test is inconclusive (§9.5). In six later runs of the 8-device layout
 #   (`check/` and `check/design/`) the
@@ -2691,7 +2691,8 @@ else:
 #   2-level tree slower than `one_pass`, as most earlier runs measured it (§9.4), where the model
 #   before predicted a tie. Over those six runs that rule is worth one cell of the 102,
 #   orders the methods as measured more often, and makes the errors a little larger on
-#   average: it under-predicts the flat tree in each of those six runs, and at 0.5 Gbit/s predicts
+#   average: with it the model under-predicts the flat tree in each of those six runs, and
+#   at 0.5 Gbit/s predicts
 #   it faster than the 2-level tree in five of six, where the medians were mostly close to
 #   a tie and the one verdict that named a winner named the 2-level tree. Probably (a
 #   reading, not a measurement) part of the larger errors is the rule's own under-price of rings of few elements, and
