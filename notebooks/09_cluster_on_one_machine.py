@@ -1776,8 +1776,8 @@ display(Markdown("\n".join(f"* {line}" for line in claim_lines)))
 #   puts *more* bytes on the link here: its second stage runs $k$ all-reduces at once, one per
 #   device of the node, each carrying the whole state, while the flat ring crosses the
 #   link with $2\frac{p-1}{p}$ of one state per direction.
-# * **The latency count favours the 2-level tree; how much depends on each step's α, and
-#   on how full each ring is.**
+# * **The 2-level tree takes fewer ring steps; whether that makes it faster depends on
+#   each step's α and on how full each ring is.**
 #   Counted with the merge's three rings, the flat tree takes $3 \cdot 2(p-1)$ ring steps
 #   per decode and the 2-level tree $3 \cdot 2(k-1) + 3 \cdot 2$ (the list above gives both
 #   runs' counts): fewer. These records' cost model prices exactly these steps, every one
@@ -2652,7 +2652,8 @@ else:
 # * 2-level against flat, on a link slow only in bandwidth: the 2-level tree takes fewer
 #   ring steps; on the slow link it is faster in the 8-device run, as these records' cost model
 #   predicts (this record cannot price the flat tree's half-full rings by the rule of held
-#   segments, so whether their price played a part is not known; §9.5), and not measurably different in the 4-device run, where the model predicts
+#   segments, so whether that rule would still predict the 2-level tree faster here is not
+#   known; §9.5), and not measurably different in the 4-device run, where the model predicts
 #   the flat tree faster; on the fast link neither run shows a difference, so without a
 #   delay the test is inconclusive (§9.5). In six later runs of the 8-device layout
 #   (`check/` and `check/design/`) the
@@ -2689,7 +2690,8 @@ else:
 #   its operand that hold no bytes. The model of `check/few/` prices such a ring (e.g.
 #   `one_pass`'s one-element flag) by the segments that hold bytes, and predicts the
 #   2-level tree slower than `one_pass`, as most earlier runs measured it (§9.4), where the model
-#   before predicted a tie. Over those six runs that rule is worth one cell of the 102,
+#   before predicted a tie. Over the six runs of `check/few/` (three design, three check)
+#   that rule is worth one cell of the 102,
 #   orders the methods as measured more often, and makes the errors a little larger on
 #   average: with it the model under-predicts the flat tree in each of those six runs, and
 #   at 0.5 Gbit/s predicts
