@@ -1337,8 +1337,9 @@ display(Markdown(
 # %% [markdown]
 # Three design runs came first (`few/design/`, named for their place: they would have
 # shown a need to change the code, and none was made), then three check runs, one after
-# the other (`few/2x2x2-run{1,2,3}.json`), all with the command of §9.4 and the same code,
-# so the six are six runs of one model. The next cell recomputes
+# the other (`few/2x2x2-run{1,2,3}.json`), all with the command of §9.4 and the same
+# model (the design runs from the working tree that the check runs' commit then recorded,
+# which differs only in a printed line), so the six are six runs of one model. The next cell recomputes
 # every prediction from the records' rounds (the links refitted from every process's
 # rounds equal the recorded ones: asserted) and compares the model with three variants:
 # `call_s` taken back (every step at α: the pricing before), the links fitted from process
