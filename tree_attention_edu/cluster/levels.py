@@ -99,17 +99,16 @@ def level_calls(ctx: Context) -> Calls:
     }
     calls: Calls = {}
     for name, ((mesh, spec), fn) in fns.items():
-        for n in sizes(ctx, "flat" if name in ("flat", "chain") else "node"):
+        named = [
+            (f"{name} {n}", n) for n in sizes(ctx, "flat" if name in ("flat", "chain") else "node")
+        ]
+        if name in LEVELS:
+            named.append((f"few {name} {FEW_BYTES}", FEW_BYTES))
+        for key, n in named:
             if name == "chain" and n > calibrate.SMALL_MESSAGE:
                 continue
             ones = np.ones(ctx.two.size * (n // 4), np.float32)
-            calls[f"{name} {n}"] = (fn, (jax.device_put(ones, NamedSharding(mesh, spec)),))
-        if name in LEVELS:
-            ones = np.ones(ctx.two.size * (FEW_BYTES // 4), np.float32)
-            calls[f"few {name} {FEW_BYTES}"] = (
-                fn,
-                (jax.device_put(ones, NamedSharding(mesh, spec)),),
-            )
+            calls[key] = (fn, (jax.device_put(ones, NamedSharding(mesh, spec)),))
     return {**calls, **kind_calls(ctx)}
 
 
@@ -142,11 +141,9 @@ def fit_few(
     g = ctx.flat.size if axis == "flat" else ctx.two.shape[axis]
     held, total = costmodel.gloo_segments(FEW_BYTES, g)
     name = f"few {axis} {FEW_BYTES}"
-    if g <= 1 or held >= total or not times.get(name):
+    if held >= total or not times.get(name):  # one device per ring: every segment held
         return None
     t = float(np.mean([max(x - overhead, 0.0) for x in times[name]]))
-    if not math.isfinite(t):
-        return None
     steps = 2 * (g - 1) * alpha_s
     share = held / total
     return min(max((t - steps * share) / (1 - share), 0.0), steps)
@@ -394,12 +391,12 @@ def fit_links(ctx: Context, times: Times, rate_bps: float) -> dict[str, Any]:
     # The flat tree's all-reduces follow one another or the kernel (whose wait
     # `fit_local` prices): a step as a chain pays it; the lone call's α is kept.
     flat["alpha_alone_s"] = flat["alpha_s"]
-    rings: tuple[tuple[Level, dict[str, Any]], ...] = (
-        ("node", inter),
-        ("gpu", intra),
-        ("flat", flat),
+    rings: tuple[tuple[Level, str, dict[str, Any]], ...] = (
+        ("node", "inter", inter),
+        ("gpu", "intra", intra),
+        ("flat", "flat", flat),
     )
-    for axis, fit in rings:  # each at its lone calls' α (the flat ring's, before the chain's)
+    for axis, _, fit in rings:  # each at its lone calls' α (the flat ring's, before the chain's)
         fit["call_s"] = fit_few(ctx, axis, times, overhead, fit["alpha_s"])
     flat["chain"] = fit_chain(ctx, times)
     if flat["chain"]["resolved"]:
@@ -423,7 +420,7 @@ def fit_links(ctx: Context, times: Times, rate_bps: float) -> dict[str, Any]:
         + "; the part of a call a ring of few elements pays whole (call_s): "
         + ", ".join(
             f"{name} " + ("-" if fit["call_s"] is None else f"{fit['call_s'] * 1e6:.0f} us")
-            for name, fit in (("inter", inter), ("intra", intra), ("flat", flat))
+            for _, name, fit in rings
         )
     )
     return {"inter": inter, "intra": intra, "flat": flat, "kinds": kinds, "overhead_s": overhead}

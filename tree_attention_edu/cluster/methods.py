@@ -203,10 +203,7 @@ def topologies(ctx: Context, links: dict[str, Any], local: dict[str, Any]) -> To
     ring = links.get("flat")
     flat_ring = None if ring is None else link(ring)
     # All-gathers and all-to-alls over all devices, each measured on its own (ditto)
-    measured = tuple(
-        (kind, costmodel.Link(fit["alpha_s"], fit["beta_Bps"]))
-        for kind, fit in links.get("kinds", {}).items()
-    )
+    measured = tuple((kind, link(fit)) for kind, fit in links.get("kinds", {}).items())
     two = costmodel.Topology(
         nodes=s.nodes,
         devices_per_node=s.processes_per_node * s.devices_per_process,

@@ -440,6 +440,10 @@ def gloo_segments(nbytes: float, p: int, itemsize: int = GLOO_ITEMSIZE) -> tuple
     check_no_symbols("gloo_segments counts segments", nbytes=nbytes)
     check_size(p, "p")
     check_size(itemsize, "itemsize")
+    return _segments(nbytes, p, itemsize)
+
+
+def _segments(nbytes: float, p: int, itemsize: int) -> tuple[int, int]:
     total = 2 * p
     elements = math.ceil(nbytes / itemsize)
     if elements == 0:
@@ -467,7 +471,7 @@ def gloo_ring_time(nbytes: float, p: int, link: Link) -> float:
         nbytes=nbytes,
         **_link_fields(link),
     )
-    held, total = gloo_segments(nbytes, p)
+    held, total = _segments(nbytes, p, GLOO_ITEMSIZE)  # arguments checked above
     if held == 0:
         return 0.0
     steps = 2 * (p - 1) * link.alpha_s
