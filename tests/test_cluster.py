@@ -350,7 +350,7 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
             assert m["max_abs_err"] <= 2e-5
             assert m["median_s"] > 0 and m["predicted_s"] > 0
         # Every process's rounds of every call: process 0's are the record's own, and a
-        # method's time is the slowest process's median.
+        # method's median is the slowest process's.
         rounds = rate["round_s_by_process"]
         assert {"local kernel", "local both", "noop 256", "node 256", "flat 256"} <= set(rounds)
         assert all(np.shape(r) == (2, rep["config"]["repeats"]) for r in rounds.values())
@@ -358,6 +358,10 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
             assert rounds[name][0] == m["round_s"]
             assert [statistics.median(r) for r in rounds[name]] == m["median_s_by_process"]
             assert m["median_s"] == max(m["median_s_by_process"])
+            # ...and the prediction is checked against the mean over every round of every
+            # process (numpy's, in float64: not the package's fmean of per-process means)
+            assert m["mean_s"] == pytest.approx(np.mean(rounds[name]), rel=1e-12)
+            assert m["rel_err"] == pytest.approx(m["predicted_s"] / np.mean(rounds[name]) - 1)
     m = rep["methods"]
     # Bytes per level, from the compiled program: the tree's states are B·Tq·Hq·(Dv+1)·4
     # (sum) and B·Tq·Hq·4 (max); a ring of 2 sends each once, a ring of 4 2·3/4 of it.
