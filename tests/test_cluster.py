@@ -230,6 +230,33 @@ def test_summary_prints_each_error_as_the_power_of_ten_above_it():
         assert m["max_abs_err"] <= float(rows[name].lstrip("<")), name
 
 
+def test_summary_checks_each_prediction_against_the_mean_where_the_record_has_it():
+    """A record with `mean_s` prints it and the error against it; an older one prints "-"
+    and the error against the slowest process's median, as it was checked then."""
+    from tree_attention_edu.cluster.run import summary
+
+    results = Path(__file__).parent.parent / "results" / "cluster"
+    for path, against in (
+        (results / "check" / "mean" / "2x2x2-run1.json", "mean_s"),
+        (results / "2x2x2.json", "median_s"),
+    ):
+        rep = json.loads(path.read_text())
+        lines = summary(rep).splitlines()
+        heads = [i for i, line in enumerate(lines) if line.startswith("method ")]
+        assert len(heads) == len(rep["rates"])
+        for i, rate in zip(heads, rep["rates"], strict=True):
+            assert ("mean over every process" in lines[i - 1]) == (against == "mean_s")
+            table = lines[i + 2 : i + 2 + len(rate["methods"])]
+            for line, (name, m) in zip(table, rate["methods"].items(), strict=True):
+                cols = line.split()
+                assert cols[0] == name
+                want = round(100 * (m["predicted_s"] / m[against] - 1))
+                assert int(cols[4].rstrip("%")) == want, (path.name, name)
+                assert cols[1] == (f"{m['mean_s'] * 1e3:.2f}" if against == "mean_s" else "-")
+                if against == "mean_s":  # the record's own error is the same
+                    assert m["rel_err"] == pytest.approx(m["predicted_s"] / m["mean_s"] - 1)
+
+
 def test_bad_settings_exit_2_with_one_line():
     for args, words in (
         (["--nodes", "1"], "nodes"),
