@@ -230,6 +230,44 @@ def test_summary_prints_each_error_as_the_power_of_ten_above_it():
         assert m["max_abs_err"] <= float(rows[name].lstrip("<")), name
 
 
+def test_method_records_check_the_prediction_against_the_mean_over_every_round(monkeypatch):
+    """Three processes with skewed rounds (each process's median below its mean, and one
+    process slower): `median_s` is the slowest process's median, `mean_s` the mean over all
+    their rounds, and `rel_err` is against the mean; computed here with numpy from the
+    rounds, as `allgather` would bring each process's figures."""
+    from types import SimpleNamespace
+
+    from tree_attention_edu.cluster import methods
+
+    rounds = {  # name -> [process][round], seconds
+        "tree": [[0.010, 0.011, 0.030], [0.012, 0.013, 0.040], [0.020, 0.021, 0.050]],
+        "ring": [[0.10, 0.10, 0.13], [0.11, 0.12, 0.20], [0.09, 0.10, 0.11]],
+    }
+    names = list(rounds)
+    err = {"tree": 1e-8, "ring": 3e-8}
+    others = [  # processes 1 and 2, as they would send their own figures
+        [[np.median(rounds[n][p]), np.mean(rounds[n][p]), err[n] * p] for n in names]
+        for p in (1, 2)
+    ]
+    monkeypatch.setattr(methods, "allgather", lambda mine: np.stack([mine, *others]))
+    monkeypatch.setattr(
+        methods, "predict", lambda ctx, name, n, topo: {"tree": 0.02, "ring": 0.1}[name]
+    )
+    ctx = SimpleNamespace(say=lambda *_: None)
+    static = {n: {"max_abs_err": err[n]} for n in names}
+    times = {n: rounds[n][0] for n in names}
+    recs = methods.method_records(ctx, names, 64, times, static, None, "[test]")
+    for n in names:
+        x = np.array(rounds[n])
+        assert recs[n]["median_s_by_process"] == pytest.approx(np.median(x, axis=1).tolist())
+        assert recs[n]["median_s"] == pytest.approx(np.median(x, axis=1).max())
+        assert recs[n]["mean_s"] == pytest.approx(x.mean(), rel=1e-12)
+        assert recs[n]["rel_err"] == pytest.approx(recs[n]["predicted_s"] / x.mean() - 1)
+        assert recs[n]["max_abs_err"] == 2 * err[n] and recs[n]["round_s"] == rounds[n][0]
+    # the two estimators differ here, so a swapped column fails
+    assert recs["tree"]["mean_s"] != pytest.approx(recs["tree"]["median_s"], rel=0.05)
+
+
 def test_summary_checks_each_prediction_against_the_mean_where_the_record_has_it():
     """A record with `mean_s` prints it and the error against it; an older one prints "-"
     and the error against the slowest process's median, as it was checked then."""
@@ -241,6 +279,8 @@ def test_summary_checks_each_prediction_against_the_mean_where_the_record_has_it
         (results / "2x2x2.json", "median_s"),
     ):
         rep = json.loads(path.read_text())
+        if against == "mean_s":
+            rep_mean = json.loads(path.read_text())
         lines = summary(rep).splitlines()
         heads = [i for i, line in enumerate(lines) if line.startswith("method ")]
         assert len(heads) == len(rep["rates"])
@@ -255,6 +295,18 @@ def test_summary_checks_each_prediction_against_the_mean_where_the_record_has_it
                 assert cols[1] == (f"{m['mean_s'] * 1e3:.2f}" if against == "mean_s" else "-")
                 if against == "mean_s":  # the record's own error is the same
                     assert m["rel_err"] == pytest.approx(m["predicted_s"] / m["mean_s"] - 1)
+    # A record with one method's mean missing: that row alone falls back to its median.
+    rate = rep_mean["rates"][0]
+    del rate["methods"]["ring"]["mean_s"]
+    lines = summary(rep_mean).splitlines()
+    i = next(i for i, line in enumerate(lines) if line.startswith("method "))
+    assert "where kept (else the median)" in lines[i - 1]
+    rows = {line.split()[0]: line.split() for line in lines[i + 2 : i + 2 + len(rate["methods"])]}
+    ring, tree = rate["methods"]["ring"], rate["methods"]["tree"]
+    assert rows["ring"][1] == "-" and rows["tree"][1] == f"{tree['mean_s'] * 1e3:.2f}"
+    assert int(rows["ring"][4].rstrip("%")) == round(
+        100 * (ring["predicted_s"] / ring["median_s"] - 1)
+    )
 
 
 def test_bad_settings_exit_2_with_one_line():

@@ -38,3 +38,28 @@ def test_delay_sweep_reads_time_against_delay():
     fly = got["methods"]["butterfly"]
     assert fly["delays_per_step"] == pytest.approx(2.0)
     assert fly["rel_err"] == pytest.approx([-0.5, -0.5])
+
+
+def test_delay_sweep_measures_by_the_mean_where_every_report_keeps_it():
+    """Reports that keep `mean_s` (their `rel_err` is against it) are read by the mean; a
+    set where one report lacks it falls back to every report's median, and says so."""
+
+    def report(d_ms, median_s, mean_s=None):
+        method = {"median_s": median_s, "predicted_s": 0.01, "collectives": {}}
+        if mean_s is not None:
+            method["mean_s"] = mean_s
+        return {
+            "config": {"link_delay_ms": d_ms, "command": f"run {d_ms}"},
+            "links": {"inter": {"alpha_s": 0.0}},
+            "methods": {"tree": method},
+        }
+
+    both = collectives.delay_sweep([report(0.0, 0.02, 0.008), report(10.0, 0.05, 0.04)])
+    tree = both["methods"]["tree"]
+    assert tree["measured_as"] == "mean_s" and tree["mean_s"] == [0.008, 0.04]
+    assert tree["rel_err"] == pytest.approx([0.25, -0.75])
+    assert tree["delays_per_step"] == pytest.approx(3.2)
+    mixed = collectives.delay_sweep([report(0.0, 0.02, 0.008), report(10.0, 0.05)])
+    tree = mixed["methods"]["tree"]
+    assert tree["measured_as"] == "median_s" and tree["median_s"] == [0.02, 0.05]
+    assert "mean_s" not in tree and tree["rel_err"] == pytest.approx([-0.5, -0.8])

@@ -342,13 +342,14 @@ def method_records(
     (`mean_s`), the worst error over all processes, and the cost model's prediction with
     its error against that mean (`rel_err`). A collective: every process must call it.
 
-    Why the error is taken against the mean: the model prices each step at the mean over
-    every process's rounds of lone collectives (`levels.fit_level`, `fit_few`, `fit_kinds`),
-    timed in the same interleaved rounds as the methods, so the mean over every process's
-    rounds of a method's call is the estimator it predicts. The slowest process's median is
-    another: the highest of one median per process, which differ widely with one program
-    (notebook 9, "Which time a prediction is checked against", compares them on the same
-    records)."""
+    Why the error is taken against the mean: the model prices each collective step at the
+    mean over every process's rounds of lone collectives (`levels.fit_level`, `fit_few`,
+    `fit_chain`, `fit_kinds`, `fit_last`), timed in the same interleaved rounds as the
+    methods, so it predicts a typical process's time per call, averaged over rounds, more
+    than the time until the last process is done. (Its per-call overhead and local terms
+    are medians, `fit_links` and `fit_local`.) The slowest process's median is the highest
+    of one median per process, which differ with one program (notebook 9, §9.4, "Which
+    time a prediction is checked against", compares the two on the same records)."""
     seconds = {n: statistics.median(times[n]) for n in names}
     means = {n: statistics.fmean(times[n]) for n in names}
     mine = np.array([[seconds[n], means[n], static[n]["max_abs_err"]] for n in names])
@@ -359,8 +360,8 @@ def method_records(
         rec = dict(static[name])
         rec["median_s"] = max(per_process)
         rec["median_s_by_process"] = per_process
-        # every process times the same number of rounds: the mean of their means is the
-        # mean over all of them
+        # every process times the same number of rounds (`allgather` stacks equal shapes):
+        # the mean of their means is the mean over all of them
         rec["mean_s"] = float(everyone[:, i, 1].mean())
         rec["round_s"] = list(times[name])  # this process's (process 0's in the report)
         rec["max_abs_err"] = float(everyone[:, i, 2].max())

@@ -373,8 +373,11 @@ def report(
 
 
 def comparisons(rep: dict) -> dict:
-    """`topology_claim`: flat against 2-level tree on the slowest link; `ring_vs_rate`: each
-    method's latency at each rate, and the ratio of the slowest rate's to the fastest's."""
+    """`topology_claim`: flat against 2-level tree on the slowest link (their slowest
+    process's medians, and `verdict` on process 0's rounds); `ring_vs_rate`: each method's
+    latency at each rate (the slowest process's median), and the ratio of the slowest
+    rate's to the fastest's. (The prediction's `rel_err` is against the mean over every
+    process's rounds, `methods.method_records`.)"""
     out = {}
     rates = sorted(rep["rates"], key=lambda r: r["set_Bps"])
     slow = rates[0]
@@ -486,31 +489,30 @@ def _fit_lines(r: dict) -> list[str]:
     return rows
 
 
-def _method_table(ms: dict) -> list[str]:
+def _method_table(ms: dict[str, dict[str, Any]]) -> list[str]:
     """One rate's methods as `summary` prints them: the mean over every process's rounds,
     the slowest process's median, the prediction and its error against the mean
-    (`methods.method_records`); a record made before the mean was kept prints "-" for it
-    and the error against the median, as it was checked then."""
-    means = all("mean_s" in m for m in ms.values())
+    (`methods.method_records`); a method whose record keeps no mean (made before it was
+    kept) prints "-" for it and the error against the median, as it was checked then."""
     head = (
         f"{'method':<15}{'mean ms':>9}{'median ms':>11}{'predicted':>11}{'rel err':>9}"
         f"{'inter B/dev':>13}{'intra B/dev':>13}{'link B':>12}{'max |err|':>11}"
     )
-    rows = [
-        "rel err: predicted against "
-        + (
-            "the mean over every process's rounds; median: the slowest process's"
-            if means
-            else "the slowest process's median (the record keeps no mean)"
-        ),
-        head,
-        "-" * len(head),
-    ]
+    kept = ["mean_s" in m for m in ms.values()]
+    against = (
+        "the mean over every process's rounds"
+        if all(kept)
+        else "the slowest process's median (the record keeps no mean)"
+        if not any(kept)
+        else "the mean over every process's rounds where kept (else the median)"
+    )
+    rows = [f"rel err: predicted against {against}; median: the slowest process's", head]
+    rows.append("-" * len(head))
     for name, m in ms.items():
-        measured = m["mean_s"] if means else m["median_s"]
+        measured = m.get("mean_s", m["median_s"])
         rows.append(
             f"{name:<15}"
-            + (f"{m['mean_s'] * 1e3:>9.2f}" if means else f"{'-':>9}")
+            + (f"{m['mean_s'] * 1e3:>9.2f}" if "mean_s" in m else f"{'-':>9}")
             + f"{m['median_s'] * 1e3:>11.2f}{m['predicted_s'] * 1e3:>11.2f}"
             f"{m['predicted_s'] / measured - 1:>+9.0%}{m['bytes_inter']:>13,.0f}"
             f"{m['bytes_intra']:>13,.0f}{m['link_bytes']:>12,.0f}"
@@ -540,9 +542,10 @@ def summary(rep: dict) -> str:
         t = rep["topology_claim"]
         rows += [
             "",
-            f"2-level vs flat tree at {t['set_Bps'] * 8 / 1e9:g} Gbit/s: flat "
-            f"{t['flat_s'] * 1e3:.2f} ms, 2-level {t['two_level_s'] * 1e3:.2f} ms "
-            f"(flat / 2-level = {t['flat_over_two_level']:.2f}): {t['verdict']}",
+            f"2-level vs flat tree at {t['set_Bps'] * 8 / 1e9:g} Gbit/s: the slowest "
+            f"process's medians flat {t['flat_s'] * 1e3:.2f} ms, 2-level "
+            f"{t['two_level_s'] * 1e3:.2f} ms (flat / 2-level = "
+            f"{t['flat_over_two_level']:.2f}); from process 0's rounds: {t['verdict']}",
         ]
     if "ring_vs_rate" in rep:
         v = rep["ring_vs_rate"]

@@ -154,8 +154,8 @@ def _reduce_scatter_last(ctx: Context, phases: list[dict[str, Any]]) -> None:
 def crossover_sweep(
     ctx: Context, topo: methods.Topologies, at_len: dict[str, Any], label: str
 ) -> dict[str, Any]:
-    """Tree (flat and 2-level) and ring over the `sweep` lengths, measured and predicted,
-    and where tree overtakes ring."""
+    """Tree (flat and 2-level) and ring over the `sweep` lengths, measured (the slowest
+    process's medians) and predicted, and where tree overtakes ring."""
     from ..perf import benchmark
 
     s = ctx.s
