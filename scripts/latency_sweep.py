@@ -31,7 +31,7 @@ from tree_attention_edu.cluster import collectives
 METHODS = "tree,tree_2level,butterfly,ring,ring_pass_q"
 
 
-MEASURED_AS = {
+MEASURED_AS: dict[collectives.MeasuredAs, str] = {
     "mean_s": "the mean over every process's rounds",
     "median_s": "the slowest process's median",
 }
@@ -89,12 +89,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"D = {d:g} ms done (load average {loads[-1][0]:.1f} -> {loads[-1][1]:.1f})")
     doc: dict[str, Any] = collectives.delay_sweep(reports)
     worst = max(max(pair) for pair in loads)
-    measured_as = next(iter(doc["methods"].values()))["measured_as"]
     doc |= {
         "layout": "x".join(map(str, args.layout)),
         "command": " ".join(shlex.quote(a) for a in ["scripts/latency_sweep.py", *argv]),
         "load_average_1min_before_after": loads,
-        "note": f"each point {MEASURED_AS[measured_as]} "
+        "note": f"each point {MEASURED_AS[doc['measured_as']]} "
         f"of {args.repeats} interleaved rounds, one run per D on a "
         f"{os.cpu_count()}-core machine (1-minute load average at most {worst:.1f} before or "
         f"after a run; the cluster's own processes raise it)",
@@ -104,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(doc, f, indent=1)
     print(f"{'method':<13} slope (D per step)  model's slope   ms at each D")
     for name, m in doc["methods"].items():
-        times = " ".join(f"{t * 1e3:7.1f}" for t in m[m["measured_as"]])
+        times = " ".join(f"{t * 1e3:7.1f}" for t in m[doc["measured_as"]])
         print(
             f"{name:<13} {m['delays_per_step']:18.1f} {m['predicted_delays_per_step']:14.1f}"
             f"   {times}"

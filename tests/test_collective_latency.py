@@ -56,10 +56,31 @@ def test_delay_sweep_measures_by_the_mean_where_every_report_keeps_it():
 
     both = collectives.delay_sweep([report(0.0, 0.02, 0.008), report(10.0, 0.05, 0.04)])
     tree = both["methods"]["tree"]
-    assert tree["measured_as"] == "mean_s" and tree["mean_s"] == [0.008, 0.04]
+    assert both["measured_as"] == "mean_s" and tree["mean_s"] == [0.008, 0.04]
+    assert tree["median_s"] == [0.02, 0.05]  # kept beside it
     assert tree["rel_err"] == pytest.approx([0.25, -0.75])
     assert tree["delays_per_step"] == pytest.approx(3.2)
     mixed = collectives.delay_sweep([report(0.0, 0.02, 0.008), report(10.0, 0.05)])
     tree = mixed["methods"]["tree"]
-    assert tree["measured_as"] == "median_s" and tree["median_s"] == [0.02, 0.05]
+    assert mixed["measured_as"] == "median_s" and tree["median_s"] == [0.02, 0.05]
     assert "mean_s" not in tree and tree["rel_err"] == pytest.approx([-0.5, -0.8])
+
+
+def test_delay_sweep_reads_the_methods_every_report_holds():
+    """A method one report lacks is left out (not a KeyError), and does not decide which
+    time the others are measured by."""
+
+    def report(d_ms, names):
+        return {
+            "config": {"link_delay_ms": d_ms, "command": f"run {d_ms}"},
+            "links": {"inter": {"alpha_s": 0.0}},
+            "methods": {
+                n: {"median_s": 0.02, "mean_s": 0.01, "predicted_s": 0.01, "collectives": {}}
+                for n in names
+            },
+        }
+
+    extra = report(10.0, ["tree", "ring"])
+    del extra["methods"]["ring"]["mean_s"]
+    got = collectives.delay_sweep([report(0.0, ["tree"]), extra])
+    assert list(got["methods"]) == ["tree"] and got["measured_as"] == "mean_s"

@@ -86,7 +86,12 @@ def test_latency_sweep_runs_one_cluster_per_delay_and_fits_the_slopes(tmp_path, 
         d = float(cmd[cmd.index("--link-delay-ms") + 1])
         seen.append(d)
         t = 0.004 + 3 * d / 1e3
-        method = {"median_s": t, "predicted_s": t * 1.1, "collectives": {"all-reduce": 1}}
+        method = {
+            "median_s": 2 * t,  # the slowest process's median: not what the sweep fits
+            "mean_s": t,
+            "predicted_s": t * 1.1,
+            "collectives": {"all-reduce": 1},
+        }
         rep = {
             "config": {"link_delay_ms": d, "command": " ".join(cmd)},
             "links": {"inter": {"alpha_s": 2 * d / 1e3}},
@@ -105,6 +110,8 @@ def test_latency_sweep_runs_one_cluster_per_delay_and_fits_the_slopes(tmp_path, 
     assert tree["predicted_delays_per_step"] == pytest.approx(3.3)
     assert doc["layout"] == "2x2x1" and len(doc["load_average_1min_before_after"]) == 3
     assert "--repeats 3" in doc["command"] and "3 interleaved rounds" in doc["note"]
+    assert doc["measured_as"] == "mean_s" and "the mean over every process's rounds" in doc["note"]
+    assert tree["rel_err"] == pytest.approx([0.1] * 3)
     for bad in ("0,x", "0,0.01", "-1,2", "5"):  # argparse's own error: exit 2, one line
         with pytest.raises(SystemExit) as exit_:
             sweep.main(["--delays", bad, "--json", str(out)])

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from . import netns
 from . import processes as ps
@@ -130,6 +130,11 @@ class Spec:
 
 # ---------------------------------------------------------------------------------------
 # Plain helpers (no JAX)
+
+
+MeasuredAs = Literal["mean_s", "median_s"]
+"""Which measured time `delay_sweep` fits: the mean over every process's rounds, or the
+slowest process's median."""
 
 
 def slope(delays_s: list[float], times_s: list[float]) -> tuple[float, float]:
@@ -327,25 +332,26 @@ def measure(
 
 def delay_sweep(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """Cluster reports (`run.report`, one per link delay, same layout) as time against D:
-    per method the measured time and the cost model's prediction at each D, their relative
-    error, and the slope of each in units of D (one-way delays per decode step, measured
-    and as the cost model prices them). The measured time is the mean over every process's
-    rounds (`mean_s`, as `rel_err` takes it in each report) where every report keeps it,
-    else the slowest process's median (`median_s`), as `measured_as` says."""
+    per method (those every report holds) the slowest process's median (`median_s`), the
+    mean over every process's rounds (`mean_s`, where every report keeps it) and the cost
+    model's prediction at each D, and the relative error and the slope in units of D
+    (one-way delays per decode step, measured and as the cost model prices them) of the
+    measured time that `measured_as` names: the mean where every report keeps it (as
+    `rel_err` takes it in each report), else the median."""
     reports = sorted(reports, key=lambda r: r["config"]["link_delay_ms"])
     delays = [r["config"]["link_delay_ms"] / 1e3 for r in reports]
-    key = (
-        "mean_s"
-        if all("mean_s" in m for r in reports for m in r["methods"].values())
-        else "median_s"
+    names = [n for n in reports[0]["methods"] if all(n in r["methods"] for r in reports)]
+    measured_as: MeasuredAs = (
+        "mean_s" if all("mean_s" in r["methods"][n] for r in reports for n in names) else "median_s"
     )
     methods: dict[str, Any] = {}
-    for name in reports[0]["methods"]:
-        measured = [r["methods"][name][key] for r in reports]
-        predicted = [r["methods"][name]["predicted_s"] for r in reports]
+    for name in names:
+        rows = [r["methods"][name] for r in reports]
+        measured = [m[measured_as] for m in rows]
+        predicted = [m["predicted_s"] for m in rows]
         methods[name] = {
-            key: measured,
-            "measured_as": key,
+            "median_s": [m["median_s"] for m in rows],
+            **({"mean_s": measured} if measured_as == "mean_s" else {}),
             "predicted_s": predicted,
             "rel_err": [p / m - 1 for p, m in zip(predicted, measured, strict=True)],
             "delays_per_step": slope(delays, measured)[0],
@@ -353,6 +359,7 @@ def delay_sweep(reports: list[dict[str, Any]]) -> dict[str, Any]:
             "collectives": reports[0]["methods"][name]["collectives"],
         }
     return {
+        "measured_as": measured_as,
         "delays_ms": [d * 1e3 for d in delays],
         "commands": [r["config"]["command"] for r in reports],
         "inter_alpha_s": [r["links"]["inter"]["alpha_s"] for r in reports],

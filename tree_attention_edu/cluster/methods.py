@@ -342,12 +342,13 @@ def method_records(
     (`mean_s`), the worst error over all processes, and the cost model's prediction with
     its error against that mean (`rel_err`). A collective: every process must call it.
 
-    Why the error is taken against the mean: the model prices each collective step at the
-    mean over every process's rounds of lone collectives (`levels.fit_level`, `fit_few`,
-    `fit_chain`, `fit_kinds`, `fit_last`), timed in the same interleaved rounds as the
-    methods, so it predicts a typical process's time per call, averaged over rounds, more
-    than the time until the last process is done. (Its per-call overhead and local terms
-    are medians, `fit_links` and `fit_local`.) The slowest process's median is the highest
+    Why the error is taken against the mean: the model's α and its few-element, chain and
+    kinds terms are means over every process's rounds of lone collectives
+    (`levels.fit_level`, `fit_few`, `fit_chain`, `fit_kinds`, `fit_last`), timed in the
+    same interleaved rounds as the methods, so it predicts a typical process's time per
+    call, averaged over rounds, more than the time until the last process is done. (Its β
+    are least-squares slopes, its per-call overhead and local terms medians: `fit_links`,
+    `fit_local`; the match is partial.) The slowest process's median is the highest
     of one median per process, which differ with one program (notebook 9, §9.4, "Which
     time a prediction is checked against", compares the two on the same records)."""
     seconds = {n: statistics.median(times[n]) for n in names}
@@ -360,8 +361,8 @@ def method_records(
         rec = dict(static[name])
         rec["median_s"] = max(per_process)
         rec["median_s_by_process"] = per_process
-        # every process times the same number of rounds (`allgather` stacks equal shapes):
-        # the mean of their means is the mean over all of them
+        # every process times `s.repeats` rounds of each call: the mean of their means is
+        # the mean over all of them
         rec["mean_s"] = float(everyone[:, i, 1].mean())
         rec["round_s"] = list(times[name])  # this process's (process 0's in the report)
         rec["max_abs_err"] = float(everyone[:, i, 2].max())

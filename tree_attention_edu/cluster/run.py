@@ -509,7 +509,7 @@ def _method_table(ms: dict[str, dict[str, Any]]) -> list[str]:
     rows = [f"rel err: predicted against {against}; median: the slowest process's", head]
     rows.append("-" * len(head))
     for name, m in ms.items():
-        measured = m.get("mean_s", m["median_s"])
+        measured = m["mean_s"] if "mean_s" in m else m["median_s"]
         rows.append(
             f"{name:<15}"
             + (f"{m['mean_s'] * 1e3:>9.2f}" if "mean_s" in m else f"{'-':>9}")
