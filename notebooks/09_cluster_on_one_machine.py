@@ -1604,7 +1604,8 @@ display(Markdown("\n".join(f"* {line}" for line in [
 # process's median over its rounds, then the highest of the four (a call ends when the
 # slowest process's does). Each process's timer runs from its own entry into the call to
 # its own exit, and a process that enters early waits for the others inside the call, so
-# the four series differ, and the slowest process's median includes such waits. The
+# the four series can differ, and the slowest process's median includes such waits (a
+# reading of how a collective works, not a measurement: no run records entry times). The
 # model's collective terms take another estimator: each link's α and
 # `call_s`, and the all-gather's and all-to-all's fits, are **means over every process's
 # rounds** of lone collectives (`levels.fit_level`: a decode adds many steps, and their
@@ -1710,20 +1711,24 @@ assert slowest[1] < old_s[1] < 0 < old_m[1] < 0.03  # "under-predicted less"; "s
 # %% [markdown]
 # On these six runs the mean over every process's rounds puts every cell inside the band,
 # and so does the median of every process's rounds pooled, whose worst cells sit at the
-# band's edges; the two that pick a slowest process, per process or per round, leave the
-# model the most under-predicting. The four processes' medians of one method differ by up
-# to about two thirds (the pass-KV ring's, within a few percent). On the earlier records (their own models, which changed from record to record
-# and under-predicted less on average) the mean puts one cell fewer inside, no help there,
-# and takes the mean error from slightly under to slightly over. What holds in both sets
-# is the shift: the estimator alone moves the mean error up by about four points (printed
-# above). So the cluster runs now record both, `median_s` (the slowest process's median,
-# as before) and `mean_s` (the mean over every process's rounds), and check the prediction
-# against the mean (`methods.method_records`): the estimator the collective terms take,
-# chosen on the six runs above, after seeing them (they include the check runs of "Rings
-# of few elements", which missed cells: on them the comparison is in-sample), and tested
+# band's edges, and which scores as well or better on average; the two that pick a
+# slowest process, per process or per round, leave the model the most under-predicting.
+# The four processes' medians of one method differ by up to about two thirds (the pass-KV
+# ring's, within a few percent). On the earlier records (their own models, which changed
+# from record to record and under-predicted less on average) the mean puts one cell fewer
+# inside, no help there, and takes the mean error from slightly under to slightly over.
+# What holds in both sets is the shift: the estimator alone moves the mean error up by
+# about four points (printed above).
+#
+# So the cluster runs now record both, `median_s` (the slowest process's median, as
+# before) and `mean_s` (the mean over every process's rounds), and check the prediction
+# against the mean (`methods.method_records`). The mean, not the pooled median, because it
+# is the estimator the model's collective terms take, not for its score. It was chosen
+# after seeing the six runs above (they include the check runs of "Rings of few
+# elements", which missed cells: on them the comparison is in-sample); the earlier
+# records' comparison was computed after the choice and did not inform it. It is tested
 # on three new runs with the same command and model (`check/mean/2x2x2-run{1,2,3}.json`),
-# next. (The earlier records' comparison was computed while those runs ran.) A mean
-# carries a slow round whole, where a median drops it.
+# next. A mean carries a slow round whole, where a median drops it.
 
 # %%
 MEAN_DIR = CHECK / "mean"
@@ -1781,10 +1786,17 @@ mean_claims = [(r_["topology_claim"]["verdict"],
                for r_ in mean_check.values()]
 flat_means = [r_["rates"][1]["methods"]["tree"]["mean_s"]
               / r_["rates"][1]["methods"]["tree_2level"]["mean_s"] for r_ in mean_check.values()]
+flat_medians = [r_["topology_claim"]["flat_over_two_level"] for r_ in mean_check.values()]
 print("§9.5's test at 0.5 Gbit/s in the three new runs, flat / 2-level (above 1: the 2-level "
-      "tree faster), by the model; by the means over every process's rounds; and the verdict "
-      "(process 0's rounds): " + "; ".join(
-          f"{x:.2f}, {y:.2f}, {v}" for (v, x), y in zip(mean_claims, flat_means, strict=True)))
+      "tree faster), by the model; by the means over every process's rounds; by the slowest "
+      "process's medians (§9.5's measure); and the verdict (process 0's rounds): " + "; ".join(
+          f"{x:.2f}, {y:.2f}, {z:.2f}, {v}"
+          for (v, x), y, z in zip(mean_claims, flat_means, flat_medians, strict=True)))
+new_shift = [float(np.mean([v[j] for v in mean_now.values()])
+                   - np.mean([v[j] for v in slow_now.values()])) for j in range(3)]
+print("the shift of the mean error from the slowest process's median to the mean, in each "
+      "new run: " + ", ".join(f"{x * 100:+.1f}" for x in new_shift) + " points (mean "
+      f"{np.mean(new_shift) * 100:+.1f})")
 nine = estimator_errors([*six_runs, *mean_check.values()], "mean over every process's rounds")
 cell_sd = statistics.median(float(np.std(v, ddof=1)) for v in nine.values())
 print(f"the median over the cells of the standard deviation of a cell's error over these nine "
@@ -1809,6 +1821,11 @@ assert ("butterfly", 0.5) in biased and ("tree", 1.0) in biased and ("tree", 0.5
 assert all(abs(e) <= band for e in flat_cells) and len(flat_cells) == 18
 assert [v for v, _ in mean_claims].count("2-level faster") == 2 and mean_claims[1][1] < 1
 assert all(y > 1 for y in flat_means) and sum(x < 1 for _, x in mean_claims) == 2
+assert [z > 1 for z in flat_medians] == [False, True, False]  # the medians: run 2 only
+pairs_ = list(zip(mean_claims, flat_means, flat_medians, strict=True))
+assert [(x > 1) == (y > 1) for (_, x), y, _ in pairs_] == [True, False, False]  # as the means
+assert [(x > 1) == (z > 1) for (_, x), _, z in pairs_] == [False, False, True]  # as the medians
+assert 0.01 < np.mean(new_shift) < 0.03 and min(new_shift) < 0.01  # "about two"
 assert all(np.mean(nine[k]) < -0.1 for k in biased) and np.mean(nine[next_]) > -0.1
 assert closest == ("tree_2level", 1.0) and near[closest] < -0.25
 assert bf_err["slowest"] < -band and abs(bf_err["pooled"]) <= band >= abs(bf_err["no first"])
@@ -1831,7 +1848,7 @@ display(Markdown(
     f"part of the under-prediction that came from comparing a mean with the slowest of four "
     f"medians, and by the count of cells it is a small effect either way ({gain[0]:+d}, "
     f"{gain[1]:+d} and {gain[2]:+d} cells on the three sets of runs above). A cell's error "
-    f"moves by about a tenth from run to run (the median standard deviation over the nine "
+    f"moves by about 10 percentage points from run to run (the median standard deviation over the nine "
     f"runs of this model, {cell_sd:.1%}). The five cells most under-predicted on average "
     f"over those runs, "
     + ", ".join(f"{k[0]} at {k[1]:g} Gbit/s ({np.mean(nine[k]):+.0%})" for k in biased)
@@ -1839,14 +1856,21 @@ display(Markdown(
     f"{len(flat_cells)} of its cells (worst {min(flat_cells):+.0%}), and single runs of "
     f"other cells come as close ({closest[0]} at {closest[1]:g} Gbit/s, "
     f"{near[closest]:+.0%}).\n\n"
-    f"§9.5's test at 0.5 Gbit/s in these runs: the means over every process's rounds put "
-    f"the 2-level tree ahead in all three (flat over 2-level "
+    f"On these three runs the shift of the mean error from one estimator to the other is "
+    f"{np.mean(new_shift) * 100:+.1f} points on average ("
+    + ", ".join(f"{x * 100:+.1f}" for x in new_shift)
+    + "), about half the four points of the runs that chose it.\n\n"
+    "§9.5's test at 0.5 Gbit/s in these runs: the means over every process's rounds put "
+    "the 2-level tree ahead in all three (flat over 2-level "
     + ", ".join(f"{y:.2f}" for y in flat_means)
-    + "), the verdicts on process 0's rounds were "
+    + "), the slowest process's medians, §9.5's measure, in run 2 only ("
+    + ", ".join(f"{z:.2f}" for z in flat_medians)
+    + "), and the verdicts on process 0's rounds were "
     + ", ".join(f"\"{v}\"" for v, _ in mean_claims)
-    + ", and the model predicted the flat tree faster in two ("
+    + ". The model predicted the flat tree faster in two ("
     + ", ".join(f"{x:.2f}" for _, x in mean_claims)
-    + "): it ordered the two trees as measured in one run of three."))
+    + "): it ordered the two trees as the means do in run 1 only, and as the medians do "
+    "in run 3 only."))
 
 
 # %% [markdown]
@@ -2021,7 +2045,8 @@ display(Markdown("\n".join(f"* {line}" for line in claim_lines)))
 # run's verdict was "flat faster" and the medians put the flat tree ahead, by about 5% or
 # less, in three; in the three runs since, with the same model, it predicted the flat tree
 # faster in two, and the means over every process's rounds put the 2-level tree ahead in
-# all three: §9.4, "Which time a prediction is checked against"). But of the six later runs of §9.4's `check/` and `check/design/`, one
+# all three, the slowest process's medians in one: §9.4, "Which time a prediction is
+# checked against"). But of the six later runs of §9.4's `check/` and `check/design/`, one
 # repeated the verdict and five did not, and their medians put the flat tree ahead in
 # five; of nine further runs, three repeated it, and their medians put the 2-level tree
 # ahead in eight (all printed above): on this machine the fewer steps did not reliably
@@ -2091,8 +2116,8 @@ display(Markdown("\n".join(f"* {line}" for line in claim_lines)))
 #   are the three runs since (§9.4, "Which time a prediction is checked against", which
 #   prints them), which run the six's programs: at 0.5 Gbit/s their verdicts were
 #   "2-level faster" twice and no measurable difference once, their means over every
-#   process's rounds put the 2-level tree ahead in all three, and the model predicted the
-#   flat tree faster in two.
+#   process's rounds put the 2-level tree ahead in all three (their slowest process's
+#   medians in one), and the model predicted the flat tree faster in two.
 #   In the 4-device run both levels' 2-device rings fit a slower step than the ring over
 #   all four devices (§9.4 prints all three), and the record's model (the rule before)
 #   predicts the flat tree faster; the measurement finds no measurable difference. The lengths of
@@ -2968,10 +2993,11 @@ else:
 #   explain (§9.4, "Rings of few elements"). The runs since check each prediction against the mean over every
 #   process's rounds, the estimator the model's collective terms take, where the runs
 #   before took the slowest process's median. That changes what is measured, not the
-#   model: it moves the mean error up by about four points and the count of cells inside
-#   by a few either way. Three new runs put 17, 17 and 16 of the 17 cells within ±30%
-#   (against the slowest process's median, 17, 16 and 16): issue 30's cluster target is
-#   still not met (§9.4, "Which time a prediction is checked against"). The course's 2-level schedule (the idea behind the paper's
+#   model: it moves the mean error up by about four points on the runs that chose it and
+#   on the earlier records, and by about two on three new runs, and the count of cells
+#   inside by one to three either way. Those three runs put 17, 17 and 16 of the 17 cells
+#   within ±30% (against the slowest process's median, 17, 16 and 16): issue 30's cluster
+#   target is still not met (§9.4, "Which time a prediction is checked against"). The course's 2-level schedule (the idea behind the paper's
 #   §5.3 topology argument) wins at every delay above 0 once the link is slow in latency
 #   (§9.8's sweep, 2 nodes × 2 processes × 1 device; at δ = 0 no measurable difference).
 # * Measured, both trees beat the ring from Tk = 256 on in both runs; in the 4-device run

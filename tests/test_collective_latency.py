@@ -80,7 +80,14 @@ def test_delay_sweep_reads_the_methods_every_report_holds():
             },
         }
 
-    extra = report(10.0, ["tree", "ring"])
+    # the extra method at the smallest delay, the report the sweep reads its names from
+    extra = report(0.0, ["tree", "ring"])
     del extra["methods"]["ring"]["mean_s"]
-    got = collectives.delay_sweep([report(0.0, ["tree"]), extra])
+    got = collectives.delay_sweep([report(10.0, ["tree"]), extra])
     assert list(got["methods"]) == ["tree"] and got["measured_as"] == "mean_s"
+    for bad, words in (
+        ([extra], "2 or more reports"),
+        ([report(0.0, ["tree"]), report(10.0, ["ring"])], "no method"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            collectives.delay_sweep(bad)

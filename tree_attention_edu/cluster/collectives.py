@@ -333,14 +333,24 @@ def measure(
 def delay_sweep(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """Cluster reports (`run.report`, one per link delay, same layout) as time against D:
     per method (those every report holds) the slowest process's median (`median_s`), the
-    mean over every process's rounds (`mean_s`, where every report keeps it) and the cost
-    model's prediction at each D, and the relative error and the slope in units of D
-    (one-way delays per decode step, measured and as the cost model prices them) of the
-    measured time that `measured_as` names: the mean where every report keeps it (as
-    `rel_err` takes it in each report), else the median."""
+    mean over every process's rounds (`mean_s`, where every report keeps it for every
+    method they share) and the cost model's prediction at each D, and the relative error
+    and the slope in units of D (one-way delays per decode step, measured and as the cost
+    model prices them) of the measured time that `measured_as` names: that mean (as
+    `rel_err` takes it in each report), else the median. Needs 2 or more reports with a
+    method in common (ValueError otherwise)."""
+    if len(reports) < 2:
+        raise ValueError(
+            f"`reports` needs 2 or more reports (one per link delay) to fit a slope, got "
+            f"{len(reports)}; run the cluster at two or more `--link-delay-ms` values."
+        )
     reports = sorted(reports, key=lambda r: r["config"]["link_delay_ms"])
     delays = [r["config"]["link_delay_ms"] / 1e3 for r in reports]
     names = [n for n in reports[0]["methods"] if all(n in r["methods"] for r in reports)]
+    if not names:
+        raise ValueError(
+            "`reports` have no method in common; run every delay with the same `--methods`."
+        )
     measured_as: MeasuredAs = (
         "mean_s" if all("mean_s" in r["methods"][n] for r in reports for n in names) else "median_s"
     )

@@ -361,8 +361,8 @@ def method_records(
         rec = dict(static[name])
         rec["median_s"] = max(per_process)
         rec["median_s_by_process"] = per_process
-        # every process times `s.repeats` rounds of each call: the mean of their means is
-        # the mean over all of them
+        # every process times `ctx.s.repeats` rounds of each call: the mean of their means
+        # is the mean over all of them
         rec["mean_s"] = float(everyone[:, i, 1].mean())
         rec["round_s"] = list(times[name])  # this process's (process 0's in the report)
         rec["max_abs_err"] = float(everyone[:, i, 2].max())
