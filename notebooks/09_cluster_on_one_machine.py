@@ -1611,7 +1611,7 @@ display(Markdown("\n".join(f"* {line}" for line in [
 # sum follows their mean), timed in the same interleaved rounds as the methods (its β are
 # least-squares slopes, its per-call overhead and local terms medians: the match is
 # partial). So the model predicts a typical process's time per call, averaged over the
-# rounds, more than the highest of the four processes' times: comparing it with the
+# rounds, rather than the highest of the four processes' times: comparing it with the
 # same estimator is the reason for the change, not a claim about which time a user
 # waits for.
 #
@@ -1850,14 +1850,14 @@ display(Markdown(
     f"gives {bf_err['no first']:+.1%}, and the pooled median {bf_err['pooled']:+.1%}. Over the "
     f"nine runs of this model a cell's first round was its slowest in "
     f"{sum(first_slowest)} of {len(first_slowest)} cells, where chance would give about "
-    f"{len(first_slowest) / 9:.0f}. The flat tree stays under-predicted in every run and at "
-    f"both rates, the shortfall of the subsection before; over all cells the mean error is "
+    f"{len(first_slowest) / 9:.0f}. The flat tree stays under-predicted in each of the three "
+    f"new runs and at both rates, the shortfall of the subsection before; over all cells the mean error is "
     f"{new_bias:+.1%}.\n\n"
     f"The change of estimator changes what is measured, not the model: on the new runs "
     f"the two estimators differ by {np.mean(new_shift) * 100:+.1f} points of mean error on "
-    f"average, and the remaining {new_bias:+.1%} is, as a reading, partly the model's "
-    f"(partly: its β are slopes, its overhead and local terms medians, and the runs' noise "
-    f"enters too). It moves the count of cells inside by {gain[0]:+d}, {gain[1]:+d} and "
+    f"average. The remaining {new_bias:+.1%} is, as a reading, partly the model's: its β "
+    f"are slopes and its overhead and local terms medians, and the runs' noise enters "
+    f"too. The change of estimator moves the count of cells inside by {gain[0]:+d}, {gain[1]:+d} and "
     f"{gain[2]:+d} on the three sets of runs above, and the count of runs with every cell "
     f"inside, issue 30's unit, from {whole_runs[0][0]} to {whole_runs[0][1]} of the six runs "
     f"that chose it (in-sample), {whole_runs[1][0]} to {whole_runs[1][1]} of the "
@@ -2063,15 +2063,16 @@ display(Markdown("\n".join(f"* {line}" for line in claim_lines)))
 # the model of §9.4's "Rings of few elements", reverses it: that
 # model predicts the flat tree faster in five of its six runs at 0.5 Gbit/s, though no
 # run's verdict was "flat faster" and the medians put the flat tree ahead, by about 5% or
-# less, in three). In the three runs since, with the same model (§9.4, "Which time a
-# prediction is checked against"), it predicted the flat tree faster in two; the means
-# over every process's rounds put the 2-level tree ahead in all three, and the slowest
-# process's medians in one, with the flat tree 14% ahead by the medians in a run whose
-# verdict (which reads process 0's rounds) was "2-level faster". Of the six later runs of §9.4's `check/` and `check/design/`, one
+# less, in three). Of the six later runs of §9.4's `check/` and `check/design/`, one
 # repeated the verdict and five did not, and their medians put the flat tree ahead in
 # five; of nine further runs, three repeated it, and their medians put the 2-level tree
-# ahead in eight (all printed above): on this machine the fewer steps did not reliably
-# win. The next paragraphs say
+# ahead in eight (all printed above). In the three newest runs (`check/mean/`, with the
+# model of `check/few/`; §9.4, "Which time a prediction is checked against"), the model
+# predicted the flat tree faster in two; the means over every process's rounds put the
+# 2-level tree ahead in all three, and the slowest process's medians in one, with the flat
+# tree 14% ahead by the medians in a run whose verdict (which reads process 0's rounds)
+# was "2-level faster". On this machine the fewer steps did not reliably win. The next
+# paragraphs say
 # what the record explains and what it does not.
 #
 # </details>
