@@ -1739,6 +1739,7 @@ for r in mean_check.values():
             x = rounds_of(rate, name)
             assert np.isclose(m["mean_s"], x.mean(), rtol=1e-12)
             assert np.isclose(m["rel_err"], m["predicted_s"] / x.mean() - 1, rtol=1e-9)
+few_errors(mean_check)  # one model: refitted from their rounds and repriced, as recorded (asserted)
 mean_now = estimator_errors(mean_check.values(), "mean over every process's rounds")
 slow_now = estimator_errors(mean_check.values(), "slowest process's median")
 print(f"{'method':<15}{'Gbit/s':>7}   run 1   run 2   run 3   (against the mean)")
