@@ -1,6 +1,8 @@
 """The calibration's fitting rules, on synthetic timings (no clock involved)."""
 
+import random
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -218,6 +220,31 @@ def test_interleaved_times_draw_each_rounds_order_from_a_fixed_seed():
     before_b = {r[r.index("b") - 1] for r in first if r.index("b")}
     assert len(before_b) >= 2  # a rotation of abcd puts "a" before "b" in every such round
     assert orders() == first
+
+
+def test_interleaved_times_run_the_warmup_rounds_first_and_keep_none_of_them(monkeypatch):
+    """`warmup` rounds go first, each like a timed round (an untimed call, then the timed
+    one, in its own drawn order); only the `repeats` rounds after them are kept, in the
+    orders that follow the warm-up's draws. A call slow only in the warm-up leaves no trace
+    (on a clock that each call moves: 1 s, or 100 s for the warm-up's timed call)."""
+    log: list[str] = []
+    now = [0.0]
+    monkeypatch.setattr(benchmark, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def call(n: str) -> None:
+        now[0] += 100.0 if log.count(n) == 1 else 1.0  # the 2nd call: the warm-up's timed one
+        log.append(n)
+
+    calls = {n: (lambda n=n: call(n), ()) for n in "abc"}
+    times = benchmark.interleaved_times(calls, repeats=3, warmup=1)
+    assert times == {n: [1.0, 1.0, 1.0] for n in "abc"}
+    assert len(log) == 2 * 3 * 4 and log[::2] == log[1::2]
+    rng = random.Random(0)  # the same seed and draws as `interleaved_times`
+    drawn = [rng.sample(list("abc"), 3) for _ in range(4)]
+    assert [log[1::2][i : i + 3] for i in range(0, 12, 3)] == drawn
+    for bad, err in ((-1, ValueError), (True, TypeError), (1.0, TypeError)):
+        with pytest.raises(err, match="`warmup`"):
+            benchmark.interleaved_times(calls, repeats=3, warmup=bad)
 
 
 def test_model_check_run_takes_the_regret_from_autos_own_rounds(monkeypatch):

@@ -145,6 +145,9 @@ BAD_FLAGS = [
     ("cluster --link-gbit 1e-300", "--link-gbit"),
     ("cluster --seq-len 1e12", "--seq-len: needs about"),
     ("cluster --sweep 16,1e12", "--sweep: needs about"),
+    ("cluster --warmup-rounds -1", "--warmup-rounds: must be an integer >= 0"),
+    ("cluster --probe 0 --warmup-rounds 2", "does not use --warmup-rounds"),
+    ("cluster --slurm --warmup-rounds 0", "does not use --warmup-rounds"),
     # calibrate: meshes, lengths, band; --json and --band only with --check
     ("calibrate --meshes 2x", "--meshes"),
     ("calibrate --meshes 8,0", "--meshes"),

@@ -348,6 +348,10 @@ def test_bad_settings_exit_2_with_one_line():
         with pytest.raises(ValueError, match="link_delay_ms"):
             ClusterConfig(link_delay_ms=bad).check()
     ClusterConfig(link_delay_ms=0).check()  # 0 is valid: the forwarder without delay
+    for bad in (-1, True, 1.0):
+        with pytest.raises(ValueError, match="warmup_rounds"):
+            ClusterConfig(warmup_rounds=bad).check()  # type: ignore[arg-type]
+    ClusterConfig(warmup_rounds=0).check()  # 0 is valid: no warm-up, as runs before it
 
 
 def test_without_privileges_exit_2_with_one_line():
@@ -431,6 +435,8 @@ def test_small_cluster_runs_tree_2level_and_ring(tmp_path):
         # method's median is the slowest process's.
         rounds = rate["round_s_by_process"]
         assert {"local kernel", "local both", "noop 256", "node 256", "flat 256"} <= set(rounds)
+        # the default warm-up round ran and was not kept: `repeats` rounds each
+        assert rep["config"]["warmup_rounds"] == 1
         assert all(np.shape(r) == (2, rep["config"]["repeats"]) for r in rounds.values())
         for name, m in rate["methods"].items():
             assert rounds[name][0] == m["round_s"]

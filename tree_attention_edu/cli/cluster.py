@@ -178,6 +178,14 @@ def _measurement_args(g: argparse._ArgumentGroup) -> None:
         "of the link fits once (medians; per-call fits pool them)",
     )
     g.add_argument(
+        "--warmup-rounds",
+        type=cl.nonnegative,
+        default=1,
+        help="untimed rounds, each like a timed one, before the --repeats rounds at "
+        "each rate (0 for none, as runs before this flag); the first round after "
+        "compiling was the slowest more often than chance",
+    )
+    g.add_argument(
         "--sweep",
         type=_lengths_or_none,
         default="",
@@ -198,6 +206,7 @@ def _config(args: argparse.Namespace) -> ClusterConfig:
         seq_len=args.seq_len,
         methods=tuple(args.methods),
         repeats=args.repeats,
+        warmup_rounds=args.warmup_rounds,
         sweep=tuple(args.sweep),
         q_heads=args.heads,
         kv_heads=args.kv_heads or args.heads,
@@ -216,6 +225,7 @@ SLURM_UNUSED = (
     "keep_outputs",
     "methods",
     "repeats",
+    "warmup_rounds",
     "heads",
     "kv_heads",
     "head_dim",
@@ -240,6 +250,7 @@ PROBE_UNUSED = (
     "head_dim",
     "methods",
     "repeats",
+    "warmup_rounds",
     "sweep",
 )
 """Flags `--probe` does not use: it measures two nodes' links alone, no workers, at the

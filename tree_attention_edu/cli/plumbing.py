@@ -93,6 +93,13 @@ def positive(text: str) -> int:
     return value
 
 
+def nonnegative(text: str) -> int:
+    value = integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
 def devices(text: str) -> int:
     value = positive(text)
     if value > MAX_DEVICES:

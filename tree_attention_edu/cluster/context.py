@@ -51,6 +51,7 @@ class Settings:
     init_timeout: float
     control: str
     keep_outputs: bool = False
+    warmup_rounds: int = 0  # untimed rounds before the timed ones (a spec without it: none)
 
     @property
     def processes(self) -> int:

@@ -65,6 +65,7 @@ class ClusterConfig:
     seq_len: int = 16384
     methods: tuple[str, ...] = CLUSTER_METHODS
     repeats: int = 9
+    warmup_rounds: int = 1
     sweep: tuple[int, ...] = ()
     batch: int = 1
     q_heads: int = 8
@@ -105,6 +106,9 @@ class ClusterConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be an int >= 1, got {value!r}")
+        w = self.warmup_rounds
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise ValueError(f"`warmup_rounds` must be an int >= 0 (0: none), got {w!r}")
         if self.nodes < 2:
             raise ValueError(
                 f"`nodes` must be >= 2 (one node has no inter-node link), got {self.nodes}"
@@ -148,6 +152,7 @@ class ClusterConfig:
             seq_len=self.seq_len,
             methods=list(self.methods),
             repeats=self.repeats,
+            warmup_rounds=self.warmup_rounds,
             sweep=list(self.sweep),
             batch=self.batch,
             q_heads=self.q_heads,

@@ -12,7 +12,8 @@ Then, at each link rate (the launcher changes the rate when process 0 asks, `req
    all-gather and all-to-all over all devices, each alone (`levels.fit_links`);
 2. the local decode bandwidth (as the collective after the kernel waits for it) and copy
    rate with every device busy (`levels.fit_local`);
-3. every method on the same cache: median latency (repeats interleaved with the above),
+3. every method on the same cache: its times (repeats interleaved with the above, after
+   `warmup_rounds` untimed rounds of the same calls),
    bytes sent per device on each level (from the compiled program's collectives and their
    replica groups), max |error| against a float64 numpy reference computed here, and the
    cost model's prediction (`methods.method_records`);
@@ -100,9 +101,10 @@ def _phase(
     label = f"[{rate / 1e9:g} Gbit/s]"
     ctx.say(
         f"{label} timing {len(names)} methods and {len(calls) - len(names)} programs that "
-        f"measure the links and the local work, {s.repeats} interleaved rounds"
+        f"measure the links and the local work, {s.repeats} interleaved rounds "
+        f"after {s.warmup_rounds} untimed"
     )
-    times = benchmark.interleaved_times(calls, repeats=s.repeats)
+    times = benchmark.interleaved_times(calls, repeats=s.repeats, warmup=s.warmup_rounds)
     everyone = methods.rounds_by_process(times)
     links = levels.fit_links(ctx, levels.pooled(everyone), rate)
     local = levels.fit_local(ctx, times, links["overhead_s"], everyone)
@@ -135,9 +137,9 @@ def _reduce_scatter_last(ctx: Context, phases: list[dict[str, Any]]) -> None:
     label = f"[{s.rates_bps[0] / 1e9:g} Gbit/s, last]"
     ctx.say(
         f"{label} timing reduce_scatter and {len(calls) - 1} programs that measure its "
-        f"collectives, {s.repeats} interleaved rounds"
+        f"collectives, {s.repeats} interleaved rounds after {s.warmup_rounds} untimed"
     )
-    times = benchmark.interleaved_times(calls, repeats=s.repeats)
+    times = benchmark.interleaved_times(calls, repeats=s.repeats, warmup=s.warmup_rounds)
     everyone = methods.rounds_by_process(times)
     kinds = levels.fit_last(everyone, first["links"]["overhead_s"], ctx.two.size)
     links = {**first["links"], "kinds": {**first["links"]["kinds"], **kinds}}
@@ -168,7 +170,7 @@ def crossover_sweep(
             recs = {m: at_len[m] for m in names}
         else:
             calls, static = methods.method_calls(ctx, names, n)
-            times = benchmark.interleaved_times(calls, repeats=s.repeats)
+            times = benchmark.interleaved_times(calls, repeats=s.repeats, warmup=s.warmup_rounds)
             recs = methods.method_records(ctx, names, n, times, static, topo, label)
             del calls
         for m in names:

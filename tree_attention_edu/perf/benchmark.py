@@ -516,21 +516,29 @@ def median_times(calls: dict[str, tuple[Callable, tuple]], repeats: int = 5) -> 
 
 
 def interleaved_times(
-    calls: dict[str, tuple[Callable, tuple]], repeats: int = 5
+    calls: dict[str, tuple[Callable, tuple]], repeats: int = 5, *, warmup: int = 0
 ) -> dict[str, list[float]]:
-    """Every timed call of `median_times`, in rounds: `name -> [seconds per round]`."""
+    """Every timed call of `median_times`, in rounds: `name -> [seconds per round]`.
+
+    `warmup` rounds, each exactly like a timed one (its own drawn order), run first and are
+    not kept: on the cluster the first round right after the programs were compiled was
+    slower than the later ones (notebook 9, §9.4, measures it), a cost of starting that a
+    mean carries whole. With `warmup=0` the timed rounds' orders are those of every earlier
+    run."""
     _check_calls(calls)
     _check_repeats(repeats)
+    validate.check_int(warmup, "warmup", minimum=0, example="`warmup=1` (untimed rounds)")
     names = list(calls)
     times: dict[str, list[float]] = {n: [] for n in names}
     orders = random.Random(0)
-    for _ in range(repeats):
+    for i in range(warmup + repeats):
         for name in orders.sample(names, len(names)):
             fn, args = calls[name]
             jax.block_until_ready(fn(*args))
             t0 = time.perf_counter()
             jax.block_until_ready(fn(*args))
-            times[name].append(time.perf_counter() - t0)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
     return times
 
 
