@@ -840,22 +840,16 @@ def _cluster_settings(**over):
     return Settings(**(fields | over))
 
 
-def test_the_cluster_prices_all_gathers_all_to_alls_and_permutes_as_measured_alone():
+def test_the_cluster_prices_all_gathers_and_all_to_alls_as_measured_alone():
     """`levels.fit_kinds` reads α (the mean of the small calls) and β (the inverse
     least-squares slope over the large) of each kind from times `overhead + α + n/β`;
     `methods.topologies` hands them to the 2-level topology as `measured`, which prices
-    those kinds and no other (the butterfly's rounds and the pass-Q ring's steps at the
-    permute's); a record without them (before) prices by the formulas, and a record
-    without the permute's calls fits the other two."""
+    those kinds and no other; a record without them (before) prices by the formulas."""
     from tree_attention_edu.cluster import levels, methods
     from tree_attention_edu.perf import calibrate
 
     overhead = 3e-4
-    want = {
-        "all-gather": cm.Link(4e-3, 80e6),
-        "all-to-all": cm.Link(2e-3, 50e6),
-        "collective-permute": cm.Link(3e-3, 60e6),
-    }
+    want = {"all-gather": cm.Link(4e-3, 80e6), "all-to-all": cm.Link(2e-3, 50e6)}
     times = {
         f"{name} {n}": [overhead + want[kind].send(n) + jitter for jitter in (-1e-5, 0, 1e-5)]
         for name, kind in levels.KINDS.items()
@@ -863,11 +857,7 @@ def test_the_cluster_prices_all_gathers_all_to_alls_and_permutes_as_measured_alo
     }
     assert levels.kind_sizes(8) == list(levels.KIND_SIZES)  # multiples of 4·8 already
     fits = levels.fit_kinds(times, overhead, 8)
-    assert set(fits) == {"all-gather", "all-to-all", "collective-permute"}
-    before = {k: v for k, v in times.items() if not k.startswith(levels.PERMUTE)}
-    assert levels.fit_kinds(before, overhead, 8) == {
-        k: v for k, v in fits.items() if k != "collective-permute"
-    }
+    assert set(fits) == {"all-gather", "all-to-all"}
     small = [n for n in levels.KIND_SIZES if n <= calibrate.SMALL_MESSAGE]
     assert len(small) == 2  # α: the mean of both sizes' times (the jitter cancels)
     for kind, link in want.items():
@@ -901,16 +891,8 @@ def test_the_cluster_prices_all_gathers_all_to_alls_and_permutes_as_measured_alo
     for kind, link in want.items():
         assert cm.collective_time(kind, n, two) == pytest.approx(link.alpha_s + n / link.beta_Bps)
         assert cm.collective_time(kind, n, older) != pytest.approx(link.send(n))
-    for kind in ("all-reduce", "reduce-scatter"):
+    for kind in ("all-reduce", "collective-permute", "reduce-scatter"):
         assert cm.collective_time(kind, n, two) == cm.collective_time(kind, n, older)
-    # The butterfly's three rounds, each at the measured permute: closed form
-    shape = dict(batch=1, q_heads=8, kv_heads=8, head_dim=64, itemsize=4)
-    bf = {t: cm.predict_merge("butterfly", 16384, t, **shape) for t in (two, older)}
-    rounds = cm.merge_collectives("butterfly", batch=1, q_len=1, q_heads=8, v_dim=64, p=8)
-    assert [(k, c) for k, _, c in rounds] == [("collective-permute", 3)]
-    link = want["collective-permute"]
-    assert bf[two].comm_s == pytest.approx(3 * link.send(rounds[0][1]), rel=1e-12)
-    assert bf[older].comm_s == pytest.approx(cm.butterfly_time(rounds[0][1], older), rel=1e-12)
 
 
 def test_the_cluster_prices_a_step_of_back_to_back_all_reduces_from_a_chain():
@@ -961,10 +943,6 @@ def test_the_cluster_s_kind_calls_run_on_device_counts_that_do_not_divide_their_
             continue  # the MB-sized calls: the same programs, longer
         out = np.asarray(fn(*args))
         assert out.size == p * int(name.split()[1]) // 4 and np.all(out == 1), name
-    # the permute is a ring shift in mesh order: device i ends with device i - 1's block
-    block = np.repeat(np.arange(p, dtype=np.float32), 3)
-    shifted = np.asarray(levels.ring_shift_program(mesh)(block))
-    np.testing.assert_array_equal(shifted, np.roll(block, 3))
 
 
 def test_the_cluster_prices_a_reduce_scatter_after_another_collective_from_its_pair():

@@ -5,8 +5,7 @@ interleaved rounds as the methods, with every device busy:
   axes) and the ring over all devices (from all-reduces over all of them, alone and in a
   chain of `CHAIN`: `fit_chain`), and each ring's `call_s` from an all-reduce of
   `FEW_BYTES`, which leaves most of its segments empty (`fit_few`);
-* the all-gather, all-to-all and collective-permute (a ring shift) over all devices, each
-  measured on its own (`KINDS`), and
+* the all-gather and all-to-all over all devices, each measured on its own (`KINDS`), and
   the reduce-scatter with the all-gather again in the reduce-scatter's own rounds, last
   (`LAST_KINDS`);
 * each device's local work: the decode bandwidth as the collective after the kernel waits
@@ -194,17 +193,11 @@ def fit_chain(ctx: Context, times: Times) -> dict[str, Any]:
     }
 
 
-KINDS = {"all_gather": "all-gather", "all_to_all": "all-to-all", "ppermute": "collective-permute"}
-"""Collectives over all devices that merges and rings issue, each measured on its own
-(`kind_calls`): `calibrate.COLLECTIVE_FNS` name (or `PERMUTE`) -> `collective_stats` kind.
-Not the reduce-scatter: it slows later transfers (`methods.POISON`), so it is measured in
-the reduce-scatter's own rounds, last (`LAST_KINDS`)."""
-PERMUTE = "ppermute"
-"""The collective-permute of `KINDS`: every device's buffer to the next device in mesh
-order, the last's to the first (`ring_shift_program`), a step of the pass-Q ring as it
-runs. The butterfly's three rounds (partners i XOR 1, 2, 4) are priced at it too: one
-permute each, a ring shift's sends crossing nodes as the last round's do (two of its p
-pairs, where that round's p all cross)."""
+KINDS = {"all_gather": "all-gather", "all_to_all": "all-to-all"}
+"""Collectives over all devices that merges issue, each measured on its own
+(`kind_calls`): `calibrate.COLLECTIVE_FNS` name -> `collective_stats` kind. Not the
+reduce-scatter: it slows later transfers (`methods.POISON`), so it is measured in the
+reduce-scatter's own rounds, last (`LAST_KINDS`)."""
 LAST_KINDS = {"psum_scatter": "reduce-scatter", "all_gather": "all-gather"}
 """The collectives of the "reduce_scatter" merge, each measured on its own in that
 method's rounds, after everything else (`worker`): the reduce-scatter, which cannot be
@@ -236,37 +229,11 @@ def kind_calls(ctx: Context, kinds: dict[str, str] = KINDS) -> Calls:
     mesh, p = ctx.two, ctx.two.size
     calls: Calls = {}
     for name in kinds:
-        fn = (
-            ring_shift_program(mesh)
-            if name == PERMUTE
-            else microbench.collective_program(mesh, name)
-        )
+        fn = microbench.collective_program(mesh, name)
         for n in KIND_SIZES:
             words, sent = microbench.collective_words(n, p, name)
             calls[f"{name} {4 * words}"] = (fn, (microbench.sharded_ones(mesh, 4 * sent),))
     return calls
-
-
-def ring_shift_program(mesh: Mesh) -> Callable[..., Array]:
-    """One collective-permute over all of `mesh`'s devices (in mesh order, the first axis
-    slowest): device i's block of a flat buffer sharded along axis 0 goes to device
-    (i + 1) mod p."""
-    import jax
-    from jax import lax
-    from jax.sharding import PartitionSpec as P
-
-    axes, p = tuple(mesh.axis_names), mesh.size
-    perm = [(i, (i + 1) % p) for i in range(p)]
-    spec = P(axes)
-    return jax.jit(
-        jax.shard_map(
-            lambda x: lax.ppermute(x, axes, perm),
-            mesh=mesh,
-            in_specs=spec,
-            out_specs=spec,
-            check_vma=False,
-        )
-    )
 
 
 def fit_kinds(
@@ -278,12 +245,9 @@ def fit_kinds(
     least-squares slope over the large ones): `{kind: {"alpha_s", "beta_Bps", "points"}}`,
     by `collective_stats` kind. Priced as measured (`Topology.measured`): on this machine
     a small one takes milliseconds, more than the formulas price it at (why is not
-    measured). A kind none of whose calls were timed (a record made before it was
-    measured) is left out, and priced by the formulas, as it was then."""
+    measured)."""
     out = {}
     for name, kind in kinds.items():
-        if not any(f"{name} {n}" in times for n in kind_sizes(p)):
-            continue
         points = [(n, max(t - overhead, 0.0)) for n in kind_sizes(p) for t in times[f"{name} {n}"]]
         alpha, beta = alpha_beta(points)
         out[kind] = {"alpha_s": alpha, "beta_Bps": beta, "points": [list(pt) for pt in points]}

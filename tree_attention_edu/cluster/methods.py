@@ -202,8 +202,7 @@ def topologies(ctx: Context, links: dict[str, Any], local: dict[str, Any]) -> To
     # A step of the ring over all devices, measured on it (absent from records before it was)
     ring = links.get("flat")
     flat_ring = None if ring is None else link(ring)
-    # All-gathers, all-to-alls and permutes over all devices, each measured on its own
-    # (ditto; a record made before the permute was measured has the other two)
+    # All-gathers and all-to-alls over all devices, each measured on its own (ditto)
     measured = tuple((kind, link(fit)) for kind, fit in links.get("kinds", {}).items())
     two = costmodel.Topology(
         nodes=s.nodes,
