@@ -146,6 +146,7 @@ BAD_FLAGS = [
     ("cluster --seq-len 1e12", "--seq-len: needs about"),
     ("cluster --sweep 16,1e12", "--sweep: needs about"),
     ("cluster --warmup-rounds -1", "--warmup-rounds: must be an integer >= 0"),
+    ("cluster --warmup-rounds 1e30", "warmup_rounds must be an int in [0, 100]"),
     ("cluster --probe 0 --warmup-rounds 2", "does not use --warmup-rounds"),
     ("cluster --slurm --warmup-rounds 0", "does not use --warmup-rounds"),
     # calibrate: meshes, lengths, band; --json and --band only with --check

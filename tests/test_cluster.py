@@ -348,7 +348,7 @@ def test_bad_settings_exit_2_with_one_line():
         with pytest.raises(ValueError, match="link_delay_ms"):
             ClusterConfig(link_delay_ms=bad).check()
     ClusterConfig(link_delay_ms=0).check()  # 0 is valid: the forwarder without delay
-    for bad in (-1, True, 1.0):
+    for bad in (-1, True, 1.0, 101):
         with pytest.raises(ValueError, match="warmup_rounds"):
             ClusterConfig(warmup_rounds=bad).check()  # type: ignore[arg-type]
     ClusterConfig(warmup_rounds=0).check()  # 0 is valid: no warm-up, as runs before it

@@ -148,6 +148,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _measurement_args(g: argparse._ArgumentGroup) -> None:
+    from ..cluster.context import MAX_WARMUP_ROUNDS
     from ..cluster.methods import CLUSTER_METHODS
 
     g.add_argument(
@@ -181,9 +182,10 @@ def _measurement_args(g: argparse._ArgumentGroup) -> None:
         "--warmup-rounds",
         type=cl.nonnegative,
         default=1,
-        help="untimed rounds, each like a timed one, before the --repeats rounds at "
-        "each rate (0 for none, as runs before this flag); the first round after "
-        "compiling was the slowest more often than chance",
+        help="untimed rounds, each like a timed one, before each set of --repeats rounds "
+        "(at each rate, the reduce-scatter's last rounds and each --sweep length; "
+        f"0 for none, as runs before this flag; at most {MAX_WARMUP_ROUNDS}): the first "
+        "round after compiling was the slowest more often than chance",
     )
     g.add_argument(
         "--sweep",

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from ..perf.benchmark import Problem
 
 
+MAX_WARMUP_ROUNDS = 100
+"""The most untimed rounds a run may ask for before each set of timed ones (`Settings`)."""
+
+
 @dataclasses.dataclass
 class Settings:
     """The run's settings, as the launcher writes them into each worker's spec."""

@@ -40,7 +40,7 @@ import numpy as np
 
 from . import methods, netns
 from . import processes as ps
-from .context import Settings
+from .context import MAX_WARMUP_ROUNDS, Settings
 from .delay import MAX_DELAY_MS, TUN_MTU
 from .methods import CLUSTER_METHODS
 
@@ -107,8 +107,10 @@ class ClusterConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be an int >= 1, got {value!r}")
         w = self.warmup_rounds
-        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
-            raise ValueError(f"`warmup_rounds` must be an int >= 0 (0: none), got {w!r}")
+        if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= MAX_WARMUP_ROUNDS:
+            raise ValueError(
+                f"`warmup_rounds` must be an int in [0, {MAX_WARMUP_ROUNDS}] (0: none), got {w!r}"
+            )
         if self.nodes < 2:
             raise ValueError(
                 f"`nodes` must be >= 2 (one node has no inter-node link), got {self.nodes}"

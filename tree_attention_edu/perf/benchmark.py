@@ -24,10 +24,10 @@ rings, by name; `patternbench.bench_patterns` measures them in one run, next to 
 model's prediction. `method_fns` builds every method and pattern: the one registry.
 
 `median_times` interleaves the repeats of several methods, so that noise hits them alike
-(`interleaved_times` keeps every round's times; each round's order is drawn from a fixed
-seed); `median_time` is the same helper for one function. `pattern_calls` builds the model
-check's programs, every pattern at every length, its arguments checked by
-`check_pattern_cells`.
+(`interleaved_times` keeps every timed round's times, after its `warmup` untimed rounds;
+each round's order is drawn from a fixed seed); `median_time` is the same helper for one
+function. `pattern_calls` builds the model check's programs, every pattern at every length,
+its arguments checked by `check_pattern_cells`.
 
 The device (`device_info`): its platform and kind, the JAX version, the published HBM peak of
 the kind where known (`nominal_hbm_gbs`) and the read bandwidth measured on it
