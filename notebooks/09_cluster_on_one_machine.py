@@ -1835,6 +1835,8 @@ pairs_ = list(zip(mean_claims, flat_means, flat_medians, strict=True))
 assert [(x > 1) == (y > 1) for (_, x), y, _ in pairs_] == [True, False, False]  # as the means
 assert [(x > 1) == (z > 1) for (_, x), _, z in pairs_] == [False, False, True]  # as the medians
 assert 0.01 < np.mean(new_shift) < 0.03 and min(new_shift) < 0.01  # "about two"
+assert [round(x * 1000) for x in new_shift] == [42, -1, 15]  # §9.10: "-0.1 to +4.2"
+assert round(np.mean(new_shift) * 1000) == 19  # §9.10: "+1.9 on average"
 assert 0.35 < np.mean(new_shift) / shift[0] < 0.55  # "about half" of the choosing runs' shift
 assert all(np.mean(nine[k]) < -0.1 for k in biased) and np.mean(nine[next_]) > -0.1
 assert closest == ("tree_2level", 1.0) and near[closest] < -0.25
@@ -1900,7 +1902,8 @@ display(Markdown(
 #
 # Two changes since, each aimed at something the runs above measured, each tested on
 # three new runs with the check's command. The commits named below are this repository's
-# (`git show ed38ede` shows one); `results/cluster/README.md` has the runs' log.
+# (`git show ed38ede` shows one); `results/cluster/README.md` says how and at which commit
+# the runs were made.
 #
 # **A warm-up round.** Over the nine runs of this model a cell's first round was its
 # slowest more often than chance (the count above). The rounds at the first rate begin
@@ -1908,15 +1911,21 @@ display(Markdown(
 # after its own programs were compiled); those at the second rate begin after the first
 # rate's rounds. The next cell splits the count by rate, and gives each program's first
 # round over the median of its later rounds (each round the mean over the processes), for
-# every program timed.
+# every program in `round_s_by_process` (the ten that measure the reduce-scatter's
+# collectives, kept apart in its record, are left out): the median over the programs, and
+# the mean of the ratios for the methods and for the programs the model's fits read.
 
 # %%
 def first_round(runs, i):
     """At rate `i` of `runs`: every timed program's first round over the median of its
     later rounds (each round the mean over the processes), and for each method's cell
     whether its first round was its slowest."""
-    ratio = [(lambda x: x[0] / np.median(x[1:]))(rounds_of(r["rates"][i], n).mean(axis=0))
-             for r in runs for n in r["rates"][i]["round_s_by_process"]]
+    ratio = {n_: [] for n_ in ("method", "fit")}
+    for r in runs:
+        rate = r["rates"][i]
+        for n in rate["round_s_by_process"]:
+            x = rounds_of(rate, n).mean(axis=0)
+            ratio["method" if n in rate["methods"] else "fit"].append(x[0] / np.median(x[1:]))
     slowest_ = [int(np.argmax(rounds_of(r["rates"][i], n).mean(axis=0)) == 0)
                 for r in runs for n in r["rates"][i]["methods"]]
     return ratio, slowest_
@@ -1926,11 +1935,14 @@ def say_first(runs, what, first_label):
     out = []
     for i, when in enumerate((f"1 Gbit/s, {first_label}", "0.5 Gbit/s")):
         ratio, slowest_ = first_round(runs, i)
-        out.append((statistics.median(ratio), sum(slowest_), len(slowest_)))
+        every = ratio["method"] + ratio["fit"]
+        means = (float(np.mean(ratio["method"])), float(np.mean(ratio["fit"])))
+        out.append((statistics.median(every), sum(slowest_), len(slowest_), *means))
         print(f"{what}, {when}: the median program's first round over its later rounds' "
-              f"median {statistics.median(ratio):.2f} ({len(ratio)} programs); first round "
+              f"median {statistics.median(every):.2f} ({len(every)} programs); first round "
               f"the slowest in {sum(slowest_)} of {len(slowest_)} cells (by chance, about "
-              f"{len(slowest_) / 9:.0f})")
+              f"{len(slowest_) / 9:.0f}); the mean of the ratios, the methods "
+              f"{means[0]:.2f}, the programs the fits read {means[1]:.2f}")
     return out
 
 
@@ -1938,18 +1950,22 @@ first_nine = say_first(nine_runs, "the nine runs of this model", "right after co
 assert first_nine[0][0] > 1.05 and first_nine[0][1] > 2 * first_nine[0][2] / 9  # the first rate
 assert abs(first_nine[1][0] - 1) < 0.02 and first_nine[1][1] < 1.5 * first_nine[1][2] / 9
 assert ("butterfly", 0.5) == mean_out[0][0]  # the one miss above: at the second rate
+assert all(f[4] > f[3] + 0.2 for f in first_nine) and first_nine[0][3] > 1.1  # the fits' heavier
 
 # %% [markdown]
 # So the first round after compiling was slow: at the first rate it was the slowest more
-# than twice as often as chance would make it; at the second rate it was no different from
-# the rest. Each timed call already follows an untimed call of the same program, so this
+# than twice as often as chance would make it; at the second rate the median program's was
+# no different from the rest. The mean of the ratios says more: a few programs' first
+# rounds were much slower, and those of the programs the model's fits read more than the
+# methods', at both rates (printed). Each timed call already follows an untimed call of the same program, so this
 # is not a program's first execution: it is something about the first round as a whole,
 # a cost of starting whose cause was not measured (a reading). The one miss above, the
-# butterfly at 0.5 Gbit/s, was at the second rate, where no such cost showed: its slow
-# first round was probably chance (a reading), and a warm-up could not be expected to move
-# that cell. A mean carries such a round whole, in the methods' times and in the fits of
-# the model's collective terms that are means (each link's α and `call_s`, the
-# all-gather's and all-to-all's fits).
+# butterfly at 0.5 Gbit/s, was at the second rate, where the methods' first rounds were no
+# slower: its slow first round was probably chance (a reading), and a warm-up could not be
+# expected to move that cell. A mean carries such a round whole, in the methods' times and
+# in the fits of the model's collective terms that are means (each link's α and `call_s`,
+# the all-gather's and all-to-all's fits): with the fits' first rounds the heavier, they
+# raised the predictions more than the measured means (a reading).
 # `benchmark.interleaved_times` now takes `warmup` rounds, each like a timed round and run
 # first, whose times are not kept, and the cluster run does one at each rate by default
 # (`--warmup-rounds 1`; 0 as every run before). That was decided from the first rate's
@@ -2025,8 +2041,9 @@ assert max(k_half[1] + k_half[2]) < 0.75 * min(k_half[0])  # at each rate
 # first round is now no slower than its later rounds, and a cell's first round was its
 # slowest no more often than chance would make it. But the three runs put 17, 16 and 15 of
 # the 17 cells within ±30% (printed above), fewer than the three runs of `check/mean/`
-# (17, 17 and 16). The butterfly at 0.5 Gbit/s missed again, in run 2; the split above gave
-# no reason to expect the warm-up to prevent it. The model under-predicted more on average,
+# (17, 17 and 16). Outside: the reduce-scatter and the pass-Q ring at 1 Gbit/s in run 3,
+# and the butterfly at 0.5 Gbit/s again, in run 2; the split above gave no reason to
+# expect the warm-up to prevent that one. The model under-predicted more on average,
 # by more than three points at each rate against the nine runs (all printed). At 1 Gbit/s
 # that is run 3 alone, whose mean error is below each of the nine runs' at that rate;
 # without it, the other two runs' mean is within a point of the nine runs'. At 0.5 Gbit/s
@@ -2166,11 +2183,19 @@ z_half = [(bias_means[k][1] - bias_means["nine"][1]) / se_three[0.5] for k in ("
 assert all(abs(z) < 1 for z in z_half)  # 0.5 Gbit/s: neither move told from noise
 assert bias_means["warm"][0] < bias_means["permute"][0] < bias_means["nine"][0]  # "between"
 six_rate = [float(np.mean(warm_bias[g] + perm_bias[g])) for g in (1.0, 0.5)]
-z_six = (six_rate[0] - bias_means["nine"][0]) / (sd_run[1.0] * (1 / 6 + 1 / 9) ** 0.5)
+six_first = warm_bias[1.0] + perm_bias[1.0]
+sd_six = float(np.std(six_first, ddof=1))
+z_eq = (six_rate[0] - bias_means["nine"][0]) / (sd_run[1.0] * (1 / 6 + 1 / 9) ** 0.5)
+z_welch = (six_rate[0] - bias_means["nine"][0]) / (sd_six**2 / 6 + sd_run[1.0] ** 2 / 9) ** 0.5
+mean_first = float(np.mean(run_bias(estimator_errors(
+    mean_check.values(), "mean over every process's rounds"))[1.0]))
 print("over the six runs with the warm-up, mean error at 1 and 0.5 Gbit/s: "
-      + ", ".join(f"{x:+.1%}" for x in six_rate)
-      + f"; at 1 Gbit/s, {z_six:+.1f} standard errors from the nine runs' mean")
-assert -2.5 < z_six < -1.5  # "about two standard errors"
+      + ", ".join(f"{x:+.1%}" for x in six_rate) + f"; at 1 Gbit/s a run's mean error "
+      f"varies by {sd_six * 100:.1f} points (one standard deviation) over them, and the six's "
+      f"mean is {z_welch:+.1f} standard errors from the nine runs' ({z_eq:+.1f} if they "
+      f"varied as the nine did); `check/mean/` alone, at 1 Gbit/s: {mean_first:+.1%}")
+assert -1.5 < z_welch < -1.0 and -2.5 < z_eq < -1.5 and sd_six > 1.5 * sd_run[1.0]
+assert mean_first > bias_means["nine"][0] > six_rate[0] + 0.03  # the slow machine, no warm-up
 outside_spread = [(g, j) for g in (1.0, 0.5) for j, b in enumerate(perm_bias[g])
                   if not min(nine_bias[g]) <= b <= max(nine_bias[g])]
 assert outside_spread == [(1.0, 1)] and perm_bias[1.0][1] < min(nine_bias[1.0])  # below
@@ -2209,20 +2234,24 @@ display(Markdown(
     "These runs, repriced, bear on the warm runs' shift, read rate by rate against the "
     "nine runs' run-to-run spread (a run's mean error there has a standard deviation of "
     f"{sd_run[1.0] * 100:.1f} and {sd_run[0.5] * 100:.1f} points at the two rates; "
-    "printed). At 0.5 Gbit/s, where the warm-up removes nothing, neither set's mean "
+    "printed). At 0.5 Gbit/s, where the methods' first rounds were no slower, neither set's mean "
     f"({bias_means['warm'][1]:+.1%} in `check/warm/`, {bias_means['permute'][1]:+.1%} "
     f"here, against the nine runs' {bias_means['nine'][1]:+.1%}) is a standard error "
-    "away: noise cannot be ruled out. At 1 Gbit/s, where it acts, their "
+    "away: noise cannot be ruled out. At 1 Gbit/s, where they were, their "
     f"{bias_means['permute'][0]:+.1%} lies between the nine runs' "
     f"({bias_means['nine'][0]:+.1%}) and `check/warm/`'s ({bias_means['warm'][0]:+.1%}), "
     f"and their run 2's first rate ({perm_bias[1.0][1]:+.1%}) is below the nine runs' "
     "spread, as run 3's of `check/warm/` was; over the six runs with the warm-up the first "
-    f"rate's mean error is {six_rate[0]:+.1%}, about {abs(z_six):.0f} standard errors "
-    "under the nine runs'. The local kernel alone ran slower in both sets than in "
-    "`check/few/`'s, at each rate (printed). So these figures leave open that the warm-up "
-    "itself moved the first rate's error further under (it takes the slow first round out of the collective "
-    "terms' means as well as out of the methods' times), as well as, or instead of, a "
-    "slower machine; three runs a set cannot tell (a reading).\n\n"
+    f"rate's mean error is {six_rate[0]:+.1%}, {abs(z_welch):.1f} standard errors under "
+    f"the nine runs' (these six varied more: {abs(z_eq):.1f} if they had varied as the "
+    "nine did). A slower machine does not explain it: `check/mean/`'s three runs, on a "
+    "machine also slower than `check/few/`'s (printed above) and without the warm-up, "
+    "under-predicted the first "
+    f"rate less than the nine runs on average ({mean_first:+.1%} against "
+    f"{bias_means['nine'][0]:+.1%}). What remains is noise, or the warm-up itself: it takes "
+    "out of the collective terms' means a first round that was heavier in the programs "
+    "they read than in the methods, so it lowers the predictions more than the measured "
+    "means (a reading; three runs a set cannot tell).\n\n"
     "With the warm-up, the model has been tested on six runs: "
     + ", ".join(map(str, summarise(six_now)[0][:3])) + " cells inside (`check/warm/`) and "
     + ", ".join(map(str, summarise(six_now)[0][3:])) + " (`check/permute/`, repriced), "
