@@ -1960,7 +1960,9 @@ assert first_nine[0][0] > 1.05 and first_nine[0][1] > 2 * first_nine[0][2] / 9  
 assert abs(first_nine[1][0] - 1) < 0.02 and first_nine[1][1] < 1.5 * first_nine[1][2] / 9
 assert ("butterfly", 0.5) == mean_out[0][0]  # the one miss above: at the second rate
 assert all(f[4] > f[3] + 0.2 for f in first_nine) and first_nine[0][3] > 1.1  # the fits' heavier
-assert all(f[4] > f[0] for f in first_nine)  # the mean above the median
+assert all(f[4] > f[0] for f in first_nine)  # the fits' mean above the median
+assert all(len(r["rates"][0]["methods"]["reduce_scatter"]["last_round_s_by_process"]) == 11
+           for r in nine_runs)  # the reduce-scatter and the ten programs left out
 twice = over_twice(first_round(nine_runs, 0)[0])
 print("at the first rate, a first round over twice the later rounds' median: "
       f"{twice[0]} of {twice[1]} methods, {twice[2]} of {twice[3]} of the fits' programs")
@@ -1969,9 +1971,9 @@ assert twice[0] <= 3 and 0.15 < twice[2] / twice[3] < 0.3  # "about a fifth"
 # %% [markdown]
 # So the first round after compiling was slow: at the first rate it was the slowest more
 # than twice as often as chance would make it; at the second rate the median program's was
-# no different from the rest. The mean of the ratios says more: it is above the median, so
-# some first rounds were much slower, and it is higher for the programs the model's fits
-# read than for the methods, at both rates; at the first rate about a fifth of the fits'
+# no different from the rest. The mean of the ratios says more: for the programs the
+# model's fits read it is above the median at both rates, so some of their first rounds
+# were much slower, and it is higher for them than for the methods at both rates; at the first rate about a fifth of the fits'
 # programs had a first round over twice their later median, against a few methods
 # (printed). Each timed call already follows an
 # untimed call of the same program, so this is not a program's own first execution: it is
@@ -1990,7 +1992,7 @@ assert twice[0] <= 3 and 0.15 < twice[2] / twice[3] < 0.3  # "about a fifth"
 # count in the nine runs above; three new runs at `ed38ede` test it
 # (`check/warm/2x2x2-run{1,2,3}.json`), with the model of `check/few/`, unchanged at
 # `ed38ede`. The next cell refits and reprices their predictions from their rounds, as
-# recorded, and prints each (run, rate)'s mean error beside the nine runs'.
+# recorded, and prints each run's mean error at each rate beside the nine runs' range.
 
 # %%
 WARM_DIR = CHECK / "warm"
@@ -2225,12 +2227,16 @@ print("over the six runs with the warm-up, mean error at 1 and 0.5 Gbit/s: "
       f"mean is {z_welch:+.1f} standard errors from the nine runs' ({z_eq:+.1f} if they "
       f"varied as the nine did); `check/mean/` alone, at 1 Gbit/s: {mean_first:+.1%}")
 assert -1.5 < z_welch < -1.0 and -2.5 < z_eq < -1.5 and sd_six > 1.5 * sd_run[1.0]
+assert k_perm[0][2] == min(k_warm + k_perm[0]) and k_warm[2] > k_perm[0][2] + 0.3
+assert perm_bias[1.0][2] > -0.03 > -0.15 > warm_bias[1.0][2]  # speed and error do not track
 assert mean_first > bias_means["nine"][0] > six_rate[0] + 0.03  # the slow machine, no warm-up
 few_first = float(np.mean(nine_bias[1.0][:6]))  # `check/few/`'s six, the faster machine
 print(f"`check/few/`'s six runs alone, at 1 Gbit/s: {few_first:+.1%}")
 assert mean_first > few_first > six_rate[0]
 slower_than_mean = [k for k in k_warm + k_perm[0] if k < min(k_mean)]
 assert len(slower_than_mean) == 3
+assert all(sum(k.startswith("ppermute ") for k in rate["round_s_by_process"]) == 4
+           for r in perm_check.values() for rate in r["rates"])  # the lone permute's four
 outside_spread = [(g, j) for g in (1.0, 0.5) for j, b in enumerate(perm_bias[g])
                   if not min(nine_bias[g]) <= b <= max(nine_bias[g])]
 assert outside_spread == [(1.0, 1)] and perm_bias[1.0][1] < min(nine_bias[1.0])  # below
@@ -2285,7 +2291,10 @@ display(Markdown(
     "three runs, on a machine also slower than `check/few/`'s (printed above) and without "
     "the warm-up, under-predicted the first rate less than `check/few/`'s six "
     f"({mean_first:+.1%} against {few_first:+.1%}), though three of the six warm-up runs "
-    "ran slower still (" + ", ".join(f"{k:.2f}" for k in slower_than_mean) + " GB/s). "
+    "ran slower still (" + ", ".join(f"{k:.2f}" for k in slower_than_mean) + " GB/s), "
+    "and within the six the error did not follow the speed: `check/permute/`'s run 3, "
+    f"the slowest ({k_perm[0][2]:.2f} GB/s), has {perm_bias[1.0][2]:+.1%} at 1 Gbit/s, "
+    f"`check/warm/`'s run 3 ({k_warm[2]:.2f} GB/s) {warm_bias[1.0][2]:+.1%}. "
     "What remains is noise, or the warm-up itself: at the first rate it takes "
     "out of the collective terms' means a first round that was heavier in the programs "
     "they read than in the methods, so it lowers the predictions more than the measured "
