@@ -1961,6 +1961,7 @@ assert abs(first_nine[1][0] - 1) < 0.02 and first_nine[1][1] < 1.5 * first_nine[
 assert ("butterfly", 0.5) == mean_out[0][0]  # the one miss above: at the second rate
 assert all(f[4] > f[3] + 0.2 for f in first_nine) and first_nine[0][3] > 1.1  # the fits' heavier
 assert all(f[4] > f[0] for f in first_nine)  # the fits' mean above the median
+assert first_nine[1][3] < 1.0 and first_nine[1][1] <= first_nine[1][2] / 9  # methods: no slower
 assert all(len(r["rates"][0]["methods"]["reduce_scatter"]["last_round_s_by_process"]) == 11
            for r in nine_runs)  # the reduce-scatter and the ten programs left out
 twice = over_twice(first_round(nine_runs, 0)[0])
@@ -2140,8 +2141,9 @@ print(f"\nwithin ±{band:.0%}, of {len(perm_as)} cells in runs 1, 2, 3: " + "; "
     f"{k} {v}" for k, v in perm_counts.items()))
 perm_fit = [(rate["links"]["kinds"]["collective-permute"], rate["links"]["intra"],
              rate["links"]["inter"]) for r in perm_check.values() for rate in r["rates"]]
-for fit, _, _ in perm_fit:  # α: the mean of the small calls' points (`levels.alpha_beta`)
+for fit, _, _ in perm_fit:  # α and β read back from the points (`levels.alpha_beta`)
     assert np.isclose(fit["alpha_s"], np.mean([t for n, t in fit["points"] if n <= 4096]))
+    assert np.allclose(levels.alpha_beta(fit["points"]), (fit["alpha_s"], fit["beta_Bps"]))
 alpha_ratio = [f["alpha_s"] / (2 * a["alpha_s"] + b["alpha_s"]) for f, a, b in perm_fit]
 print("at each (run, rate): the lone permute's α, ms: " + ", ".join(
     f"{f['alpha_s'] * 1e3:.1f}" for f, _, _ in perm_fit) + "; the inter-node α: " + ", ".join(
