@@ -1913,7 +1913,7 @@ display(Markdown(
 # round are timed (the reduce-scatter's rounds, timed last, likewise with its own). The
 # rounds at the second rate begin after the first rate's. The next cell splits the count by rate, and gives each program's first
 # round over the median of its later rounds (each round the mean over the processes), for
-# every program in `round_s_by_process` (the ten that measure the reduce-scatter's
+# every program in `round_s_by_process` (those that measure the reduce-scatter's
 # collectives, kept apart in its record, are left out): the median over the programs, and
 # the mean of the ratios for the methods and for the programs the model's fits read.
 
@@ -2047,6 +2047,7 @@ assert [(k, j) for k, j, _ in warm_out] == [
 assert abs(first_warm[0][0] - 1) < 0.02 and first_warm[0][1] <= first_warm[0][2] / 9  # gone
 assert all(abs(x - 1) < 0.06 for x in first_warm[0][3:])  # the first rate: methods and fits
 assert first_warm[1][4] > 1.1 and abs(first_warm[1][4] - first_nine[1][4]) < 0.05  # the second
+assert first_warm[1][4] > first_warm[1][3] + 0.2  # the fits' still the heavier
 assert all(np.mean(warm_bias[g]) < np.mean(nine_bias[g]) - 0.03 for g in (1.0, 0.5))
 assert warm_bias[1.0][2] < min(nine_bias[1.0])  # run 3's first rate: below all nine
 others = [(g, b) for g in (1.0, 0.5) for j, b in enumerate(warm_bias[g]) if (g, j) != (1.0, 2)]
