@@ -83,6 +83,18 @@ def measure(s: Settings, pid: int, out: TextIO, lines: list[str]) -> dict[str, A
     return {"phases": phases, "local": phases[0]["local"]}
 
 
+def _interleaved(ctx: Context, calls: levels.Calls) -> dict[str, list[float]]:
+    """`calls` timed in the run's interleaved rounds, after its untimed warm-up rounds."""
+    from ..perf import benchmark
+
+    return benchmark.interleaved_times(calls, repeats=ctx.s.repeats, warmup=ctx.s.warmup_rounds)
+
+
+def _rounds(s: Settings) -> str:
+    """How the calls are timed, as the workers say it."""
+    return f"{s.repeats} interleaved rounds after {s.warmup_rounds} untimed"
+
+
 def _phase(
     ctx: Context,
     rate: float,
@@ -95,16 +107,13 @@ def _phase(
     """One link rate: every call timed in interleaved rounds, the links and the local work
     fitted, the cost model's topologies, each method's record; at the `first` rate, the
     crossover sweep."""
-    from ..perf import benchmark
-
     s = ctx.s
     label = f"[{rate / 1e9:g} Gbit/s]"
     ctx.say(
         f"{label} timing {len(names)} methods and {len(calls) - len(names)} programs that "
-        f"measure the links and the local work, {s.repeats} interleaved rounds "
-        f"after {s.warmup_rounds} untimed"
+        f"measure the links and the local work, {_rounds(s)}"
     )
-    times = benchmark.interleaved_times(calls, repeats=s.repeats, warmup=s.warmup_rounds)
+    times = _interleaved(ctx, calls)
     everyone = methods.rounds_by_process(times)
     links = levels.fit_links(ctx, levels.pooled(everyone), rate)
     local = levels.fit_local(ctx, times, links["overhead_s"], everyone)
@@ -126,8 +135,6 @@ def _reduce_scatter_last(ctx: Context, phases: list[dict[str, Any]]) -> None:
     `last_round_s_by_process`) in place of the first rounds' all-gather and the
     reduce-scatter's formula. Its record joins the first rate's, in the order of
     `methods`."""
-    from ..perf import benchmark
-
     s = ctx.s
     if len(s.rates_bps) > 1:
         request_rate(ctx, len(s.rates_bps), s.rates_bps[0])
@@ -137,9 +144,9 @@ def _reduce_scatter_last(ctx: Context, phases: list[dict[str, Any]]) -> None:
     label = f"[{s.rates_bps[0] / 1e9:g} Gbit/s, last]"
     ctx.say(
         f"{label} timing reduce_scatter and {len(calls) - 1} programs that measure its "
-        f"collectives, {s.repeats} interleaved rounds after {s.warmup_rounds} untimed"
+        f"collectives, {_rounds(s)}"
     )
-    times = benchmark.interleaved_times(calls, repeats=s.repeats, warmup=s.warmup_rounds)
+    times = _interleaved(ctx, calls)
     everyone = methods.rounds_by_process(times)
     kinds = levels.fit_last(everyone, first["links"]["overhead_s"], ctx.two.size)
     links = {**first["links"], "kinds": {**first["links"]["kinds"], **kinds}}
@@ -158,8 +165,6 @@ def crossover_sweep(
 ) -> dict[str, Any]:
     """Tree (flat and 2-level) and ring over the `sweep` lengths, measured (the slowest
     process's medians) and predicted, and where tree overtakes ring."""
-    from ..perf import benchmark
-
     s = ctx.s
     names = [m for m in methods.CROSSOVER_METHODS if m in s.methods]
     measured: dict[str, list[float]] = {m: [] for m in names}
@@ -170,7 +175,7 @@ def crossover_sweep(
             recs = {m: at_len[m] for m in names}
         else:
             calls, static = methods.method_calls(ctx, names, n)
-            times = benchmark.interleaved_times(calls, repeats=s.repeats, warmup=s.warmup_rounds)
+            times = _interleaved(ctx, calls)
             recs = methods.method_records(ctx, names, n, times, static, topo, label)
             del calls
         for m in names:
