@@ -324,6 +324,7 @@ def report(
             "intra": {**{k: intra[k] for k in first[:2]}, **intra},
             "flat": phase["links"]["flat"],
             "kinds": phase["links"]["kinds"],
+            **{k: phase["links"][k] for k in ("shift",) if k in phase["links"]},
             "overhead_s": phase["links"]["overhead_s"],
         }
 
@@ -485,6 +486,11 @@ def _fit_lines(r: dict) -> list[str]:
             + "; ".join(
                 f"{kind} alpha {fit['alpha_s'] * 1e6:.0f} us, beta {fit['beta_Bps'] / 1e6:.1f} MB/s"
                 for kind, fit in kinds.items()
+            )
+            + (
+                f"; a ring's step (one permute) alpha {shift['alpha_s'] * 1e6:.0f} us"
+                if (shift := r["links"].get("shift"))
+                else ""
             )
         )
     if (local := r.get("local")) and "waited_kernel_s" in local:
