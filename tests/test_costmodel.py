@@ -933,13 +933,17 @@ def test_the_cluster_prices_both_rings_steps_at_a_measured_shift_and_not_the_but
 
     overhead, p = 3e-4, 8
     small = [n for n in levels.kind_sizes(p) if n <= calibrate.SMALL_MESSAGE]
-    per_call = {small[0]: [2e-3, 5e-3, 2e-3], small[1]: [3e-3, 3e-3, 3e-3]}
-    times = {f"{levels.SHIFT} {n}": [overhead + t for t in ts] for n, ts in per_call.items()}
+    per_step = {small[0]: [2e-3, 5e-3, 2e-3], small[1]: [3e-3, 3e-3, 3e-3]}
+    times = {  # each call: the overhead, then p − 1 steps
+        f"{levels.SHIFTS} {n}": [overhead + (p - 1) * t for t in ts] for n, ts in per_step.items()
+    }
     fit = levels.fit_shift(times, overhead, p)
     assert fit is not None and fit["alpha_s"] == pytest.approx(18e-3 / 6, rel=1e-12)
     assert sorted(n for n, _ in fit["points"]) == sorted(small * 3)
     assert levels.fit_shift({}, overhead, p) is None
-    assert levels.fit_shift(times | {f"{levels.SHIFT} {small[0]}": []}, overhead, p) is None
+    assert levels.fit_shift(times | {f"{levels.SHIFTS} {small[0]}": []}, overhead, p) is None
+    lone = {f"shift {n}": v for n, v in zip(small, times.values(), strict=True)}
+    assert levels.fit_shift(lone, overhead, p) is None  # `check/shift/`'s one permute a call
     s = SimpleNamespace(nodes=2, processes_per_node=2, devices_per_process=2, devices=p)
     links = {
         "inter": {"alpha_s": 1.5e-3, "beta_Bps": 100e6},
@@ -989,12 +993,20 @@ def test_the_cluster_s_kind_calls_run_on_device_counts_that_do_not_divide_their_
             continue  # the MB-sized calls: the same programs, longer
         out = np.asarray(fn(*args))
         assert out.size == p * int(name.split()[1]) // 4 and np.all(out == 1), name
-    # a ring's step, in mesh order: device i ends with device i − 1's block
+    # a ring's steps, in mesh order: device i receives device i − 1's block, adds i
     block = np.repeat(np.arange(p, dtype=np.float32), 3)
-    np.testing.assert_array_equal(levels.ring_shift_program(mesh)(block), np.roll(block, 3))
+    index = np.repeat(np.arange(p, dtype=np.float32), 3)
+    for steps in (1, 2, p - 1):
+        want = block
+        for _ in range(steps):
+            want = np.roll(want, 3) + index
+        got = levels.ring_shift_program(mesh, steps)(block)
+        np.testing.assert_array_equal(got, want)
     shifts = levels.shift_calls(SimpleNamespace(two=mesh))
     small = [n for n in sizes if n <= calibrate.SMALL_MESSAGE]
-    assert set(shifts) == {f"{levels.SHIFT} {n}" for n in small}
+    assert set(shifts) == {f"{levels.SHIFTS} {n}" for n in small}
+    fn, args = shifts[f"{levels.SHIFTS} {small[0]}"]
+    assert np.asarray(fn(*args)).size == p * small[0] // 4
 
 
 def test_the_cluster_prices_a_reduce_scatter_after_another_collective_from_its_pair():

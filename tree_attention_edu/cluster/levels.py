@@ -7,8 +7,8 @@ interleaved rounds as the methods, with every device busy:
   `FEW_BYTES`, which leaves most of its segments empty (`fit_few`);
 * the all-gather and all-to-all over all devices, each measured on its own (`KINDS`), and
   the reduce-scatter with the all-gather again in the reduce-scatter's own rounds, last
-  (`LAST_KINDS`); a ring's step, one collective-permute from every device to the next
-  (`shift_calls`, `fit_shift`);
+  (`LAST_KINDS`); a ring's steps, p − 1 collective-permutes one after the other, each
+  from every device to the next (`shift_calls`, `fit_shift`);
 * each device's local work: the decode bandwidth as the collective after the kernel waits
   for it (`waited_kernel_s`), and the copy rate.
 
@@ -255,58 +255,62 @@ def fit_kinds(
     return out
 
 
-SHIFT = "shift"
-"""The calls that time a ring's step (`shift_calls`): "shift BYTES"."""
+SHIFTS = "shifts"
+"""The calls that time a ring's steps (`shift_calls`): "shifts BYTES"."""
 
 
 def shift_calls(ctx: Context) -> Calls:
-    """A ring's step as both rings issue it: one collective-permute over all of the 2-level
-    mesh's devices, device i's block to device (i + 1) mod p (`ring_shift_program`), at
-    the small `kind_sizes` only (its α: `fit_shift`)."""
+    """A ring's steps as both rings issue them: p − 1 collective-permutes over all of the
+    2-level mesh's devices, one after the other, each device's block to the next device
+    (`ring_shift_program`), at the small `kind_sizes` only (a step's α: `fit_shift`)."""
     from ..perf import calibrate, microbench
 
     mesh = ctx.two
-    fn = ring_shift_program(mesh)
+    fn = ring_shift_program(mesh, mesh.size - 1)
     return {
-        f"{SHIFT} {n}": (fn, (microbench.sharded_ones(mesh, n),))
+        f"{SHIFTS} {n}": (fn, (microbench.sharded_ones(mesh, n),))
         for n in kind_sizes(mesh.size)
         if n <= calibrate.SMALL_MESSAGE
     }
 
 
-def ring_shift_program(mesh: Mesh) -> Callable[..., Array]:
-    """One collective-permute over all of `mesh`'s devices in mesh order (the first axis
-    slowest): device i's block of a flat buffer sharded along axis 0 goes to device
-    (i + 1) mod p, a step of `decode.ring_decode` (pass-KV) and of the pass-Q ring."""
+def ring_shift_program(mesh: Mesh, steps: int) -> Callable[..., Array]:
+    """`steps` collective-permutes over all of `mesh`'s devices in mesh order (the first
+    axis slowest), each on the last's result: device i's block of a flat buffer sharded
+    along axis 0 goes to device (i + 1) mod p, which adds its index to it (so that no two
+    permutes could be folded into one), as a step of `decode.ring_decode` (pass-KV) and of
+    the pass-Q ring sends a block on that the step before received."""
     import jax
     from jax import lax
     from jax.sharding import PartitionSpec as P
 
     axes, p = tuple(mesh.axis_names), mesh.size
     perm = [(i, (i + 1) % p) for i in range(p)]
-    return jax.jit(
-        jax.shard_map(
-            lambda x: lax.ppermute(x, axes, perm),
-            mesh=mesh,
-            in_specs=P(axes),
-            out_specs=P(axes),
-            check_vma=False,
-        )
-    )
+
+    def body(x: Array) -> Array:
+        for _ in range(steps):
+            x = lax.ppermute(x, axes, perm) + lax.axis_index(axes).astype(x.dtype)
+        return x
+
+    spec = P(axes)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
 
 
 def fit_shift(times: Times, overhead: float, p: int) -> dict[str, Any] | None:
-    """The α of a ring's step (`shift_calls`): the mean over the small sizes and over every
-    process's rounds of each call's time less the per-call overhead (at least 0: the rule
-    of `alpha_beta`), with its points. No β: the rings' bytes cross at the inter-node
-    link's, as the levels measure it (`methods.topologies`). None where no such call was
-    timed (records made before, which price a step at the slowest link)."""
+    """The α of one of a ring's steps (`shift_calls`): the mean over the small sizes and
+    over every process's rounds of the calls' time less the per-call overhead (at least 0:
+    the rule of `alpha_beta`), over their p − 1 permutes, with its points `(bytes, seconds
+    per step)`. No β: the rings' bytes cross at the inter-node link's, as the levels
+    measure it (`methods.topologies`). None where no such call was timed (records made
+    before, which price a step at the slowest link)."""
     from ..perf import calibrate
 
-    names = [f"{SHIFT} {n}" for n in kind_sizes(p) if n <= calibrate.SMALL_MESSAGE]
+    names = [f"{SHIFTS} {n}" for n in kind_sizes(p) if n <= calibrate.SMALL_MESSAGE]
     if not all(times.get(n) for n in names):
         return None
-    points = [(int(n.split()[1]), max(t - overhead, 0.0)) for n in names for t in times[n]]
+    points = [
+        (int(n.split()[1]), max(t - overhead, 0.0) / (p - 1)) for n in names for t in times[n]
+    ]
     return {"alpha_s": float(np.mean([t for _, t in points])), "points": [list(x) for x in points]}
 
 
@@ -474,7 +478,11 @@ def fit_links(ctx: Context, times: Times, rate_bps: float) -> dict[str, Any]:
             f"{kind} alpha {fit['alpha_s'] * 1e6:.0f} us, beta {fit['beta_Bps'] / 1e6:.1f} MB/s"
             for kind, fit in kinds.items()
         )
-        + (f"; a ring's step (one permute): alpha {shift['alpha_s'] * 1e6:.0f} us" if shift else "")
+        + (
+            f"; a step of a ring's p - 1 permutes: alpha {shift['alpha_s'] * 1e6:.0f} us"
+            if shift
+            else ""
+        )
         + "; the part of a call a ring of few elements pays whole (call_s): "
         + ", ".join(
             f"{name} " + ("-" if fit["call_s"] is None else f"{fit['call_s'] * 1e6:.0f} us")

@@ -488,7 +488,7 @@ def _fit_lines(r: dict) -> list[str]:
                 for kind, fit in kinds.items()
             )
             + (
-                f"; a ring's step (one permute) alpha {shift['alpha_s'] * 1e6:.0f} us"
+                f"; a step of a ring's p - 1 permutes alpha {shift['alpha_s'] * 1e6:.0f} us"
                 if (shift := r["links"].get("shift"))
                 else ""
             )

@@ -232,7 +232,7 @@ class Topology:
     these devices: `with_devices` drops it for another count, as it drops `measured`;
     only with `ring_only` (else a `ValueError`).
 
-    `ring_shift`: one step of a ring's collective-permute, every device sending to the next
+    `ring_shift`: one step of a ring's collective-permutes, every device sending to the next
     at once, measured on these devices (`cluster.levels.fit_shift`): the pass-KV and pass-Q
     rings' permutes are priced at it in place of the slowest link (`collective_time`), not
     the butterfly's rounds, whose partners pair by level (`butterfly_time`). None: the
