@@ -922,55 +922,6 @@ def test_the_cluster_prices_a_step_of_back_to_back_all_reduces_from_a_chain():
     assert fit["alpha_s"] == 0.0 and not fit["resolved"]
 
 
-def test_the_cluster_prices_both_rings_steps_at_a_measured_shift_and_not_the_butterfly():
-    """`levels.fit_shift`: α the mean over the small sizes and rounds of each call's time
-    less the overhead (None for a record without its calls); `methods.topologies` makes it
-    `Topology.ring_shift` with the inter-node β, which prices each collective-permute of
-    both rings (closed forms: (p − 1) steps of the pass-Q ring, two permutes per step of
-    the pass-KV ring) and not the butterfly's rounds; `with_devices` drops it."""
-    from tree_attention_edu.cluster import levels, methods
-    from tree_attention_edu.perf import calibrate
-
-    overhead, p = 3e-4, 8
-    small = [n for n in levels.kind_sizes(p) if n <= calibrate.SMALL_MESSAGE]
-    per_step = {small[0]: [2e-3, 5e-3, 2e-3], small[1]: [3e-3, 3e-3, 3e-3]}
-    times = {  # each call: the overhead, then p − 1 steps
-        f"{levels.SHIFTS} {n}": [overhead + (p - 1) * t for t in ts] for n, ts in per_step.items()
-    }
-    fit = levels.fit_shift(times, overhead, p)
-    assert fit is not None and fit["alpha_s"] == pytest.approx(18e-3 / 6, rel=1e-12)
-    assert sorted(n for n, _ in fit["points"]) == sorted(small * 3)
-    assert levels.fit_shift({}, overhead, p) is None
-    assert levels.fit_shift(times | {f"{levels.SHIFTS} {small[0]}": []}, overhead, p) is None
-    lone = {f"shift {n}": v for n, v in zip(small, times.values(), strict=True)}
-    assert levels.fit_shift(lone, overhead, p) is None  # `check/shift/`'s one permute a call
-    s = SimpleNamespace(nodes=2, processes_per_node=2, devices_per_process=2, devices=p)
-    links = {
-        "inter": {"alpha_s": 1.5e-3, "beta_Bps": 100e6},
-        "intra": {"alpha_s": 1e-3, "beta_Bps": 400e6},
-        "overhead_s": 0.0,
-    }
-    local = {"mem_Bps": 1e9, "sync_s": 0.0, "copy_Bps": 1e9}
-    two, _ = methods.topologies(SimpleNamespace(s=s), links | {"shift": fit}, local)
-    older, _ = methods.topologies(SimpleNamespace(s=s), links, local)
-    assert two.ring_shift == cm.Link(fit["alpha_s"], 100e6) and older.ring_shift is None
-    assert cm.collective_time("collective-permute", 256, two) == pytest.approx(3e-3 + 256 / 100e6)
-    assert cm.collective_time("collective-permute", 256, older) == pytest.approx(
-        1.5e-3 + 256 / 100e6
-    )
-    shape = dict(batch=1, q_heads=8, kv_heads=8, head_dim=64, itemsize=4)
-    pq = {t: cm.predict_pass_q_ring(16384, t, **shape) for t in (two, older)}
-    assert pq[two].comm_s - pq[older].comm_s == pytest.approx((p - 1) * 1.5e-3, rel=1e-9)
-    kv = {t: cm.predict_ring(16384, t, **shape) for t in (two, older)}
-    assert kv[two].comm_s - kv[older].comm_s == pytest.approx(2 * (p - 1) * 1.5e-3, rel=1e-9)
-    bf = {t: cm.predict_merge("butterfly", 16384, t, **shape) for t in (two, older)}
-    assert bf[two].comm_s == bf[older].comm_s
-    assert two.with_devices(p).ring_shift == two.ring_shift
-    assert two.with_devices(4).ring_shift is None
-    with pytest.raises(TypeError, match="ring_shift"):
-        dataclasses.replace(two, ring_shift=3e-3)
-
-
 @pytest.mark.parametrize("shape", [(3, 2), (2, 3), (7, 1)])
 def test_the_cluster_s_kind_calls_run_on_device_counts_that_do_not_divide_their_sizes(shape):
     """`levels.kind_calls` on 6 and 7 devices: each size rounded down to a multiple of 4·p
@@ -980,7 +931,6 @@ def test_the_cluster_s_kind_calls_run_on_device_counts_that_do_not_divide_their_
     from jax.sharding import Mesh
 
     from tree_attention_edu.cluster import levels
-    from tree_attention_edu.perf import calibrate
 
     p = shape[0] * shape[1]
     sizes = levels.kind_sizes(p)
@@ -993,20 +943,6 @@ def test_the_cluster_s_kind_calls_run_on_device_counts_that_do_not_divide_their_
             continue  # the MB-sized calls: the same programs, longer
         out = np.asarray(fn(*args))
         assert out.size == p * int(name.split()[1]) // 4 and np.all(out == 1), name
-    # a ring's steps, in mesh order: device i receives device i − 1's block, adds i
-    block = np.repeat(np.arange(p, dtype=np.float32), 3)
-    index = np.repeat(np.arange(p, dtype=np.float32), 3)
-    for steps in (1, 2, p - 1):
-        want = block
-        for _ in range(steps):
-            want = np.roll(want, 3) + index
-        got = levels.ring_shift_program(mesh, steps)(block)
-        np.testing.assert_array_equal(got, want)
-    shifts = levels.shift_calls(SimpleNamespace(two=mesh))
-    small = [n for n in sizes if n <= calibrate.SMALL_MESSAGE]
-    assert set(shifts) == {f"{levels.SHIFTS} {n}" for n in small}
-    fn, args = shifts[f"{levels.SHIFTS} {small[0]}"]
-    assert np.asarray(fn(*args)).size == p * small[0] // 4
 
 
 def test_the_cluster_prices_a_reduce_scatter_after_another_collective_from_its_pair():

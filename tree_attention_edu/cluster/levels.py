@@ -7,8 +7,7 @@ interleaved rounds as the methods, with every device busy:
   `FEW_BYTES`, which leaves most of its segments empty (`fit_few`);
 * the all-gather and all-to-all over all devices, each measured on its own (`KINDS`), and
   the reduce-scatter with the all-gather again in the reduce-scatter's own rounds, last
-  (`LAST_KINDS`); a ring's steps, p − 1 collective-permutes one after the other, each
-  from every device to the next (`shift_calls`, `fit_shift`);
+  (`LAST_KINDS`);
 * each device's local work: the decode bandwidth as the collective after the kernel waits
   for it (`waited_kernel_s`), and the copy rate.
 
@@ -110,7 +109,7 @@ def level_calls(ctx: Context) -> Calls:
                 continue
             ones = np.ones(ctx.two.size * (n // 4), np.float32)
             calls[key] = (fn, (jax.device_put(ones, NamedSharding(mesh, spec)),))
-    return {**calls, **kind_calls(ctx), **shift_calls(ctx)}
+    return {**calls, **kind_calls(ctx)}
 
 
 LEVELS: tuple[Level, ...] = ("node", "gpu", "flat")
@@ -253,65 +252,6 @@ def fit_kinds(
         alpha, beta = alpha_beta(points)
         out[kind] = {"alpha_s": alpha, "beta_Bps": beta, "points": [list(pt) for pt in points]}
     return out
-
-
-SHIFTS = "shifts"
-"""The calls that time a ring's steps (`shift_calls`): "shifts BYTES"."""
-
-
-def shift_calls(ctx: Context) -> Calls:
-    """A ring's steps as both rings issue them: p − 1 collective-permutes over all of the
-    2-level mesh's devices, one after the other, each device's block to the next device
-    (`ring_shift_program`), at the small `kind_sizes` only (a step's α: `fit_shift`)."""
-    from ..perf import calibrate, microbench
-
-    mesh = ctx.two
-    fn = ring_shift_program(mesh, mesh.size - 1)
-    return {
-        f"{SHIFTS} {n}": (fn, (microbench.sharded_ones(mesh, n),))
-        for n in kind_sizes(mesh.size)
-        if n <= calibrate.SMALL_MESSAGE
-    }
-
-
-def ring_shift_program(mesh: Mesh, steps: int) -> Callable[..., Array]:
-    """`steps` collective-permutes over all of `mesh`'s devices in mesh order (the first
-    axis slowest), each on the last's result: device i's block of a flat buffer sharded
-    along axis 0 goes to device (i + 1) mod p, which adds its index to it (so that no two
-    permutes could be folded into one), as a step of `decode.ring_decode` (pass-KV) and of
-    the pass-Q ring sends a block on that the step before received."""
-    import jax
-    from jax import lax
-    from jax.sharding import PartitionSpec as P
-
-    axes, p = tuple(mesh.axis_names), mesh.size
-    perm = [(i, (i + 1) % p) for i in range(p)]
-
-    def body(x: Array) -> Array:
-        for _ in range(steps):
-            x = lax.ppermute(x, axes, perm) + lax.axis_index(axes).astype(x.dtype)
-        return x
-
-    spec = P(axes)
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
-
-
-def fit_shift(times: Times, overhead: float, p: int) -> dict[str, Any] | None:
-    """The α of one of a ring's steps (`shift_calls`): the mean over the small sizes and
-    over every process's rounds of the calls' time less the per-call overhead (at least 0:
-    the rule of `alpha_beta`), over their p − 1 permutes, with its points `(bytes, seconds
-    per step)`. No β: the rings' bytes cross at the inter-node link's, as the levels
-    measure it (`methods.topologies`). None where no such call was timed (records made
-    before, which price a step at the slowest link)."""
-    from ..perf import calibrate
-
-    names = [f"{SHIFTS} {n}" for n in kind_sizes(p) if n <= calibrate.SMALL_MESSAGE]
-    if not all(times.get(n) for n in names):
-        return None
-    points = [
-        (int(n.split()[1]), max(t - overhead, 0.0) / (p - 1)) for n in names for t in times[n]
-    ]
-    return {"alpha_s": float(np.mean([t for _, t in points])), "points": [list(x) for x in points]}
 
 
 AFTER = ("all_gather", "psum_scatter")
@@ -464,7 +404,6 @@ def fit_links(ctx: Context, times: Times, rate_bps: float) -> dict[str, Any]:
     else:
         ctx.say("the chain of all-reduces was no slower than one: the lone step's alpha kept")
     kinds = fit_kinds(times, overhead, ctx.two.size)
-    shift = fit_shift(times, overhead, ctx.two.size)
     inter["set_Bps"] = rate_bps / 8
     ctx.say(
         f"link fit at {rate_bps / 1e9:g} Gbit/s: inter alpha {inter['alpha_s'] * 1e6:.0f} "
@@ -478,19 +417,13 @@ def fit_links(ctx: Context, times: Times, rate_bps: float) -> dict[str, Any]:
             f"{kind} alpha {fit['alpha_s'] * 1e6:.0f} us, beta {fit['beta_Bps'] / 1e6:.1f} MB/s"
             for kind, fit in kinds.items()
         )
-        + (
-            f"; a step of a ring's p - 1 permutes: alpha {shift['alpha_s'] * 1e6:.0f} us"
-            if shift
-            else ""
-        )
         + "; the part of a call a ring of few elements pays whole (call_s): "
         + ", ".join(
             f"{name} " + ("-" if fit["call_s"] is None else f"{fit['call_s'] * 1e6:.0f} us")
             for _, name, fit in rings
         )
     )
-    out = {"inter": inter, "intra": intra, "flat": flat, "kinds": kinds, "overhead_s": overhead}
-    return out | ({"shift": shift} if shift else {})
+    return {"inter": inter, "intra": intra, "flat": flat, "kinds": kinds, "overhead_s": overhead}
 
 
 # ---------------------------------------------------------------------------------------

@@ -204,11 +204,6 @@ def topologies(ctx: Context, links: dict[str, Any], local: dict[str, Any]) -> To
     flat_ring = None if ring is None else link(ring)
     # All-gathers and all-to-alls over all devices, each measured on its own (ditto)
     measured = tuple((kind, link(fit)) for kind, fit in links.get("kinds", {}).items())
-    # A ring's step: the permute's fixed cost as measured in a ring's p − 1 steps
-    # (`levels.fit_shift`), its bytes at the inter-node link's rate (where the rings'
-    # blocks are MBs): the loop's copy of each block is priced apart (`copy_Bps`)
-    shift = links.get("shift")
-    ring_shift = None if shift is None else costmodel.Link(shift["alpha_s"], inter.beta_Bps)
     two = costmodel.Topology(
         nodes=s.nodes,
         devices_per_node=s.processes_per_node * s.devices_per_process,
@@ -222,7 +217,6 @@ def topologies(ctx: Context, links: dict[str, Any], local: dict[str, Any]) -> To
         ring_only=True,
         uplinks=1,
         flat_ring=flat_ring,
-        ring_shift=ring_shift,
         measured=measured,
         name="cluster of network namespaces (this machine)",
         sources=("measured by tree_attention_edu.cluster.levels",),

@@ -324,7 +324,6 @@ def report(
             "intra": {**{k: intra[k] for k in first[:2]}, **intra},
             "flat": phase["links"]["flat"],
             "kinds": phase["links"]["kinds"],
-            **{k: phase["links"][k] for k in ("shift",) if k in phase["links"]},
             "overhead_s": phase["links"]["overhead_s"],
         }
 
@@ -486,11 +485,6 @@ def _fit_lines(r: dict) -> list[str]:
             + "; ".join(
                 f"{kind} alpha {fit['alpha_s'] * 1e6:.0f} us, beta {fit['beta_Bps'] / 1e6:.1f} MB/s"
                 for kind, fit in kinds.items()
-            )
-            + (
-                f"; a step of a ring's p - 1 permutes alpha {shift['alpha_s'] * 1e6:.0f} us"
-                if (shift := r["links"].get("shift"))
-                else ""
             )
         )
     if (local := r.get("local")) and "waited_kernel_s" in local:

@@ -9,8 +9,7 @@ Then, at each link rate (the launcher changes the rate when process 0 asks, `req
 
 1. each level's link: α and β from all-reduces of growing size over the 2-level mesh's
    "node" and "gpu" axes and over all devices (alone, and in a chain of three), and the
-   all-gather and all-to-all over all devices, each alone, and a ring's steps (p − 1
-   collective-permutes, each device to the next, `levels.fit_shift`) (`levels.fit_links`);
+   all-gather and all-to-all over all devices, each alone (`levels.fit_links`);
 2. the local decode bandwidth (as the collective after the kernel waits for it) and copy
    rate with every device busy (`levels.fit_local`);
 3. every method on the same cache: its times (repeats interleaved with the above, after

@@ -232,12 +232,6 @@ class Topology:
     these devices: `with_devices` drops it for another count, as it drops `measured`;
     only with `ring_only` (else a `ValueError`).
 
-    `ring_shift`: one step of a ring's collective-permutes, every device sending to the next
-    at once, measured on these devices (`cluster.levels.fit_shift`): the pass-KV and pass-Q
-    rings' permutes are priced at it in place of the slowest link (`collective_time`), not
-    the butterfly's rounds, whose partners pair by level (`butterfly_time`). None: the
-    slowest link. Dropped by `with_devices`, as `flat_ring` is.
-
     `kernel_fixed_s`: the fixed part of one local kernel call, paid whatever the shard's
     length (the kernel's loop set-up and, on simulated devices, the device threads taking
     their turns on the host's shared cores); a tree decode pays it once, a ring once per
@@ -285,7 +279,6 @@ class Topology:
     uplinks: int | None = None
     kernel_fixed_s: float = 0.0
     flat_ring: Link | None = None
-    ring_shift: Link | None = None
     fold_points: tuple[tuple[float, float], ...] = ()
     window_points: tuple[tuple[float, float], ...] = ()
     operands_apart: bool = False
@@ -295,19 +288,19 @@ class Topology:
         check_size(self.devices_per_node, "devices_per_node")
         validate.check_instance(self.intra, Link, "intra", "pass Link(alpha_s, beta_Bps)")
         validate.check_instance(self.inter, Link, "inter", "pass Link(alpha_s, beta_Bps)")
-        steps = {n: getattr(self, n) for n in ("flat_ring", "ring_shift")}  # measured, or None
-        for name, link in steps.items():
-            if link is not None:
-                validate.check_instance(link, Link, name, "pass Link(alpha_s, beta_Bps) or None")
-        if self.flat_ring is not None and not self.ring_only:
-            raise ValueError(
-                "`flat_ring` is a step of a gloo ring over all devices, which only a "
-                "`ring_only=True` topology prices: pass ring_only=True, or flat_ring=None"
+        if self.flat_ring is not None:
+            validate.check_instance(
+                self.flat_ring, Link, "flat_ring", "pass Link(alpha_s, beta_Bps) or None"
             )
+            if not self.ring_only:
+                raise ValueError(
+                    "`flat_ring` is a step of a gloo ring over all devices, which only a "
+                    "`ring_only=True` topology prices: pass ring_only=True, or flat_ring=None"
+                )
         for name, link in (
             ("intra", self.intra),
             ("inter", self.inter),
-            *((n, k) for n, k in steps.items() if k is not None),
+            *((("flat_ring", self.flat_ring),) if self.flat_ring is not None else ()),
             *(
                 (f"measured[{i}][1]", pair[1])
                 for i, pair in enumerate(self.measured)
@@ -406,7 +399,6 @@ class Topology:
             inter=inter,
             measured=self.measured if same else (),
             flat_ring=self.flat_ring if same else None,
-            ring_shift=self.ring_shift if same else None,
             fold_points=self.fold_points if same else (),
             window_points=self.window_points if same else (),
         )
@@ -626,8 +618,7 @@ def collective_time(kind: CollectiveKind, nbytes: float, topo: Topology) -> floa
       al.; NCCL posts them all at once, so its α terms overlap): the `dpn−1` peers in the
       node cost `(dpn−1)(α_intra + n/(p·β_intra))` and the `p−dpn` outside it cross the slow
       links, `(p−dpn)(α_inter + n/(p·β_inter))`;
-    * collective-permute (a ring's step): one send over the slowest link of the ring, or at
-      `topo.ring_shift` where it was measured.
+    * collective-permute (a ring's step): one send over the slowest link of the ring.
 
     With `topo.ring_only` (XLA:CPU over gloo, `Topology`), an all-reduce, all-gather or
     all-to-all over all the devices is instead one flat algorithm over `ring_step_link`: a ring
@@ -663,8 +654,6 @@ def collective_time(kind: CollectiveKind, nbytes: float, topo: Topology) -> floa
         )
     if p <= 1:
         return 0.0
-    if topo.ring_shift is not None:
-        return topo.ring_shift.send(nbytes)
     return (topo.inter if nodes > 1 else intra).send(nbytes)  # one sender per node crosses
 
 
