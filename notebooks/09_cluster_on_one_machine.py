@@ -1185,8 +1185,9 @@ display(Markdown(
 # %%
 CLUSTER = ROOT / "results" / "cluster"
 FEW_DIR = CHECK / "few"
+LATER_SETS = {"few", "mean", "warm", "permute", "shift", "steps", "rounds"}  # from here on
 older_runs = [json.loads(p_.read_text()) for p_ in sorted(CLUSTER.glob("**/2x2x2*.json"))
-              if not {"few", "mean", "warm", "permute"} & set(p_.parts)]  # before this subsection
+              if not LATER_SETS & set(p_.parts)]  # before this subsection
 pairs_2l = [(rate["methods"]["tree_2level"], rate["methods"]["one_pass"])
             for r in older_runs for rate in r["rates"]
             if {"tree_2level", "one_pass"} <= set(rate["methods"])]
@@ -1679,7 +1680,7 @@ print(f"the slowest process's median over the fastest's, in every cell: median "
       "each process's median, ms: " + ", ".join(f"{x * 1e3:.1f}" for x in np.median(op_, axis=1)))
 earlier = {p_.relative_to(CLUSTER): json.loads(p_.read_text())
            for p_ in sorted(CLUSTER.glob("**/2x2x2*.json"))
-           if not {"few", "mean", "warm", "permute"} & set(p_.parts)}
+           if not LATER_SETS & set(p_.parts)}
 earlier = {k: r for k, r in earlier.items()
            if all("round_s_by_process" in rate for rate in r["rates"])}
 est_old = {e: summarise(estimator_errors(earlier.values(), e))
@@ -2312,6 +2313,321 @@ display(Markdown(
     "`check/permute/`, repriced, in "
     f"{sum(c == 17 for c in perm_counts['without the permute'])} (its runs were made to "
     "test another model)."))
+
+
+# %% [markdown]
+# ### A ring's steps measured, and more rounds (issue 30, continued)
+#
+# The subsection before ended on a lead: the pass-Q ring was under-predicted on average,
+# and a permute measured alone priced it about right on average there (in-sample). Two versions of that
+# idea were built and each tested on three new runs with the check's command; both were
+# taken back, and then the runs' protocol was changed. In order (commits of this
+# repository, `results/cluster/README.md` says which runs each made):
+#
+# 1. **One permute alone** (`ad20567`; runs `check/shift/`). Each round timed one
+#    collective-permute over all eight devices, every device's block to the next device
+#    (a ring shift, the pattern of both rings' steps), at the two small kind sizes
+#    (`levels.kind_sizes`); its α, the mean over the rounds of each call's time less the
+#    per-call overhead (the levels' rule), with the inter-node link's β, priced every
+#    permute of both rings (`Topology.ring_shift`), not the butterfly's, whose rounds pair
+#    devices level by level. β stays the link's, as the rings' loop copies each block
+#    before sending it and the model prices that copy apart.
+# 2. **A ring's steps in one program** (`3ed1cf9`; runs `check/steps/`). The same, but
+#    timed as a ring issues them: $p-1 = 7$ dependent permutes in one program, its α per
+#    step the call's time less the overhead, over 7.
+#
+# Both pricings were taken back (`abaac07`): the package's code is again that of
+# `d6102d1`, where a ring's permute costs the slowest link's α and β. The next cell
+# prints both sets' errors as recorded and as that model prices the same rounds. The
+# package no longer prices a ring's step, so the recorded predictions are checked in
+# closed form: each ring's price at the slowest link, plus its permutes' count
+# (`collectives` in the record: 7 for the pass-Q ring, 14 for the pass-KV ring) times the
+# measured step's α less the inter-node α; the step's α is refitted from its rounds by
+# the rule it was recorded with.
+
+# %%
+SHIFT_DIR, STEPS_DIR = CHECK / "shift", CHECK / "steps"
+shift_check, steps_check = (
+    {i: json.loads((d / f"2x2x2-run{i}.json").read_text()) for i in (1, 2, 3)}
+    for d in (SHIFT_DIR, STEPS_DIR))
+RINGS_ = ("ring", "ring_pass_q")
+
+
+def ring_step(rate):
+    """A record's measured ring step, refitted from its rounds and checked against the
+    record: `check/shift/`'s calls ("shift BYTES") hold one permute, `check/steps/`'s
+    ("shifts BYTES") seven; α per step is the mean over both small sizes and every
+    process's rounds of (time − overhead, at least 0) over the permutes per call."""
+    rb, overhead = levels.pooled(rate["round_s_by_process"]), rate["links"]["overhead_s"]
+    name, per_call = ("shifts", 7) if "shifts 1024" in rb else ("shift", 1)
+    points = [[n, max(t - overhead, 0.0) / per_call] for n in levels.kind_sizes(8)[:2]
+              for t in rb[f"{name} {n}"]]
+    fit = rate["links"]["shift"]
+    assert np.allclose(points, fit["points"], rtol=1e-12, atol=0)
+    assert np.isclose(np.mean([t for _, t in points]), fit["alpha_s"], rtol=1e-12)
+    return fit["alpha_s"], per_call
+
+
+def step_errors(runs, priced):
+    """(method, Gbit/s) -> each run's error against the mean, with the rings' permutes
+    priced "as recorded" (at the measured step) or "at the slowest link" (the package's
+    model). The links are refitted from the rounds and checked against the record less
+    its step; the recorded predictions are checked in closed form."""
+    out = {}
+    for r in runs.values():
+        for rate in r["rates"]:
+            links = refit(r, rate)
+            assert json.loads(json.dumps(links)) == {k: v for k, v in rate["links"].items()
+                                                     if k != "shift"}
+            alpha, _ = ring_step(rate)
+            for name, m in rate["methods"].items():
+                x = rounds_of(rate, name).mean()
+                assert np.isclose(m["mean_s"], x, rtol=1e-12)
+                kl = m.get("kinds_last", {})
+                pred = predicted_by(r, name, links | {"kinds": links["kinds"] | kl},
+                                    rate["local"])
+                count = m["collectives"].get("collective-permute", 0) if name in RINGS_ else 0
+                moved = pred + count * (alpha - links["inter"]["alpha_s"])
+                assert np.isclose(moved, m["predicted_s"], rtol=1e-9)  # the closed form
+                out.setdefault((name, rate["set_Bps"] * 8 / 1e9), []).append(
+                    (moved if priced == "as recorded" else pred) / x - 1)
+    return out
+
+
+for r in (*shift_check.values(), *steps_check.values()):
+    assert r["config"]["warmup_rounds"] == 1 and r["config"]["repeats"] == 9
+    assert r["config"]["seq_len"] == 16384 and "collective-permute" not in r["links"]["kinds"]
+    for rate in r["rates"]:
+        assert rate["methods"]["ring_pass_q"]["collectives"]["collective-permute"] == 7
+        assert rate["methods"]["ring"]["collectives"]["collective-permute"] == 14
+SETS_ = {"check/shift/": shift_check, "check/steps/": steps_check}
+PRICES_ = ("as recorded", "at the slowest link")
+step_err = {(s_, p_): step_errors(x, p_) for s_, x in SETS_.items() for p_ in PRICES_}
+print(f"{'':<22}{'check/shift/ (one permute a call)':<46}check/steps/ (7 permutes a call)")
+print(f"{'method':<15}{'Gbit/s':>7} " + ("as recorded           at the slowest link   " * 2))
+for cell in step_err["check/shift/", "as recorded"]:
+    print(f"{cell[0]:<15}{cell[1]:>7g}" + "".join(
+        "".join(f"{e:>+7.1%}" for e in step_err[s_, p_][cell]) + " " for s_ in SETS_
+        for p_ in PRICES_))
+step_sum = {k: summarise(v) for k, v in step_err.items()}
+for (s_, p_), v in step_err.items():
+    misses = [f"{n} at {g:g} Gbit/s in run {j + 1} ({e[j]:+.1%})" for (n, g), e in v.items()
+              for j in range(3) if abs(e[j]) > band]
+    print(f"{s_} {p_}: within ±{band:.0%} {step_sum[s_, p_][0]} of {len(v)}; mean error "
+          f"{step_sum[s_, p_][1]:+.1%}; outside: " + ("; ".join(misses) or "none"))
+step_alpha = {s_: [(ring_step(rate)[0], rate["links"]["inter"]["alpha_s"])
+                   for r in x.values() for rate in r["rates"]] for s_, x in SETS_.items()}
+for s_, v in step_alpha.items():
+    print(f"{s_} at each (run, rate): the step's α, ms: " + ", ".join(
+        f"{a * 1e3:.1f}" for a, _ in v) + "; the inter-node α: " + ", ".join(
+        f"{b * 1e3:.1f}" for _, b in v))
+lone_pts = [np.array(rate["links"]["shift"]["points"])[:, 1] for r in shift_check.values()
+            for rate in r["rates"]]
+print("check/shift/'s one permute alone, ms, at each (run, rate): median "
+      + ", ".join(f"{np.median(x) * 1e3:.1f}" for x in lone_pts) + "; largest "
+      + ", ".join(f"{x.max() * 1e3:.0f}" for x in lone_pts))
+pq_abs = {(s_, p_): float(np.mean(np.abs(step_err[s_, p_]["ring_pass_q", 1.0]
+                                         + step_err[s_, p_]["ring_pass_q", 0.5])))
+          for s_ in SETS_ for p_ in PRICES_}
+pq_mean = {(s_, p_): float(np.mean(step_err[s_, p_]["ring_pass_q", 1.0]
+                                   + step_err[s_, p_]["ring_pass_q", 0.5]))
+           for s_ in SETS_ for p_ in PRICES_}
+print("the pass-Q ring's mean error and mean |error| over its six cells: " + "; ".join(
+    f"{s_} {p_} {pq_mean[s_, p_]:+.1%}, {pq_abs[s_, p_]:.1%}" for s_ in SETS_ for p_ in PRICES_))
+
+# %%
+step_counts = {k: v[0] for k, v in step_sum.items()}
+assert step_counts == {("check/shift/", "as recorded"): [16, 17, 16],
+                       ("check/shift/", "at the slowest link"): [17, 17, 16],
+                       ("check/steps/", "as recorded"): [17, 14, 17],
+                       ("check/steps/", "at the slowest link"): [17, 15, 17]}
+assert all(a > b for v in step_alpha.values() for a, b in v)  # above the inter-node α
+lone_alpha = [a for a, _ in step_alpha["check/shift/"]]
+assert all(np.mean(x) > 1.4 * np.median(x) for x in lone_pts)  # the tail lifts the mean
+assert all(pq_abs[s_, "as recorded"] > pq_abs[s_, "at the slowest link"] + 0.05 for s_ in SETS_)
+assert pq_mean["check/shift/", "as recorded"] > 0.1 and pq_mean["check/steps/", "as recorded"] > 0.1
+assert pq_mean["check/shift/", "at the slowest link"] < -0.1
+assert abs(pq_mean["check/steps/", "at the slowest link"]) < 0.01
+steps_inter = [b for _, b in step_alpha["check/steps/"]]
+odd_one = int(np.argmax(steps_inter))
+assert odd_one == 3 and steps_inter[3] > 2.5 * max(steps_inter[:3] + steps_inter[4:])  # run 2, 0.5
+run2_misses = [k for k, e in step_err["check/steps/", "at the slowest link"].items()
+               if abs(e[1]) > band]
+assert run2_misses == [("allgather", 1.0), ("tree", 0.5)]
+assert all(step_err["check/steps/", "at the slowest link"][k][1] > band for k in run2_misses)
+display(Markdown(
+    "**Both taken back.** A permute alone had α "
+    f"{min(lone_alpha) * 1e3:.1f} to {max(lone_alpha) * 1e3:.1f} ms at the six (run, rate) "
+    "pairs, above the inter-node α at each (printed): the mean of calls whose median was "
+    f"{min(np.median(x) for x in lone_pts) * 1e3:.1f} to "
+    f"{max(np.median(x) for x in lone_pts) * 1e3:.1f} ms and whose slowest took "
+    f"{min(x.max() for x in lone_pts) * 1e3:.0f} to {max(x.max() for x in lone_pts) * 1e3:.0f}"
+    " ms. The pass-Q ring pays that α seven times a decode, and went over in two runs: "
+    f"{', '.join(map(str, step_counts['check/shift/', 'as recorded']))} cells inside as "
+    "recorded, against "
+    f"{', '.join(map(str, step_counts['check/shift/', 'at the slowest link']))} at the "
+    "slowest link. Seven permutes in one program gave "
+    f"{', '.join(map(str, step_counts['check/steps/', 'as recorded']))}, against "
+    f"{', '.join(map(str, step_counts['check/steps/', 'at the slowest link']))}. Run 2's "
+    "misses were over-predictions, the all-gather merge at 1 Gbit/s and the flat tree at "
+    "0.5 Gbit/s in both columns, with the pass-Q ring at 0.5 Gbit/s as recorded; at 0.5 "
+    f"Gbit/s that run's inter-node α was {steps_inter[3] * 1e3:.1f} ms, "
+    f"{steps_inter[3] / max(steps_inter[:3] + steps_inter[4:]):.1f} times the largest of the "
+    "other five (printed). On the pass-Q ring's six cells the mean |error| was "
+    f"{pq_abs['check/shift/', 'as recorded']:.1%} as recorded against "
+    f"{pq_abs['check/shift/', 'at the slowest link']:.1%} at the slowest link (`check/shift/`), "
+    f"and {pq_abs['check/steps/', 'as recorded']:.1%} against "
+    f"{pq_abs['check/steps/', 'at the slowest link']:.1%} (`check/steps/`): on the runs made "
+    "to test them, neither measured step priced that ring better than the slowest link "
+    "did. The lead of the subsection before was in-sample, and did not hold. The ring's "
+    "mean error at the slowest link also moved between the sets "
+    f"({pq_mean['check/shift/', 'at the slowest link']:+.1%} in `check/shift/`, "
+    f"{pq_mean['check/steps/', 'at the slowest link']:+.1%} in `check/steps/`, whose "
+    "rounds also timed the seven permutes), so three runs a set do not pin it down."))
+
+# %% [markdown]
+# How much of a cell's spread is noise inside a run, which more rounds would cut, and how
+# much is the run itself? The next cell refits every one of these twelve runs with the
+# warm-up (`check/warm/`, `check/permute/`, `check/shift/`, `check/steps/`) from half of
+# its rounds (the odd ones, 5 of 9, then the even ones, 4), and prices each method by the
+# package's model from that half alone, against that half's mean (the reduce-scatter left
+# out: its collectives are timed in rounds of its own). If a round's noise in a cell's
+# error were independent, with variance $\sigma^2$ per round, the two halves' errors
+# would differ with variance $\sigma^2 (1/5 + 1/4)$, and a run of $n$ rounds would carry
+# $\sigma^2/n$ of it.
+
+# %%
+def half_errors(r, rounds):
+    """(method, Gbit/s) -> run `r`'s error with only the timed rounds `rounds` (a slice)
+    of every process: links and local work refitted from them (`levels.fit_links`,
+    `fit_local`), each method priced by the package's model against its mean over them;
+    no reduce-scatter."""
+    c = r["config"]
+    gpu = c["processes_per_node"] * c["devices_per_process"]
+    s = SimpleNamespace(devices=c["devices"], seq_len=c["seq_len"],
+                        problem=lambda n: benchmark.Problem(seq_len=n, **c["problem"]))
+    ctx = SimpleNamespace(s=s, two=SimpleNamespace(shape={"node": c["nodes"], "gpu": gpu},
+                                                   size=c["devices"]),
+                          flat=SimpleNamespace(size=c["devices"]), say=lambda *_: None)
+    out = {}
+    for rate in r["rates"]:
+        rb = {k: [p_[rounds] for p_ in v] for k, v in rate["round_s_by_process"].items()}
+        links = levels.fit_links(ctx, levels.pooled(rb), rate["set_Bps"] * 8)
+        local = levels.fit_local(ctx, {k: v[0] for k, v in rb.items()}, links["overhead_s"], rb)
+        for name in rate["methods"]:
+            if name != "reduce_scatter":
+                out.setdefault((name, rate["set_Bps"] * 8 / 1e9), []).append(
+                    predicted_by(r, name, links, local) / np.mean(rb[name]) - 1)
+    return out
+
+
+twelve = [*warm_check.values(), *perm_check.values(), *shift_check.values(),
+          *steps_check.values()]
+whole = half_errors(warm_check[1], slice(None))  # every round: the record, recomputed
+assert all(np.isclose(whole[k][0], warm_now[k][0], rtol=1e-9) for k in whole)
+halves = {}
+for r in twelve:
+    for part, rounds in (("odd", slice(0, None, 2)), ("even", slice(1, None, 2))):
+        for k, e in half_errors(r, rounds).items():
+            halves.setdefault(part, {}).setdefault(k, []).extend(e)
+diff = np.array([np.subtract(halves["odd"][k], halves["even"][k]) for k in halves["odd"]])
+sigma2 = float(np.var(diff, ddof=1)) / (1 / 5 + 1 / 4)
+now12 = {k: warm_now[k] + perm_wo[k] + step_err["check/shift/", "at the slowest link"][k]
+         + step_err["check/steps/", "at the slowest link"][k] for k in halves["odd"]}
+total = float(np.sqrt(np.mean([np.var(v, ddof=1) for v in now12.values()])))
+inside = (sigma2 / 9) ** 0.5
+between = max(total**2 - sigma2 / 9, 0.0) ** 0.5
+print(f"{diff.size} (cell, run) pairs of halves: their errors differ with a standard "
+      f"deviation of {np.std(diff, ddof=1):.1%}, so σ = {sigma2**0.5:.1%} per round")
+print(f"a cell's error over the twelve runs of 9 rounds: standard deviation {total:.1%} "
+      f"(the root mean square over the {len(now12)} cells); the part inside a run, σ/√9: "
+      f"{inside:.1%}; the rest, between runs: {between:.1%}")
+for n_r in (9, 18, 27):
+    print(f"  with {n_r} rounds a run would carry σ/√{n_r} = {sigma2**0.5 / n_r**0.5:.1%} "
+          f"inside, {(sigma2 / n_r + between**2) ** 0.5:.1%} in all")
+
+# %%
+predicted27 = (sigma2 / 27 + between**2) ** 0.5
+assert inside**2 > 3 * between**2  # "most of the variance inside a run"
+assert 0.08 < predicted27 < 0.095 and predicted27 < 0.75 * total
+display(Markdown(
+    f"So most of a cell's variance over runs is inside the run: {inside**2 / total**2:.0%} of "
+    f"it ({inside:.1%} of the {total:.1%} standard deviation, in quadrature), and more rounds "
+    f"would cut that part: with 27 rounds the same reading gives {predicted27:.1%} in all "
+    "(printed). The model itself is not changed by this; a cell's error is a measured "
+    "ratio of two noisy means, and the band has to hold that noise too. The check's "
+    "command now times 27 rounds (`--repeats 27`; `make cluster` runs it), chosen from "
+    "these halves before any run with 27 rounds was made. Three runs at `abaac07` (the "
+    "model of `d6102d1`, with the warm-up), one after the other, test it "
+    "(`check/rounds/2x2x2-run{1,2,3}.json`). The next cell refits their links and reprices "
+    "their predictions from their rounds, as recorded."))
+
+# %%
+ROUNDS_DIR = CHECK / "rounds"
+rounds_check = {i: json.loads((ROUNDS_DIR / f"2x2x2-run{i}.json").read_text())
+                for i in (1, 2, 3)}
+for r in rounds_check.values():
+    assert r["config"]["repeats"] == 27 and r["config"]["warmup_rounds"] == 1
+    assert "--repeats 27" in r["config"]["command"] and "shift" not in r["links"]
+    for rate in r["rates"]:  # one model: refitted from the rounds and repriced, as recorded
+        links = refit(r, rate)
+        assert json.loads(json.dumps(links)) == rate["links"]
+        for name, m in rate["methods"].items():
+            kl = m.get("kinds_last", {})
+            pred = predicted_by(r, name, links | {"kinds": links["kinds"] | kl}, rate["local"])
+            assert np.isclose(pred, m["predicted_s"], rtol=1e-12)
+            assert np.shape(rounds_of(rate, name)) == (4, 27)
+rounds_now = estimator_errors(rounds_check.values(), "mean over every process's rounds")
+print(f"{'method':<15}{'Gbit/s':>7}   run 1   run 2   run 3")
+for (name, g), e in rounds_now.items():
+    print(f"{name:<15}{g:>7g}" + "".join(f"{x:>+8.1%}" for x in e))
+rounds_sum = summarise(rounds_now)
+rounds_bias = run_bias(rounds_now)
+print(f"\nwithin ±{band:.0%}, of {len(rounds_now)} cells in runs 1, 2, 3: {rounds_sum[0]}; mean "
+      f"error {rounds_sum[1]:+.1%}; worst {rounds_sum[3]:+.1%} and {rounds_sum[4]:+.1%}")
+print("mean error at 1 and 0.5 Gbit/s, each run: " + "; ".join(
+    ", ".join(f"{rounds_bias[g][j]:+.1%}" for g in (1.0, 0.5)) for j in range(3)))
+rounds_sd = float(np.sqrt(np.mean([np.var(v, ddof=1) for k, v in rounds_now.items()
+                                   if k[0] != "reduce_scatter"])))
+print(f"a cell's error over these three runs: standard deviation {rounds_sd:.1%} (the root "
+      f"mean square over the same {len(now12)} cells; over the twelve runs above {total:.1%})"
+      "; wall time per run: " + ", ".join(f"{r['wall_s'] / 60:.1f}" for r in rounds_check.values())
+      + " min, against " + ", ".join(f"{r['wall_s'] / 60:.1f}" for r in steps_check.values())
+      + " for `check/steps/`'s 9 rounds")
+k_rounds = [kernel_rates(rounds_check.values(), i) for i in (0, 1)]
+print("the local kernel alone in these runs, GB/s, at 1 and 0.5 Gbit/s: " + "; ".join(
+    ", ".join(f"{k:.2f}" for k in ks) for ks in k_rounds))
+rounds_verdicts = [r["topology_claim"]["verdict"] for r in rounds_check.values()]
+print("§9.5's verdicts at 0.5 Gbit/s in these runs: " + ", ".join(rounds_verdicts))
+assert rounds_sum[0] == [17, 17, 17] and set(rounds_verdicts) == {"no measurable difference"}
+assert abs(rounds_sd - predicted27) < 0.01 and rounds_sd < 0.75 * total  # as the halves said
+assert rounds_sum[3] > -0.3 and rounds_sum[4] < 0.3 and max(-rounds_sum[3], rounds_sum[4]) > 0.25
+pq_rounds = rounds_now["ring_pass_q", 1.0] + rounds_now["ring_pass_q", 0.5]
+assert max(pq_rounds) < 0 and np.mean(pq_rounds) < -0.1  # under in all six cells
+assert rounds_now["tree_2level", 1.0][0] == rounds_sum[4]
+assert rounds_now["tree", 0.5][0] == rounds_sum[3]
+nine_round_sets = [warm_counts, perm_counts["without the permute"],
+                   step_counts["check/shift/", "at the slowest link"],
+                   step_counts["check/steps/", "at the slowest link"]]
+assert not any(c == [17, 17, 17] for c in nine_round_sets)
+wall_ratio = np.mean([r["wall_s"] for r in rounds_check.values()]) / np.mean(
+    [r["wall_s"] for r in (*shift_check.values(), *steps_check.values())])
+assert 1.5 < wall_ratio < 2.5
+display(Markdown(
+    f"**{', '.join(map(str, rounds_sum[0]))} of the 17 cells inside**, in each of the three "
+    "runs: issue 30's cluster target, every cell within ±30% in each of three runs of one "
+    f"check, is met by this check. A cell's error varied by {rounds_sd:.1%} over these runs "
+    f"(the halves predicted {predicted27:.1%}; {total:.1%} over the twelve runs of 9 rounds), "
+    f"and the mean error was {rounds_sum[1]:+.1%}. The margin is thin: the worst cells were "
+    f"{rounds_sum[4]:+.1%} (the 2-level tree at 1 Gbit/s, run 1) and {rounds_sum[3]:+.1%} "
+    "(the flat tree at 0.5 Gbit/s, run 1), and the pass-Q ring was under-predicted in all "
+    f"six of its cells (mean {np.mean(pq_rounds):+.1%}), a bias that nothing here explains. "
+    "Before these, none of the four sets of three runs of 9 rounds with the warm-up had "
+    "every cell inside in all three, priced by this model (`check/warm/` as recorded; "
+    "`check/permute/`, `check/shift/` and `check/steps/` repriced at the slowest link: "
+    + "; ".join(", ".join(map(str, c)) for c in nine_round_sets) + "), and "
+    "this is the first set with 27 rounds, so one set says the check can pass, not how "
+    f"often it will. A run takes about {wall_ratio:.1f} times as long (wall times printed)."))
 
 
 # %% [markdown]
@@ -3452,7 +3768,14 @@ else:
 #   runs cannot say whether it helps the count), and the permute priced as measured alone
 #   over-priced the butterfly and the pass-KV ring and was taken back, though it priced
 #   the pass-Q ring about right (a lead, in-sample; its three runs, repriced without it:
-#   17, 16 and 17; §9.4, "A warm-up round, and the permute measured alone"). The course's 2-level schedule (the idea behind the paper's
+#   17, 16 and 17; §9.4, "A warm-up round, and the permute measured alone"). That lead
+#   did not hold on new runs: a ring's permutes priced at a ring shift measured alone, or
+#   at seven in one program, priced the pass-Q ring worse than the slowest link did, and
+#   both were taken back. Most of a cell's spread was noise inside a run, so the check now
+#   times 27 rounds a run (`--repeats 27`), and its three runs put 17, 17 and 17 of the 17
+#   cells inside, the worst at +28.3% and −26.5%: issue 30's cluster target met by that
+#   check, with a thin margin and the pass-Q ring under-predicted in all six of its cells
+#   (§9.4, "A ring's steps measured, and more rounds"). The course's 2-level schedule (the idea behind the paper's
 #   §5.3 topology argument) wins at every delay above 0 once the link is slow in latency
 #   (§9.8's sweep, 2 nodes × 2 processes × 1 device; at δ = 0 no measurable difference).
 # * Measured, both trees beat the ring from Tk = 256 on in both runs; in the 4-device run
