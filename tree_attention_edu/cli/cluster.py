@@ -176,8 +176,9 @@ def _measurement_args(g: argparse._ArgumentGroup) -> None:
         type=cl.positive,
         default=9,
         help="interleaved rounds, each timing every method and every message size "
-        "of the link fits once (medians; per-call fits pool them); the model check "
-        "(make cluster) takes 27, as a cell's error varies less with more rounds",
+        "of the link fits once (each method's median and mean over them; the link fits pool "
+        "every process's rounds); make cluster takes 27, as a cell's error varies less "
+        "with more rounds",
     )
     g.add_argument(
         "--warmup-rounds",
