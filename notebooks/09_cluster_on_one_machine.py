@@ -2479,7 +2479,7 @@ kv_abs = {(s_, p_): float(np.mean(np.abs(step_err[s_, p_]["ring", 1.0]
 assert all(abs(kv_abs[s_, "as recorded"] - kv_abs[s_, "at the slowest link"]) < 0.03
            for s_ in SETS_)  # "moved little either way"
 perm_alpha = [f["alpha_s"] for f, _, _ in perm_fit]
-assert min(lone_alpha) > min(perm_alpha) and max(lone_alpha) > max(perm_alpha)  # "higher"
+assert np.mean(lone_alpha) > 1.3 * np.mean(perm_alpha)  # "higher on average"
 steps_walls = [r["wall_s"] for r in steps_check.values()]
 print("`check/steps/`'s wall times, min: " + ", ".join(f"{w / 60:.1f}" for w in steps_walls))
 assert steps_walls[1] > 1.2 * max(steps_walls[0], steps_walls[2])
@@ -2523,11 +2523,14 @@ display(Markdown(
     "priced the pass-Q ring alone at the lone permute's α and β; the lead itself was not "
     "re-run. The pass-KV ring moved little either way (mean |error| "
     + "; ".join(f"{kv_abs[s_, 'as recorded']:.1%} against {kv_abs[s_, 'at the slowest link']:.1%}"
-                f" in `{s_}`" for s_ in SETS_) + "). `check/steps/` timed the chain of permutes "
-    "the subsection before proposed, and its step's α was still above the inter-node α at "
-    "every (run, rate); the lone permute's α here was higher than `check/permute/`'s "
-    f"({min(perm_alpha) * 1e3:.1f} to {max(perm_alpha) * 1e3:.1f} ms, the same program, "
-    "sizes and rule), for reasons not measured. The pass-Q "
+                f" in `{s_}`" for s_ in SETS_) + "). `check/steps/` timed a chain of permutes, "
+    "which the subsection before raised as an unmeasured reading (a chain pays a lone "
+    "call's start once); its step's α was still above the inter-node α at every (run, "
+    "rate), and as no lone permute was timed in the same rounds, the reading stays "
+    "untested. The lone permute's α here was higher on average than `check/permute/`'s "
+    f"({np.mean(lone_alpha) * 1e3:.1f} against {np.mean(perm_alpha) * 1e3:.1f} ms; "
+    f"{min(perm_alpha) * 1e3:.1f} to {max(perm_alpha) * 1e3:.1f} there, with the same "
+    "program, sizes and rule), for reasons not measured. The pass-Q "
     "ring's mean error at the slowest link also moved between the sets "
     f"({pq_mean['check/shift/', 'at the slowest link']:+.1%} in `check/shift/`, "
     f"{pq_mean['check/steps/', 'at the slowest link']:+.1%} in `check/steps/`, whose "

@@ -177,8 +177,8 @@ def _measurement_args(g: argparse._ArgumentGroup) -> None:
         default=9,
         help="interleaved rounds, each timing every method and every message size "
         "of the link fits once (each method's median and mean over them; the link fits pool "
-        "every process's rounds); make cluster takes 27: in the runs so far a cell's "
-        "error varied less with more rounds",
+        "every process's rounds); make cluster takes 27, with which a cell's error "
+        "varied less in the runs so far (runs that also differed otherwise: notebook 9)",
     )
     g.add_argument(
         "--warmup-rounds",
