@@ -1351,14 +1351,22 @@ display(Markdown(
 # pooled over every process).
 
 # %%
+def run_ctx(r):
+    """What `levels`' fits read of a run's context, rebuilt from its record: the meshes'
+    shapes, the settings `fit_local` reads, and a silent `say`."""
+    c = r["config"]
+    gpu = c["processes_per_node"] * c["devices_per_process"]
+    s = SimpleNamespace(devices=c["devices"], seq_len=c["seq_len"],
+                        problem=lambda n: benchmark.Problem(seq_len=n, **c["problem"]))
+    return SimpleNamespace(s=s, two=SimpleNamespace(shape={"node": c["nodes"], "gpu": gpu},
+                                                    size=c["devices"]),
+                           flat=SimpleNamespace(size=c["devices"]), say=lambda *_: None)
+
+
 def refit(r, rate, procs=None, call=True):
     """A rate's links refitted from its rounds (`levels.fit_links`): every process's
     pooled, or only `procs`; without `call_s` where `call` is False."""
-    c = r["config"]
-    gpu = c["processes_per_node"] * c["devices_per_process"]
-    ctx = SimpleNamespace(two=SimpleNamespace(shape={"node": c["nodes"], "gpu": gpu},
-                                              size=c["devices"]),
-                          flat=SimpleNamespace(size=c["devices"]), say=lambda *_: None)
+    ctx = run_ctx(r)
     rounds = rate["round_s_by_process"]
     if procs is not None:
         rounds = {k: [v[i] for i in procs] for k, v in rounds.items()}
@@ -2432,12 +2440,15 @@ lone_pts = [np.array(rate["links"]["shift"]["points"])[:, 1] for r in shift_chec
 print("check/shift/'s one permute alone, ms, at each (run, rate): median "
       + ", ".join(f"{np.median(x) * 1e3:.1f}" for x in lone_pts) + "; largest "
       + ", ".join(f"{x.max() * 1e3:.0f}" for x in lone_pts))
-pq_abs = {(s_, p_): float(np.mean(np.abs(step_err[s_, p_]["ring_pass_q", 1.0]
-                                         + step_err[s_, p_]["ring_pass_q", 0.5])))
-          for s_ in SETS_ for p_ in PRICES_}
-pq_mean = {(s_, p_): float(np.mean(step_err[s_, p_]["ring_pass_q", 1.0]
-                                   + step_err[s_, p_]["ring_pass_q", 0.5]))
-           for s_ in SETS_ for p_ in PRICES_}
+
+
+def over_cells(name, f=lambda e: e):
+    """(set, price) -> the mean of `f` of method `name`'s errors over its six cells."""
+    return {k: float(np.mean(f(np.array(v[name, 1.0] + v[name, 0.5]))))
+            for k, v in step_err.items()}
+
+
+pq_abs, pq_mean = over_cells("ring_pass_q", np.abs), over_cells("ring_pass_q")
 print("the pass-Q ring's mean error and mean |error| over its six cells: " + "; ".join(
     f"{s_} {p_} {pq_mean[s_, p_]:+.1%}, {pq_abs[s_, p_]:.1%}" for s_ in SETS_ for p_ in PRICES_))
 
@@ -2473,9 +2484,7 @@ assert [(k, j) for k, j, _ in shift_misses] == [(("ring_pass_q", 1.0), 2),
 assert all(e > band for *_, e in shift_misses)  # both over
 run2_inter_1g = steps_inter[2]  # run 2 at 1 Gbit/s, where the all-gather merge missed
 assert min(steps_inter[0], steps_inter[4]) < run2_inter_1g < max(steps_inter[0], steps_inter[4])
-kv_abs = {(s_, p_): float(np.mean(np.abs(step_err[s_, p_]["ring", 1.0]
-                                         + step_err[s_, p_]["ring", 0.5])))
-          for s_ in SETS_ for p_ in PRICES_}
+kv_abs = over_cells("ring", np.abs)
 assert all(abs(kv_abs[s_, "as recorded"] - kv_abs[s_, "at the slowest link"]) < 0.03
            for s_ in SETS_)  # "moved little either way"
 perm_alpha = [f["alpha_s"] for f, _, _ in perm_fit]
@@ -2561,13 +2570,7 @@ def half_errors(r, rounds):
     of every process: links and local work refitted from them (`levels.fit_links`,
     `fit_local`), each method priced by the package's model against its mean over them;
     no reduce-scatter."""
-    c = r["config"]
-    gpu = c["processes_per_node"] * c["devices_per_process"]
-    s = SimpleNamespace(devices=c["devices"], seq_len=c["seq_len"],
-                        problem=lambda n: benchmark.Problem(seq_len=n, **c["problem"]))
-    ctx = SimpleNamespace(s=s, two=SimpleNamespace(shape={"node": c["nodes"], "gpu": gpu},
-                                                   size=c["devices"]),
-                          flat=SimpleNamespace(size=c["devices"]), say=lambda *_: None)
+    ctx = run_ctx(r)
     out = {}
     for rate in r["rates"]:
         rb = {k: [p_[rounds] for p_ in v] for k, v in rate["round_s_by_process"].items()}
