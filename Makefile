@@ -27,10 +27,12 @@ help:
 	@echo "make grade SUBMISSIONS=dir  autograde submitted notebooks; a score per notebook and exercise"
 	@echo "make student-check  the release fails exactly its exercises' tests; solved, full marks (~15 min)"
 
+# --no-compile: Python compiles a module's bytecode when it is first imported, not every
+# installed module's up front (make setup on a fresh clone: 70 s -> 35 s on 2 cores).
 $(STAMP): pyproject.toml requirements-lock.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c requirements-lock.txt -e ".[dev]"
+	$(PY) -m pip install -q --no-compile -c requirements-lock.txt -e ".[dev]"
 	@touch $@
 
 setup: $(STAMP)
@@ -58,15 +60,19 @@ model: $(MODEL)
 $(MODEL): $(STAMP)
 	$(VENV)/bin/tree-attention-edu fetch-model --cache $(dir $(MODEL))
 
-# Unit, property and multi-process tests; two workers for two cores. Most of their time is
-# XLA compiling: they compile with LLVM at -O0 and XLA:CPU's elemental emitters (for the
+# Unit, property and multi-process tests. The cheap lane runs three workers on two cores: the
+# multi-process tests (cluster, launch, command line) wait on their subprocesses, and a third
+# worker uses the core they leave idle (466 s with two, 375 s with three, fresh caches, one
+# run each on 2026-11-29); the codegen lane, which has none of them, runs two.
+# Most of their time is XLA compiling: they compile with LLVM at -O0 and XLA:CPU's elemental emitters (for the
 # decoders the same optimised HLO, in about half the time), except those marked `codegen`,
 # whose bits depend on the machine code (FMA contraction, the order inside a reduction, the
 # math library): those run with XLA's defaults, as users compile (tests/conftest.py says
 # more, tests/test_codegen_marks.py checks it).
-LOW_OPT := XLA_FLAGS="$(strip $(XLA_FLAGS) --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false)"
+CHEAP_COMPILE := --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false
+LOW_OPT := XLA_FLAGS="$(strip $(XLA_FLAGS) $(CHEAP_COMPILE))"
 unit: $(STAMP) $(MODEL)
-	$(LOW_OPT) $(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=30 -m "not codegen" tests
+	$(LOW_OPT) $(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=30 -m "not codegen" tests
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=10 -m codegen tests
 
 # Committed notebook outputs must reproduce: strict nbval compares every output. They must
@@ -80,18 +86,27 @@ endif
 # The longest notebooks first, in this order (xdist's default would order them by cell
 # count, and notebook 7, with few cells and the longest run, started last): each worker
 # then takes the next notebook when it is free, and neither waits long on the other.
-NBVAL_FIRST := notebooks/07_decoding_a_model.ipynb notebooks/05_ring_vs_tree.ipynb \
-	notebooks/08_which_merge_when.ipynb notebooks/02_posterior_mean_not_map.ipynb
+NBVAL_FIRST := notebooks/07_decoding_a_model.ipynb notebooks/06_cost_model_and_scaling.ipynb \
+	notebooks/05_ring_vs_tree.ipynb notebooks/08_which_merge_when.ipynb
+# Most notebooks' time is XLA compiling, so they compile as `make unit` does (notebooks/conftest.py
+# passes the flags to each notebook's kernel): 367 s -> 198 s of kernel time for the seven.
+# Notebooks 6 and 7 keep XLA's defaults: their time is the programs' run (a live calibration,
+# and a 3,259-token prompt through 30 layers), which the cheap compilation slows (271 s -> 429 s).
+NBVAL_LANES := TAE_NBVAL_XLA_FLAGS="$(CHEAP_COMPILE)" \
+	TAE_NBVAL_DEFAULT_COMPILE="06_cost_model_and_scaling.ipynb 07_decoding_a_model.ipynb"
 nbval: $(STAMP)
-	$(OTHER_CPU) $(PY) -m pytest -n 2 --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env -p no:cacheprovider $(NBVAL_FIRST) $(filter-out $(NBVAL_FIRST),$(NOTEBOOKS))
+	$(OTHER_CPU) $(NBVAL_LANES) $(PY) -m pytest -n 2 --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env -p no:cacheprovider $(NBVAL_FIRST) $(filter-out $(NBVAL_FIRST),$(NOTEBOOKS))
 
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict
 
-# In sequence. Run at once (make -j3 --output-sync unit nbval docs, fresh clone of b62ca2a)
-# they took 1,438 s, against 1,468 s in sequence at b001d51: the two cores are already
-# busy, so the gain is small, and each part's output would show only when it ends.
-test: lint unit nbval docs
+# lint and docs use one core each (mypy about 27 s, mkdocs about 24 s): they run side by side
+# first, each one's output shown when it ends. Then the tests, in sequence: run at once (make
+# -j3 --output-sync unit nbval docs, fresh clone of b62ca2a) they took 1,438 s, against
+# 1,468 s in sequence at b001d51, as the two cores are already busy.
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint docs
+	$(MAKE) --no-print-directory unit nbval
 
 browser-check: docs
 	$(PY) docs/check_site.py

@@ -248,13 +248,15 @@ def test_low_optimisation_compiles_the_same_program(mesh8):
 
 
 def test_make_unit_compiles_as_the_outline_test_checks():
-    """The Makefile's cheap lane passes the flags `conftest.LOW_OPT_OPTIONS` names, and
-    `conftest.LOW_OPT` recognises each of them."""
-    makefile = (TESTS.parent / "Makefile").read_text()
-    line = next(x for x in makefile.splitlines() if x.startswith("LOW_OPT :="))
+    """The Makefile's cheap lane (and nbval's, for most notebooks) passes the flags
+    `conftest.LOW_OPT_OPTIONS` names, and `conftest.LOW_OPT` recognises each of them."""
+    lines = (TESTS.parent / "Makefile").read_text().splitlines()
+    cheap = next(x for x in lines if x.startswith("CHEAP_COMPILE :="))
     flags = [f"--{k}={str(v).lower()}" for k, v in conftest.LOW_OPT_OPTIONS.items()]
-    assert all(f in line for f in flags), (line, flags)
+    assert cheap.split(":=")[1].split() == flags, (cheap, flags)
     assert all(conftest.LOW_OPT.search(f) for f in flags)
+    for name in ("LOW_OPT :=", "NBVAL_LANES :="):
+        assert "$(CHEAP_COMPILE)" in next(x for x in lines if x.startswith(name)), name
 
 
 def test_heavy_files_are_scheduled_first():

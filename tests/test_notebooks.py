@@ -224,3 +224,26 @@ def test_tiny_numbers_printed_are_caught(tmp_path):
     kept = "2.95·10^-7, 10^-14, 1.5e-05, 3.0e+38, tolerance 1e-5, width 2e-3, x1e-08"
     assert tiny_numbers_printed(nb("print(bound)", kept)) == []
     assert tiny_numbers_printed(nb("# NBVAL_IGNORE_OUTPUT\nprint(t)", "took 8.3e-08 s")) == []
+
+
+def test_nbval_gives_most_kernels_the_cheap_compilation():
+    """notebooks/conftest.py adds `TAE_NBVAL_XLA_FLAGS` to a notebook kernel's
+    `XLA_FLAGS` unless `TAE_NBVAL_DEFAULT_COMPILE` names the notebook, and does nothing
+    without the variable; the Makefile's nbval lane names notebooks that exist."""
+    import importlib.util
+
+    root = NOTEBOOKS[0].parent.parent
+    spec = importlib.util.spec_from_file_location("nbval_lanes", root / "notebooks" / "conftest.py")
+    lanes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lanes)
+    base = lanes.BASE_XLA_FLAGS
+    env = {
+        "TAE_NBVAL_XLA_FLAGS": " --a=0 --b=false ",
+        "TAE_NBVAL_DEFAULT_COMPILE": "07_x.ipynb 6.ipynb",
+    }
+    assert lanes.notebook_xla_flags(Path("nb/01_y.ipynb"), env) == f"{base} --a=0 --b=false".strip()
+    assert lanes.notebook_xla_flags(Path("nb/07_x.ipynb"), env) == base
+    assert lanes.notebook_xla_flags(Path("nb/01_y.ipynb"), {}) == base
+    makefile = (root / "Makefile").read_text()
+    named = re.search(r'TAE_NBVAL_DEFAULT_COMPILE="([^"]*)"', makefile).group(1).split()
+    assert named and all((root / "notebooks" / name).is_file() for name in named), named
