@@ -27,12 +27,10 @@ help:
 	@echo "make grade SUBMISSIONS=dir  autograde submitted notebooks; a score per notebook and exercise"
 	@echo "make student-check  the release fails exactly its exercises' tests; solved, full marks (~15 min)"
 
-# --no-compile: Python compiles a module's bytecode when it is first imported, not every
-# installed module's up front (make setup on a fresh clone: 70 s -> 35 s on 2 cores).
 $(STAMP): pyproject.toml requirements-lock.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile -c requirements-lock.txt -e ".[dev]"
+	$(PY) -m pip install -q -c requirements-lock.txt -e ".[dev]"
 	@touch $@
 
 setup: $(STAMP)
@@ -64,11 +62,11 @@ $(MODEL): $(STAMP)
 # multi-process tests (cluster, launch, command line) wait on their subprocesses, and a third
 # worker uses the core they leave idle (466 s with two, 375 s with three, fresh caches, one
 # run each on 2026-11-29); the codegen lane, which has none of them, runs two.
-# Most of their time is XLA compiling: they compile with LLVM at -O0 and XLA:CPU's elemental emitters (for the
-# decoders the same optimised HLO, in about half the time), except those marked `codegen`,
-# whose bits depend on the machine code (FMA contraction, the order inside a reduction, the
-# math library): those run with XLA's defaults, as users compile (tests/conftest.py says
-# more, tests/test_codegen_marks.py checks it).
+# Most of their time is XLA compiling: they compile with LLVM at -O0 and XLA:CPU's elemental
+# emitters (for the decoders the same optimised HLO, in about half the time), except those
+# marked `codegen`, whose bits depend on the machine code (FMA contraction, the order inside
+# a reduction, the math library): those run with XLA's defaults, as users compile
+# (tests/conftest.py says more, tests/test_codegen_marks.py checks it).
 CHEAP_COMPILE := --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false
 LOW_OPT := XLA_FLAGS="$(strip $(XLA_FLAGS) $(CHEAP_COMPILE))"
 unit: $(STAMP) $(MODEL)
@@ -86,14 +84,18 @@ endif
 # The longest notebooks first, in this order (xdist's default would order them by cell
 # count, and notebook 7, with few cells and the longest run, started last): each worker
 # then takes the next notebook when it is free, and neither waits long on the other.
-NBVAL_FIRST := notebooks/07_decoding_a_model.ipynb notebooks/06_cost_model_and_scaling.ipynb \
-	notebooks/05_ring_vs_tree.ipynb notebooks/08_which_merge_when.ipynb
-# Most notebooks' time is XLA compiling, so they compile as `make unit` does (notebooks/conftest.py
-# passes the flags to each notebook's kernel): 367 s -> 198 s of kernel time for the seven.
-# Notebooks 6 and 7 keep XLA's defaults: their time is the programs' run (a live calibration,
-# and a 3,259-token prompt through 30 layers), which the cheap compilation slows (271 s -> 429 s).
+NBVAL_FIRST := notebooks/07_decoding_a_model.ipynb notebooks/08_which_merge_when.ipynb \
+	notebooks/06_cost_model_and_scaling.ipynb notebooks/05_ring_vs_tree.ipynb
+# Most notebooks' time is XLA compiling, so they compile as `make unit` does
+# (notebooks/conftest.py passes the flags to each notebook's kernel): 242 s -> 139 s of kernel
+# time for notebooks 1, 2, 4, 5 and 9 (one run each, 2026-11-29). Four keep XLA's defaults:
+# 6 and 7, whose time is their programs' run (a live calibration, and a 3,259-token prompt
+# through 30 layers), which the cheap compilation slows (271 s -> 429 s); 3 and 8, which
+# assert that two compiled programs give the same bits, as users compile them (the rule of
+# `codegen` tests; tests/test_notebooks.py checks that such a notebook is named here).
 NBVAL_LANES := TAE_NBVAL_XLA_FLAGS="$(CHEAP_COMPILE)" \
-	TAE_NBVAL_DEFAULT_COMPILE="06_cost_model_and_scaling.ipynb 07_decoding_a_model.ipynb"
+	TAE_NBVAL_DEFAULT_COMPILE="03_associativity_and_trees.ipynb 06_cost_model_and_scaling.ipynb \
+	07_decoding_a_model.ipynb 08_which_merge_when.ipynb"
 nbval: $(STAMP)
 	$(OTHER_CPU) $(NBVAL_LANES) $(PY) -m pytest -n 2 --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env -p no:cacheprovider $(NBVAL_FIRST) $(filter-out $(NBVAL_FIRST),$(NOTEBOOKS))
 
@@ -105,7 +107,7 @@ docs: $(STAMP)
 # -j3 --output-sync unit nbval docs, fresh clone of b62ca2a) they took 1,438 s, against
 # 1,468 s in sequence at b001d51, as the two cores are already busy.
 test: $(STAMP)
-	$(MAKE) --no-print-directory -j2 --output-sync=target lint docs
+	$(MAKE) --no-print-directory -j2 $(if $(filter output-sync,$(.FEATURES)),--output-sync=target) lint docs
 	$(MAKE) --no-print-directory unit nbval
 
 browser-check: docs

@@ -555,10 +555,10 @@ memory_md = (
 display(Markdown(memory_md))
 
 # %% [markdown]
-# Where is the ring's third shard? The compiled program says. Below are its instructions that
-# produce a whole K or V block (shape `[1, t, H, D]`): the arguments are copied into the
-# loop's carry before the loop starts, and inside the loop each `collective-permute` writes
-# the block arriving from the neighbour into a buffer of its own.
+# Where is the ring's third shard? The compiled program says. Below, its instructions that
+# produce a whole K or V block (shape `[1, t, H, D]`) are counted: the arguments are copied
+# into the loop's carry before the loop starts, and inside the loop each `collective-permute`
+# writes the block arriving from the neighbour into a buffer of its own.
 
 # %%
 block = f"f32[1,{t_last // p},{H},{HEAD_DIM}]"

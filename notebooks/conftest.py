@@ -19,7 +19,7 @@ BASE_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
 
 def notebook_xla_flags(notebook: Path, environ: dict[str, str]) -> str:
     """The `XLA_FLAGS` a kernel for `notebook` starts with, given `TAE_NBVAL_XLA_FLAGS` and
-    `TAE_NBVAL_DEFAULT_COMPILE` in `environ` (see the module's docstring)."""
+    `TAE_NBVAL_DEFAULT_COMPILE` in `environ` (see the module's docstring); "" for none."""
     extra = environ.get("TAE_NBVAL_XLA_FLAGS", "").strip()
     default = set(environ.get("TAE_NBVAL_DEFAULT_COMPILE", "").split())
     if not extra or notebook.name in default:
@@ -29,5 +29,10 @@ def notebook_xla_flags(notebook: Path, environ: dict[str, str]) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before the runner sets up the notebook, which starts its kernel
 def pytest_runtest_setup(item):
-    if item.path.suffix == ".ipynb" and "TAE_NBVAL_XLA_FLAGS" in os.environ:
-        os.environ["XLA_FLAGS"] = notebook_xla_flags(item.path, dict(os.environ))
+    if item.path.suffix != ".ipynb" or "TAE_NBVAL_XLA_FLAGS" not in os.environ:
+        return
+    flags = notebook_xla_flags(item.path, dict(os.environ))
+    if flags:
+        os.environ["XLA_FLAGS"] = flags
+    else:
+        os.environ.pop("XLA_FLAGS", None)

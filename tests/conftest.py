@@ -110,7 +110,7 @@ LOW_OPT = re.compile(
 )
 
 
-# `make unit` hands whole files to its two workers (`--dist loadfile`) in collection order
+# `make unit` hands whole files to its workers (`--dist loadfile`) in collection order
 # (`--no-loadscope-reorder`). xdist's own order, most tests first, puts these last: few tests
 # that each decode a real model, start processes or build a cluster (tens of seconds a
 # file). Started last, one of them kept a worker busy long after the other had finished;

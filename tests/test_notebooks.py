@@ -5,6 +5,7 @@ nbval runs is what the reviewed jupytext sources say.
 """
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -226,24 +227,58 @@ def test_tiny_numbers_printed_are_caught(tmp_path):
     assert tiny_numbers_printed(nb("# NBVAL_IGNORE_OUTPUT\nprint(t)", "took 8.3e-08 s")) == []
 
 
-def test_nbval_gives_most_kernels_the_cheap_compilation():
-    """notebooks/conftest.py adds `TAE_NBVAL_XLA_FLAGS` to a notebook kernel's
-    `XLA_FLAGS` unless `TAE_NBVAL_DEFAULT_COMPILE` names the notebook, and does nothing
-    without the variable; the Makefile's nbval lane names notebooks that exist."""
+def test_nbval_gives_most_kernels_the_cheap_compilation(monkeypatch):
+    """notebooks/conftest.py's hook sets a notebook kernel's `XLA_FLAGS` to the base flags
+    plus `TAE_NBVAL_XLA_FLAGS`, unless `TAE_NBVAL_DEFAULT_COMPILE` names the notebook, and
+    does nothing without the variable; the Makefile's nbval recipe sets both, naming
+    notebooks that exist."""
     import importlib.util
+    from types import SimpleNamespace
 
     root = NOTEBOOKS[0].parent.parent
     spec = importlib.util.spec_from_file_location("nbval_lanes", root / "notebooks" / "conftest.py")
     lanes = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lanes)
-    base = lanes.BASE_XLA_FLAGS
-    env = {
-        "TAE_NBVAL_XLA_FLAGS": " --a=0 --b=false ",
-        "TAE_NBVAL_DEFAULT_COMPILE": "07_x.ipynb 6.ipynb",
-    }
-    assert lanes.notebook_xla_flags(Path("nb/01_y.ipynb"), env) == f"{base} --a=0 --b=false".strip()
-    assert lanes.notebook_xla_flags(Path("nb/07_x.ipynb"), env) == base
-    assert lanes.notebook_xla_flags(Path("nb/01_y.ipynb"), {}) == base
+    monkeypatch.setattr(lanes, "BASE_XLA_FLAGS", "--base=1")
+
+    def kernel_flags(name):
+        monkeypatch.setenv("XLA_FLAGS", "--stale=1")  # what the previous notebook left
+        lanes.pytest_runtest_setup(SimpleNamespace(path=Path("notebooks") / name))
+        return os.environ.get("XLA_FLAGS")
+
+    monkeypatch.delenv("TAE_NBVAL_XLA_FLAGS", raising=False)
+    assert kernel_flags("01_y.ipynb") == "--stale=1"  # a plain `pytest --nbval`: untouched
+    monkeypatch.setenv("TAE_NBVAL_XLA_FLAGS", " --a=0 --b=false ")
+    monkeypatch.setenv("TAE_NBVAL_DEFAULT_COMPILE", "07_x.ipynb 6.ipynb")
+    assert kernel_flags("01_y.ipynb") == "--base=1 --a=0 --b=false"
+    assert kernel_flags("07_x.ipynb") == "--base=1"
+    assert kernel_flags("test_x.py") == "--stale=1"  # not a notebook
+    monkeypatch.setattr(lanes, "BASE_XLA_FLAGS", "")
+    assert kernel_flags("07_x.ipynb") is None  # no flags at all: unset, not ""
+    assert lanes.pytest_runtest_setup.pytest_impl["tryfirst"]  # before the kernel starts
+
     makefile = (root / "Makefile").read_text()
-    named = re.search(r'TAE_NBVAL_DEFAULT_COMPILE="([^"]*)"', makefile).group(1).split()
+    named = nbval_default_compile(makefile)
     assert named and all((root / "notebooks" / name).is_file() for name in named), named
+    recipe = makefile.splitlines()[makefile.splitlines().index("nbval: $(STAMP)") + 1]
+    assert "$(NBVAL_LANES)" in recipe and "--nbval" in recipe, recipe
+
+
+def nbval_default_compile(makefile: str) -> list[str]:
+    """The notebooks the Makefile's nbval lane leaves at XLA's default compilation."""
+    found = re.search(r'TAE_NBVAL_DEFAULT_COMPILE="([^"]*)"', makefile)
+    return found.group(1).replace("\\", " ").split() if found else []
+
+
+# A notebook asserting that two compiled programs give the same bits says so in these words.
+SAME_BITS = re.compile(r"bit for bit|bitwise", re.I)
+
+
+def test_notebooks_claiming_the_same_bits_compile_as_users_do():
+    """Bits of two programs can agree at -O0 and differ as users compile them (FMA
+    contraction): like the `codegen` tests, a notebook that asserts them runs under nbval
+    with XLA's defaults."""
+    root = NOTEBOOKS[0].parent.parent
+    claiming = {p.name for p in NOTEBOOKS if SAME_BITS.search(p.with_suffix(".py").read_text())}
+    assert {"03_associativity_and_trees.ipynb", "08_which_merge_when.ipynb"} <= claiming
+    assert claiming <= set(nbval_default_compile((root / "Makefile").read_text())), claiming

@@ -83,7 +83,9 @@ def test_sdist_carries_what_the_tests_read():
     manifest = (ROOT / "MANIFEST.in").read_text().splitlines()
     # tests/ whole (conftest.py and reference.py, which the test modules import), and the
     # notebooks that test_notebooks.py reads.
-    assert {"graft tests", "graft notebooks", "include CITATION.cff"} <= set(manifest)
+    assert {"graft tests", "graft notebooks", "include CITATION.cff", "include Makefile"} <= set(
+        manifest
+    )
     imported = {
         node.names[0].name if isinstance(node, ast.Import) else node.module
         for path in (ROOT / "tests").glob("test_*.py")
