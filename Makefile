@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: help setup demo lab test lint unit nbval docs browser-check bench calibrate speed launch \
+.PHONY: help setup demo lab test lint unit unit-cheap unit-codegen nbval docs browser-check bench calibrate speed launch \
 	cluster notebooks clean model student grade student-check
 
 help:
@@ -69,8 +69,12 @@ $(MODEL): $(STAMP)
 # (tests/conftest.py says more, tests/test_codegen_marks.py checks it).
 CHEAP_COMPILE := --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false
 LOW_OPT := XLA_FLAGS="$(strip $(XLA_FLAGS) $(CHEAP_COMPILE))"
-unit: $(STAMP) $(MODEL)
+unit: unit-cheap unit-codegen
+
+unit-cheap: $(STAMP) $(MODEL)
 	$(LOW_OPT) $(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=30 -m "not codegen" tests
+
+unit-codegen: $(STAMP) $(MODEL)
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=10 -m codegen tests
 
 # Committed notebook outputs must reproduce: strict nbval compares every output. They must
@@ -102,13 +106,16 @@ nbval: $(STAMP)
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict
 
-# lint and docs use one core each (mypy about 27 s, mkdocs about 24 s): they run side by side
-# first, each one's output shown when it ends. Then the tests, in sequence: run at once (make
-# -j3 --output-sync unit nbval docs, fresh clone of b62ca2a) they took 1,438 s, against
-# 1,468 s in sequence at b001d51, as the two cores are already busy.
-test: $(STAMP)
-	$(MAKE) --no-print-directory -j2 $(if $(filter output-sync,$(.FEATURES)),--output-sync=target) lint docs
-	$(MAKE) --no-print-directory unit nbval
+# Side by side where each part leaves a core idle, each one's output shown when it ends: lint
+# and docs (one core each: mypy about 27 s, mkdocs about 24 s), then the cheap unit lane alone,
+# then the codegen lane beside nbval (each ends with one worker on a long file or notebook
+# while the other is done). The cheap lane keeps both cores busy by itself.
+SIDE_BY_SIDE := $(MAKE) --no-print-directory -j2 \
+	$(if $(filter output-sync,$(.FEATURES)),--output-sync=target)
+test: $(STAMP) $(MODEL)
+	$(SIDE_BY_SIDE) lint docs
+	$(MAKE) --no-print-directory unit-cheap
+	$(SIDE_BY_SIDE) unit-codegen nbval
 
 browser-check: docs
 	$(PY) docs/check_site.py

@@ -25,11 +25,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from reference import np_attention
+from test_cli import call
 from test_launch import alive, all_pids, children, wait_until
 
+from tree_attention_edu.cli import cluster as cli_cluster
 from tree_attention_edu.cluster import delay as dl
 from tree_attention_edu.cluster import launch, levels, netns, probe, slurm
 from tree_attention_edu.cluster import processes as ps
+from tree_attention_edu.cluster import run as cluster_run
 from tree_attention_edu.cluster.methods import (
     CLUSTER_METHODS,
     crossover,
@@ -308,40 +311,48 @@ def test_summary_checks_each_prediction_against_the_mean_where_the_record_has_it
     )
 
 
-def test_bad_settings_exit_2_with_one_line():
-    for args, words in (
-        (["--nodes", "1"], "nodes"),
-        (["--seq-len", "65"], "multiples of the 4 devices"),
-        (["--heads", "6", "--kv-heads", "4"], "kv_heads"),
-        (["--link-gbit", "0"], "--link-gbit"),
-        (["--methods", "tree,bogus"], "bogus"),
-        (["--link-delay-ms", "-1"], "--link-delay-ms"),
-        (["--link-delay-ms", "nan"], "--link-delay-ms"),
-        (["--link-delay-ms", f"{dl.MAX_DELAY_MS + 1:g}"], "--link-delay-ms"),
-        (["--link-delay-ms", "5ms"], "--link-delay-ms"),
-        (["--probe", "0,,5"], "--probe"),
-        (["--slurm", "--json", "x.json", "--heads", "4"], "does not use --heads, --json"),
-    ):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tree_attention_edu",
-                "cluster",
-                "--nodes",
-                "2",
-                "--devices-per-process",
-                "2",
-                *args,
-            ],
-            capture_output=True,
-            text=True,
-            env=ENV,
-            timeout=WAIT,
-        )
-        lines = [s for s in done.stderr.splitlines() if s.strip()]
-        assert done.returncode == 2, done.stderr
+BAD_SETTINGS = (
+    (["--nodes", "1"], "nodes"),
+    (["--seq-len", "65"], "multiples of the 4 devices"),
+    (["--heads", "6", "--kv-heads", "4"], "kv_heads"),
+    (["--link-gbit", "0"], "--link-gbit"),
+    (["--methods", "tree,bogus"], "bogus"),
+    (["--link-delay-ms", "-1"], "--link-delay-ms"),
+    (["--link-delay-ms", "nan"], "--link-delay-ms"),
+    (["--link-delay-ms", f"{dl.MAX_DELAY_MS + 1:g}"], "--link-delay-ms"),
+    (["--link-delay-ms", "5ms"], "--link-delay-ms"),
+    (["--probe", "0,,5"], "--probe"),
+    (["--slurm", "--json", "x.json", "--heads", "4"], "does not use --heads, --json"),
+)
+
+
+def test_bad_settings_exit_2_with_one_line(monkeypatch, capsys):
+    """Each bad setting: status 2 and one line naming it, before anything starts. In this
+    process (a process each took about 1 s of a core to import JAX), then once as the
+    command a user runs."""
+
+    def never(*args, **kwargs):
+        raise AssertionError("a run started before the settings were checked")
+
+    monkeypatch.setattr(cluster_run, "run_cluster", never)
+    monkeypatch.setattr(slurm, "run_slurm", never)
+    monkeypatch.setattr(cli_cluster, "_probe", never)
+    base = ["cluster", "--nodes", "2", "--devices-per-process", "2"]
+    for args, words in BAD_SETTINGS:
+        code, lines = call([*base, *args], capsys)
+        assert code == 2, (args, lines)
         assert len(lines) == 1 and words in lines[0] and "Traceback" not in lines[0], lines
+    args, words = BAD_SETTINGS[0]
+    done = subprocess.run(
+        [sys.executable, "-m", "tree_attention_edu", *base, *args],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=WAIT,
+    )
+    lines = [s for s in done.stderr.splitlines() if s.strip()]
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in lines[0], lines
     with pytest.raises(ValueError, match="nodes"):
         ClusterConfig(nodes=1).check()
     for bad in (-1.0, dl.MAX_DELAY_MS + 1, float("nan"), True):
