@@ -55,7 +55,8 @@ lint: $(STAMP)
 MODEL := .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 model: $(MODEL)
 
-$(MODEL): $(STAMP)
+# Order-only: the file is verified, not rebuilt, when the environment is newer.
+$(MODEL): | $(STAMP)
 	$(VENV)/bin/tree-attention-edu fetch-model --cache $(dir $(MODEL))
 
 # Unit, property and multi-process tests. The cheap lane runs three workers on two cores: the
@@ -90,7 +91,7 @@ endif
 # then takes the next notebook when it is free, and neither waits long on the other.
 NBVAL_FIRST := notebooks/07_decoding_a_model.ipynb notebooks/08_which_merge_when.ipynb \
 	notebooks/06_cost_model_and_scaling.ipynb notebooks/05_ring_vs_tree.ipynb
-# Most notebooks' time is XLA compiling, so they compile as `make unit` does
+# Most notebooks' time is XLA compiling, so they compile as `make unit-cheap` does
 # (notebooks/conftest.py passes the flags to each notebook's kernel): 242 s -> 139 s of kernel
 # time for notebooks 1, 2, 4, 5 and 9 (one run each, 2026-11-29). Four keep XLA's defaults:
 # 6 and 7, whose time is their programs' run (a live calibration, and a 3,259-token prompt
@@ -100,7 +101,7 @@ NBVAL_FIRST := notebooks/07_decoding_a_model.ipynb notebooks/08_which_merge_when
 NBVAL_LANES := TAE_NBVAL_XLA_FLAGS="$(CHEAP_COMPILE)" \
 	TAE_NBVAL_DEFAULT_COMPILE="03_associativity_and_trees.ipynb 06_cost_model_and_scaling.ipynb \
 	07_decoding_a_model.ipynb 08_which_merge_when.ipynb"
-nbval: $(STAMP)
+nbval: $(STAMP) $(MODEL)
 	$(OTHER_CPU) $(NBVAL_LANES) $(PY) -m pytest -n 2 --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env -p no:cacheprovider $(NBVAL_FIRST) $(filter-out $(NBVAL_FIRST),$(NOTEBOOKS))
 
 docs: $(STAMP)
@@ -110,12 +111,12 @@ docs: $(STAMP)
 # and docs (one core each: mypy about 27 s, mkdocs about 24 s), then the cheap unit lane alone,
 # then the codegen lane beside nbval (each ends with one worker on a long file or notebook
 # while the other is done). The cheap lane keeps both cores busy by itself.
-SIDE_BY_SIDE := $(MAKE) --no-print-directory -j2 \
-	$(if $(filter output-sync,$(.FEATURES)),--output-sync=target)
+# ($(MAKE) written out on each line: make treats only such lines as recursive.)
+SIDE_BY_SIDE := -j2 $(if $(filter output-sync,$(.FEATURES)),--output-sync=target)
 test: $(STAMP) $(MODEL)
-	$(SIDE_BY_SIDE) lint docs
+	$(MAKE) --no-print-directory $(SIDE_BY_SIDE) lint docs
 	$(MAKE) --no-print-directory unit-cheap
-	$(SIDE_BY_SIDE) unit-codegen nbval
+	$(MAKE) --no-print-directory $(SIDE_BY_SIDE) unit-codegen nbval
 
 browser-check: docs
 	$(PY) docs/check_site.py

@@ -260,7 +260,7 @@ def test_nbval_gives_most_kernels_the_cheap_compilation(monkeypatch):
     makefile = (root / "Makefile").read_text()
     named = nbval_default_compile(makefile)
     assert named and all((root / "notebooks" / name).is_file() for name in named), named
-    recipe = makefile.splitlines()[makefile.splitlines().index("nbval: $(STAMP)") + 1]
+    recipe = makefile.splitlines()[makefile.splitlines().index("nbval: $(STAMP) $(MODEL)") + 1]
     assert "$(NBVAL_LANES)" in recipe and "--nbval" in recipe, recipe
 
 
