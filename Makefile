@@ -89,34 +89,33 @@ endif
 # The longest notebooks first, in this order (xdist's default would order them by cell
 # count, and notebook 7, with few cells and the longest run, started last): each worker
 # then takes the next notebook when it is free, and neither waits long on the other.
-NBVAL_FIRST := notebooks/07_decoding_a_model.ipynb notebooks/08_which_merge_when.ipynb \
-	notebooks/06_cost_model_and_scaling.ipynb notebooks/05_ring_vs_tree.ipynb
+NBVAL_FIRST := notebooks/07_decoding_a_model.ipynb notebooks/06_cost_model_and_scaling.ipynb \
+	notebooks/05_ring_vs_tree.ipynb notebooks/08_which_merge_when.ipynb
 # Most notebooks' time is XLA compiling, so they compile as `make unit-cheap` does
-# (notebooks/conftest.py passes the flags to each notebook's kernel): 242 s -> 139 s of kernel
-# time for notebooks 1, 2, 4, 5 and 9 (one run each, 2026-11-29). Four keep XLA's defaults:
-# 6 and 7, whose time is their programs' run (a live calibration, and a 3,259-token prompt
-# through 30 layers), which the cheap compilation slows (271 s -> 429 s); 3 and 8, which
-# assert that two compiled programs give the same bits, as users compile them (the rule of
-# `codegen` tests; tests/test_notebooks.py checks that such a notebook is named here).
+# (notebooks/conftest.py passes the flags to each notebook's kernel): 367 s -> 198 s of kernel
+# time for the seven (one run each, 2026-11-29). Notebooks 6 and 7 keep XLA's defaults: their
+# time is their programs' run (a live calibration, and a 3,259-token prompt through 30
+# layers), which the cheap compilation slows (271 s -> 429 s). Notebooks 3 and 8 assert that
+# two compiled programs give the same bits; `codegen` tests check those claims as users
+# compile (tests/test_notebooks.py names them, and fails on a notebook that makes such a
+# claim and is in neither place).
 NBVAL_LANES := TAE_NBVAL_XLA_FLAGS="$(CHEAP_COMPILE)" \
-	TAE_NBVAL_DEFAULT_COMPILE="03_associativity_and_trees.ipynb 06_cost_model_and_scaling.ipynb \
-	07_decoding_a_model.ipynb 08_which_merge_when.ipynb"
+	TAE_NBVAL_DEFAULT_COMPILE="06_cost_model_and_scaling.ipynb 07_decoding_a_model.ipynb"
 nbval: $(STAMP) $(MODEL)
 	$(OTHER_CPU) $(NBVAL_LANES) $(PY) -m pytest -n 2 --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env -p no:cacheprovider $(NBVAL_FIRST) $(filter-out $(NBVAL_FIRST),$(NOTEBOOKS))
 
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict
 
-# Side by side where each part leaves a core idle, each one's output shown when it ends: lint
-# and docs (one core each: mypy about 27 s, mkdocs about 24 s), then the cheap unit lane alone,
-# then the codegen lane beside nbval (each ends with one worker on a long file or notebook
-# while the other is done). The cheap lane keeps both cores busy by itself.
-# ($(MAKE) written out on each line: make treats only such lines as recursive.)
-SIDE_BY_SIDE := -j2 $(if $(filter output-sync,$(.FEATURES)),--output-sync=target)
+# lint and docs use one core each (mypy about 27 s, mkdocs about 24 s): side by side, each
+# one's output shown when it ends ($(MAKE) written out: make treats only such lines as
+# recursive). Then the tests, in sequence: the codegen lane beside nbval took 426 s in a fresh
+# clone of 86cabb9, against 118 s + 295 s one after the other in one of 928fba5, and run at
+# once (make -j3 --output-sync unit nbval docs, fresh clone of b62ca2a) they took 1,438 s,
+# against 1,468 s in sequence at b001d51: the two cores are already busy.
 test: $(STAMP) $(MODEL)
-	$(MAKE) --no-print-directory $(SIDE_BY_SIDE) lint docs
-	$(MAKE) --no-print-directory unit-cheap
-	$(MAKE) --no-print-directory $(SIDE_BY_SIDE) unit-codegen nbval
+	$(MAKE) --no-print-directory -j2 $(if $(filter output-sync,$(.FEATURES)),--output-sync=target) lint docs
+	$(MAKE) --no-print-directory unit nbval
 
 browser-check: docs
 	$(PY) docs/check_site.py
