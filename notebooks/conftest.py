@@ -4,9 +4,9 @@ nbval starts one kernel per notebook, when the notebook's first cell is set up, 
 inherits this process's environment. `make nbval` names extra XLA flags in `TAE_NBVAL_XLA_FLAGS`
 (the cheap compilation of `make unit-cheap`) and the notebooks that must not get them in
 `TAE_NBVAL_DEFAULT_COMPILE` (file names, space-separated): those whose time is their programs'
-run rather than their compilation (the Makefile says which and why). Every other notebook's kernel starts with `XLA_FLAGS` plus
-the extra flags. Without `TAE_NBVAL_XLA_FLAGS` (a plain `pytest --nbval` run) this does
-nothing: each kernel compiles as a student's does.
+run rather than their compilation (the Makefile says which and why). Every other notebook's
+kernel starts with `XLA_FLAGS` plus the extra flags. Without `TAE_NBVAL_XLA_FLAGS` (a plain
+`pytest --nbval` run) this does nothing: each kernel compiles as a student's does.
 """
 
 import os
