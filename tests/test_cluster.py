@@ -345,15 +345,10 @@ def test_bad_settings_exit_2_with_one_line(monkeypatch, capsys):
         assert code == 2, (args, lines)
         assert len(lines) == 1 and words in lines[0] and "Traceback" not in lines[0], lines
     args, words = BAD_SETTINGS[0]
-    done = subprocess.run(
-        [sys.executable, "-m", "tree_attention_edu", *base, *args],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=WAIT,
+    code, lines = _status_and_error_lines(
+        [sys.executable, "-m", "tree_attention_edu", *base, *args]
     )
-    lines = [s for s in done.stderr.splitlines() if s.strip()]
-    assert done.returncode == 2, done.stderr
+    assert code == 2, lines
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in lines[0], lines
     with pytest.raises(ValueError, match="nodes"):
         ClusterConfig(nodes=1).check()
@@ -375,16 +370,17 @@ def test_without_privileges_exit_2_with_one_line():
         f"{sys.executable} -m tree_attention_edu cluster --nodes 2 "
         f"--devices-per-process 2 --seq-len 64 --prefix {PREFIX}"
     )
-    done = subprocess.run(
-        ["capsh", "--drop=cap_net_admin,cap_sys_admin", "--", "-c", cmd],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=WAIT,
+    code, lines = _status_and_error_lines(
+        ["capsh", "--drop=cap_net_admin,cap_sys_admin", "--", "-c", cmd]
     )
-    lines = [s for s in done.stderr.splitlines() if s.strip()]
-    assert done.returncode == 2, done.stderr
+    assert code == 2, lines
     assert len(lines) == 1 and "needs root" in lines[0] and "CAP_NET_ADMIN" in lines[0], lines
+
+
+def _status_and_error_lines(cmd: list[str]) -> tuple[int, list[str]]:
+    """A command's exit status and its non-blank stderr lines."""
+    done = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=WAIT)
+    return done.returncode, [s for s in done.stderr.splitlines() if s.strip()]
 
 
 # ---------------------------------------------------------------------------------------
